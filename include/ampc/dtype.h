@@ -1,0 +1,80 @@
+/*
+ * dtype.h -- storage types and conversions.
+ *
+ * Tensors are stored as f32, f16 (IEEE 754 binary16) or bf16 (the top half of
+ * an f32); every kernel computes and accumulates in f32 and converts on load
+ * and store. Integer types exist for labels and for files (safetensors).
+ *
+ * Conversions to a 16-bit type round to nearest, ties to even; they keep
+ * subnormals, infinities and NaN (a NaN stays a NaN, with its sign, and is
+ * made quiet) and overflow to infinity. The bulk functions pick an F16C/AVX2
+ * path at run time where the CPU has one, and a portable scalar path
+ * otherwise; both give bit-identical results.
+ *
+ *     float x[n]; uint16_t h[n];
+ *     ampc_convert(AMPC_DTYPE_F16, h, AMPC_DTYPE_F32, x, n);
+ */
+#ifndef AMPC_DTYPE_H
+#define AMPC_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ampc/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  AMPC_DTYPE_F32 = 0,
+  AMPC_DTYPE_F16,
+  AMPC_DTYPE_BF16,
+  AMPC_DTYPE_F64,
+  AMPC_DTYPE_I64,
+  AMPC_DTYPE_I32,
+  AMPC_DTYPE_I16,
+  AMPC_DTYPE_I8,
+  AMPC_DTYPE_U8,
+  AMPC_DTYPE_BOOL,
+  AMPC_DTYPE_COUNT
+} ampc_dtype;
+
+/* Bytes per element. */
+size_t ampc_dtype_size(ampc_dtype t);
+/* Short lower-case name: "f32", "f16", "bf16", "f64", "i64", ... */
+const char *ampc_dtype_name(ampc_dtype t);
+/* Parses "f32"/"fp32"/"float32", "f16"/"fp16"/"half"/"float16", "bf16"/"bfloat16". */
+ampc_status ampc_dtype_parse(const char *name, ampc_dtype *out);
+/* 1 for f32, f16, bf16, f64. */
+int ampc_dtype_is_float(ampc_dtype t);
+
+/* Single values. */
+float ampc_f16_to_f32(uint16_t h);
+uint16_t ampc_f32_to_f16(float f);
+float ampc_bf16_to_f32(uint16_t b);
+uint16_t ampc_f32_to_bf16(float f);
+
+/* Bulk conversion between any two of f32, f16, bf16 (src and dst must not
+ * overlap unless they are the same type, which copies). Returns AMPC_EINVAL
+ * for other types. */
+ampc_status ampc_convert(ampc_dtype dst_type, void *dst, ampc_dtype src_type,
+                         const void *src, size_t n);
+
+/* The same, specialised: the hot paths kernels call. */
+void ampc_f16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+void ampc_f32_to_f16_n(uint16_t *dst, const float *src, size_t n);
+void ampc_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+void ampc_f32_to_bf16_n(uint16_t *dst, const float *src, size_t n);
+
+/* Load n values of any float storage type as f32 / store f32 into it. */
+void ampc_load_f32(float *dst, ampc_dtype src_type, const void *src, size_t n);
+void ampc_store_f32(ampc_dtype dst_type, void *dst, const float *src, size_t n);
+
+/* Which bulk path is in use: "avx2+f16c" or "scalar". */
+const char *ampc_convert_path(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

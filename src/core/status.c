@@ -1,0 +1,57 @@
+#include <stdarg.h>
+#include <string.h>
+
+#include "core/status_internal.h"
+
+static _Thread_local char ampc__msg[512];
+
+const char *ampc_status_name(ampc_status s) {
+  switch (s) {
+#define AMPC__CASE(name, value, desc) \
+  case value:                         \
+    return #name;
+    AMPC_STATUS_MAP(AMPC__CASE)
+#undef AMPC__CASE
+  }
+  return "UNKNOWN";
+}
+
+const char *ampc_status_str(ampc_status s) {
+  switch (s) {
+#define AMPC__CASE(name, value, desc) \
+  case value:                         \
+    return desc;
+    AMPC_STATUS_MAP(AMPC__CASE)
+#undef AMPC__CASE
+  }
+  return "unknown error";
+}
+
+const char *ampc_last_error(void) { return ampc__msg; }
+
+void ampc_clear_error(void) { ampc__msg[0] = '\0'; }
+
+ampc_status ampc__error(ampc_status code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(ampc__msg, sizeof ampc__msg, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+ampc_status ampc__error_prefix(ampc_status code, const char *fmt, ...) {
+  char prefix[256], old[sizeof ampc__msg];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof prefix, fmt, ap);
+  va_end(ap);
+  memcpy(old, ampc__msg, sizeof old);
+  size_t np = strlen(prefix);
+  if (np > sizeof ampc__msg - 3) np = sizeof ampc__msg - 3;
+  memcpy(ampc__msg, prefix, np);
+  memcpy(ampc__msg + np, ": ", 2);
+  size_t room = sizeof ampc__msg - np - 3, no = strnlen(old, room);
+  memcpy(ampc__msg + np + 2, old, no);
+  ampc__msg[np + 2 + no] = '\0';
+  return code;
+}

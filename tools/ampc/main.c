@@ -1,0 +1,2 @@
+#include "ampc/status.h"
+int main(void){return 0;}
