@@ -1,11 +1,104 @@
-/* Internal: inline scalar conversions for kernels, and path selection for tests. */
+/* Internal: the scalar conversions (inline, for kernels converting one value
+ * at a time), the F16C/AVX2 bulk conversions, and path selection for tests.
+ *
+ * The conversion rules, defined here once and followed by every path:
+ *
+ * - Narrowing (f32 -> f16/bf16) rounds to nearest, ties to even, on the bit
+ *   pattern; values at or beyond max + ulp/2 become infinity; subnormals are
+ *   produced and kept (no flush to zero).
+ * - Widening (f16/bf16 -> f32) is exact.
+ * - NaN rule: a NaN becomes a NaN of the same sign with the quiet bit set;
+ *   the rest of its payload is the source payload's leading bits --
+ *   truncated when narrowing, zero-extended when widening. This is what the
+ *   F16C instructions do in both directions, so the scalar code copies it
+ *   (and the AVX2 bf16 code reproduces it). Consequences: a NaN never turns
+ *   into an infinity (the quiet bit keeps the mantissa non-zero), a quiet NaN
+ *   survives f16 -> f32 -> f16 unchanged, and a signalling one comes back
+ *   quiet. Examples: f32 0x7f800001 -> f16 0x7e00, bf16 0x7fc0;
+ *   f16 0x7c01 -> f32 0x7fc02000; bf16 0xff81 -> f32 0xffc10000.
+ * - Results never depend on the floating-point environment (rounding mode,
+ *   FTZ/DAZ): the scalar code uses integer arithmetic (plus one exact
+ *   multiplication between normal numbers), the F16C instructions get an
+ *   explicit rounding mode and do not honour DAZ.
+ */
 #ifndef AMPC_CORE_DTYPE_INTERNAL_H
 #define AMPC_CORE_DTYPE_INTERNAL_H
 
+#include <string.h>
+
 #include "ampc/dtype.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#define AMPC__DTYPE_X86 1
+#else
+#define AMPC__DTYPE_X86 0
+#endif
+
+/* The quiet bit of an f32 NaN (the top mantissa bit); bit 9 of an f16 and
+ * bit 6 of a bf16 are the same bit after conversion. */
+#define AMPC__F32_QUIET 0x00400000u
+
+static inline uint32_t ampc__f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static inline float ampc__bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static inline float ampc__f16_to_f32_inline(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0x1f) /* inf, or NaN made quiet */
+    return ampc__bits_f32(sign | 0x7f800000u | (man ? AMPC__F32_QUIET : 0) | (man << 13));
+  if (exp == 0) {
+    /* zero or subnormal: man * 2^-24, a normal f32, so the product is exact
+     * whatever the rounding mode and FTZ/DAZ */
+    float v = (float)man * 0x1p-24f;
+    return ampc__bits_f32(sign | ampc__f32_bits(v));
+  }
+  return ampc__bits_f32(sign | ((exp + (127 - 15)) << 23) | (man << 13));
+}
+
+static inline uint16_t ampc__f32_to_f16_inline(float f) {
+  uint32_t u = ampc__f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) /* NaN: top 10 payload bits, quiet bit set */
+    return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) /* >= 65520 = 65504 + ulp/2 (the tie goes to the even inf), or inf */
+    return (uint16_t)(sign | 0x7c00u);
+  if (a >= 0x38800000u) { /* >= 2^-14: normal; round at bit 13, a carry bumps the exponent */
+    uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
+    return (uint16_t)(sign | ((r - ((127u - 15u) << 23)) >> 13));
+  }
+  if (a < 0x33000000u) /* < 2^-25 (half the smallest subnormal): rounds to zero */
+    return (uint16_t)sign;
+  /* subnormal result: value = man * 2^(exp-150), counted in units of 2^-24;
+   * exp in [102, 112] so the shift is 14..24 */
+  uint32_t exp = a >> 23, man = (a & 0x7fffffu) | 0x800000u, shift = 126 - exp;
+  uint32_t q = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (q & 1u))) q++; /* q may become 0x400: the smallest normal */
+  return (uint16_t)(sign | q);
+}
+
+static inline float ampc__bf16_to_f32_inline(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  if ((u & 0x7fffffffu) > 0x7f800000u) u |= AMPC__F32_QUIET;
+  return ampc__bits_f32(u);
+}
+
+static inline uint16_t ampc__f32_to_bf16_inline(float f) {
+  uint32_t u = ampc__f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u | AMPC__F32_QUIET) >> 16);
+  /* round at bit 16, ties to even; the largest finite values carry into inf */
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* Force the scalar bulk path (1) or restore run-time selection (0). For tests
- * and benchmarks; not thread-safe against concurrent conversions. */
+ * and benchmarks. Safe to call while other threads convert (both paths give
+ * the same bits), but which path those calls take is then unspecified. */
 void ampc__convert_force_scalar(int force);
 
 /* Portable scalar bulk conversions (always available). */
@@ -14,7 +107,16 @@ void ampc__f32_to_f16_n_scalar(uint16_t *dst, const float *src, size_t n);
 void ampc__bf16_to_f32_n_scalar(float *dst, const uint16_t *src, size_t n);
 void ampc__f32_to_bf16_n_scalar(uint16_t *dst, const float *src, size_t n);
 
-/* 1 if the CPU has AVX2, FMA and F16C (checked once). */
+/* 1 if the CPU (and OS) support AVX2, FMA and F16C (checked once). */
 int ampc__cpu_has_avx2_f16c(void);
+
+#if AMPC__DTYPE_X86
+/* F16C/AVX2 bulk conversions (dtype_avx2.c, compiled for those features by
+ * function attributes only). Call them only if ampc__cpu_has_avx2_f16c(). */
+void ampc__f16_to_f32_n_avx2(float *dst, const uint16_t *src, size_t n);
+void ampc__f32_to_f16_n_avx2(uint16_t *dst, const float *src, size_t n);
+void ampc__bf16_to_f32_n_avx2(float *dst, const uint16_t *src, size_t n);
+void ampc__f32_to_bf16_n_avx2(uint16_t *dst, const float *src, size_t n);
+#endif
 
 #endif

@@ -1,2 +1,37 @@
-#include "ampc/status.h"
-int main(void){return 0;}
+/* ampc: train, evaluate and inspect mixed-precision models. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+  const char *name;
+  int (*fn)(int, char **);
+  const char *help;
+} commands[] = {
+    {"train", cmd_train, "train a model on a dataset"},
+    {"eval", cmd_eval, "evaluate saved weights on a dataset's test set"},
+    {"grad", cmd_grad, "one forward and backward on a batch; write loss, logits and gradients"},
+    {"summary", cmd_summary, "layers, output shapes and parameter counts of a model"},
+};
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: ampc <command> [options]\n\ncommands:\n");
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+  fprintf(f, "\nampc <command> --help shows a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+    usage(stdout);
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
+  fprintf(stderr, "ampc: error: unknown command '%s' (expected train, eval, grad or summary)\n", argv[1]);
+  return 2;
+}

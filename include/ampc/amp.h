@@ -1,0 +1,96 @@
+/*
+ * amp.h -- mixed-precision training: apex's amp.initialize / scale_loss /
+ * optimizer.step, in C.
+ *
+ *     ampc_amp_config cfg;
+ *     ampc_amp_config_init(&cfg, AMPC_OPT_O2, AMPC_DTYPE_F16);   // + overrides
+ *     ampc_optim *opt;  ampc_optim_create(&opt, &ocfg, ampc_graph_param_numel(g));
+ *     ampc_amp *amp;    ampc_amp_initialize(&amp, g, opt, &cfg);  // casts, compiles
+ *     for (...) {
+ *         // write the batch into ampc_graph_tensor(g, x) (its dtype is the model's)
+ *         ampc_amp_forward(amp, 1);
+ *         ampc_amp_backward(amp, loss, 0, 0);      // loss * scale, backward
+ *         ampc_amp_step(amp, lr, &info);           // unscale, check, step or skip
+ *     }
+ *
+ * initialize() applies the opt level to the graph: the storage type of every
+ * parameter and activation (O2: half model, f32 batch norm, input cast to half,
+ * logits to f32 before the loss; O1: the per-op cast policy; O3: all half),
+ * then compiles it. With master weights the optimizer owns f32 copies of every
+ * parameter; backward's half gradients are folded into f32 master gradients,
+ * unscaled per loss. step() makes one pass to find inf/NaN and the global norm
+ * and, when the gradients are finite, one fused pass that runs the optimizer on
+ * the f32 masters and writes the half model copy. An overflowing step changes
+ * nothing: weights, optimizer moments and step count stay bit-identical, the
+ * scale backs off, the gradients are cleared.
+ */
+#ifndef AMPC_AMP_H
+#define AMPC_AMP_H
+
+#include "ampc/amp_config.h"
+#include "ampc/graph.h"
+#include "ampc/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ampc_amp ampc_amp;
+
+#define AMPC_AMP_MAX_REPORTED 3
+
+typedef struct {
+  int applied;             /* 1: the optimizer stepped; 0: skipped */
+  int found_inf;           /* some gradient was inf or NaN */
+  float scale;             /* loss scale of loss 0 after the update */
+  float grad_norm;         /* global L2 norm of the unscaled gradients (inf on overflow) */
+  float clip_coef;         /* applied clipping coefficient (1 = none) */
+  int n_nonfinite;         /* parameters with non-finite gradients (counted up to all) */
+  const char *nonfinite[AMPC_AMP_MAX_REPORTED]; /* the first of their names */
+} ampc_amp_step_info;
+
+/* Gradient statistics since the last reset (for --amp-report). */
+typedef struct {
+  int64_t values;          /* gradient values seen in the model's storage type */
+  int64_t underflow;       /* of those, zero or subnormal */
+  float max_abs;           /* largest unscaled gradient magnitude */
+} ampc_amp_grad_stats;
+
+ampc_status ampc_amp_initialize(ampc_amp **out, ampc_graph *g, ampc_optim *opt, const ampc_amp_config *cfg);
+void ampc_amp_free(ampc_amp *a);
+const ampc_amp_config *ampc_amp_get_config(const ampc_amp *a);
+
+/* Forward pass (training = 1 uses batch statistics). */
+ampc_status ampc_amp_forward(ampc_amp *a, int training);
+/* scale_loss + backward for loss_id: gradients of loss * scale[loss_id].
+ * accumulate = 0 starts a new step's gradients, 1 adds this micro-batch (or
+ * this second loss) to them; the unscale happens once, at step time. */
+ampc_status ampc_amp_backward(ampc_amp *a, ampc_value loss, int loss_id, int accumulate);
+/* Clip the unscaled gradients' global norm to max_norm in every step (0: off). */
+void ampc_amp_set_clip_grad_norm(ampc_amp *a, float max_norm);
+/* Stochastic rounding of updates written into half weights when there are no
+ * f32 masters (O3, O2 without master weights); seeded, reproducible. */
+void ampc_amp_set_stochastic_rounding(ampc_amp *a, int on, uint64_t seed);
+/* Unscale, check, clip, step or skip, update the scale(s), clear the gradients. */
+ampc_status ampc_amp_step(ampc_amp *a, float lr, ampc_amp_step_info *info);
+/* The unscaled f32 gradient of every parameter into out (param_numel floats,
+ * in the flat order of ampc_graph_param_offset); returns 1 if any was
+ * non-finite, 0 otherwise. Does not change the gradients. */
+int ampc_amp_unscaled_grads(ampc_amp *a, float *out);
+
+ampc_scaler *ampc_amp_scaler(ampc_amp *a, int loss_id);
+/* f32 master weights (param_numel), or NULL without master weights. */
+float *ampc_amp_master_weights(ampc_amp *a);
+/* The current f32 value of every parameter into out (masters or model). */
+void ampc_amp_param_values(ampc_amp *a, float *out);
+/* Sets every parameter (masters and the model copy) from f32 values. */
+ampc_status ampc_amp_load_params(ampc_amp *a, const float *values);
+void ampc_amp_get_grad_stats(ampc_amp *a, ampc_amp_grad_stats *st, int reset);
+/* Everything the training step holds: the graph's bytes plus master weights,
+ * master gradients and optimizer state. */
+void ampc_amp_memory(const ampc_amp *a, ampc_mem_report *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

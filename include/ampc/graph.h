@@ -1,0 +1,205 @@
+/*
+ * graph.h -- a static computation graph with automatic backward.
+ *
+ * A model is recorded once, for a batch shape, as a list of ops on values
+ * (inputs, parameters, buffers, activations). Recording knows nothing of
+ * precision: ampc_graph_set_precision() (normally called by the amp layer)
+ * decides the storage type of every value -- f32, f16 or bf16 -- and where
+ * casts go; ampc_graph_compile() then derives the backward pass, plans and
+ * allocates every buffer. After that, forward and backward allocate nothing.
+ *
+ *     ampc_graph *g; ampc_graph_create(&g);
+ *     ampc_value x = ampc_graph_input(g, "x", ampc_shape4(128, 1, 28, 28));
+ *     ampc_value y = ampc_graph_labels(g, "y", 128);
+ *     ampc_value w = ampc_graph_param(g, "fc.weight", ampc_shape2(10, 784), 0, init);
+ *     ...
+ *     ampc_value loss = ampc_graph_cross_entropy(g, logits, y, 0.0f);
+ *     if (ampc_graph_compile(g) < 0) ...;          // also reports any recording error
+ *     // fill ampc_graph_tensor(g, x) and (g, y), then:
+ *     ampc_graph_forward(g, 1); ampc_graph_backward(g, loss, 1.0f);
+ *
+ * Recording calls return AMPC_VALUE_NONE on error and remember the first
+ * error; ampc_graph_compile() returns it, so a model builder needs no
+ * checks of its own between calls.
+ *
+ * Every op accepts f32, f16 and bf16 storage for every tensor and computes
+ * and accumulates in f32. The batch dimension (dim 0 of inputs and of every
+ * activation) can be lowered at run time with ampc_graph_set_batch() for a
+ * final partial batch.
+ */
+#ifndef AMPC_GRAPH_H
+#define AMPC_GRAPH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ampc/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef int32_t ampc_value;
+#define AMPC_VALUE_NONE ((ampc_value)-1)
+
+typedef struct ampc_graph ampc_graph;
+
+typedef enum {
+  AMPC_OP_INPUT = 0,
+  AMPC_OP_LABELS,
+  AMPC_OP_PARAM,
+  AMPC_OP_BUFFER,
+  AMPC_OP_CONV2D,
+  AMPC_OP_BATCHNORM2D,
+  AMPC_OP_RELU,
+  AMPC_OP_MAXPOOL2D,
+  AMPC_OP_AVGPOOL2D,
+  AMPC_OP_GLOBAL_AVGPOOL,
+  AMPC_OP_LINEAR,
+  AMPC_OP_ADD,
+  AMPC_OP_FLATTEN,
+  AMPC_OP_SOFTMAX,
+  AMPC_OP_LOG_SOFTMAX,
+  AMPC_OP_CROSS_ENTROPY,
+  AMPC_OP_CAST,
+  AMPC_OP_COUNT
+} ampc_op_kind;
+
+/* Name of an op kind: "conv2d", "batchnorm2d", ... */
+const char *ampc_op_name(ampc_op_kind k);
+
+/* How the autocast policy (apex O1) treats an op. */
+typedef enum {
+  AMPC_CAST_POLICY_HALF,    /* run in half: inputs and weights cast to half */
+  AMPC_CAST_POLICY_FP32,    /* run in fp32: output stored in fp32 */
+  AMPC_CAST_POLICY_PROMOTE, /* output in the widest input type */
+  AMPC_CAST_POLICY_KEEP     /* output in the input's type (relu, pooling, flatten) */
+} ampc_cast_policy;
+ampc_cast_policy ampc_op_cast_policy(ampc_op_kind k);
+
+ampc_status ampc_graph_create(ampc_graph **out);
+void ampc_graph_free(ampc_graph *g);
+/* The first recording error (0 if none). */
+ampc_status ampc_graph_status(const ampc_graph *g);
+
+/* ---- leaves ---- */
+/* A float input (dim 0 is the batch). */
+ampc_value ampc_graph_input(ampc_graph *g, const char *name, ampc_shape shape);
+/* Integer class labels, shape (n,), stored as i32. */
+ampc_value ampc_graph_labels(ampc_graph *g, const char *name, int64_t n);
+/* A trainable parameter. is_norm marks normalisation parameters (kept in
+ * fp32 under keep_batchnorm_fp32). init: numel f32 values (copied). */
+ampc_value ampc_graph_param(ampc_graph *g, const char *name, ampc_shape shape, int is_norm,
+                            const float *init);
+/* A non-trainable buffer (running statistics), stored as dtype (f32 or i64). */
+ampc_value ampc_graph_buffer(ampc_graph *g, const char *name, ampc_dtype dtype, ampc_shape shape,
+                             const float *init);
+
+/* ---- ops ---- */
+/* x (N, C, H, W), w (O, C, k, k), b (O) or NONE -> (N, O, H', W'). */
+ampc_value ampc_graph_conv2d(ampc_graph *g, ampc_value x, ampc_value w, ampc_value b, int stride,
+                             int pad);
+/* Batch norm over (N, H, W) per channel; running_mean/var updated in training
+ * with momentum (PyTorch's: new = (1-m)*old + m*batch, unbiased variance);
+ * num_batches_tracked (i64 buffer) counted. */
+ampc_value ampc_graph_batchnorm2d(ampc_graph *g, ampc_value x, ampc_value gamma, ampc_value beta,
+                                  ampc_value running_mean, ampc_value running_var,
+                                  ampc_value num_batches_tracked, float momentum, float eps);
+ampc_value ampc_graph_relu(ampc_graph *g, ampc_value x);
+ampc_value ampc_graph_maxpool2d(ampc_graph *g, ampc_value x, int k, int stride, int pad);
+/* Average pooling; padding counts as zeros in the average (count_include_pad). */
+ampc_value ampc_graph_avgpool2d(ampc_graph *g, ampc_value x, int k, int stride, int pad);
+/* (N, C, H, W) -> (N, C): mean over H, W. */
+ampc_value ampc_graph_global_avgpool(ampc_graph *g, ampc_value x);
+/* x (N, K), w (M, K), b (M) or NONE -> (N, M) = x w^T + b. */
+ampc_value ampc_graph_linear(ampc_graph *g, ampc_value x, ampc_value w, ampc_value b);
+ampc_value ampc_graph_add(ampc_graph *g, ampc_value a, ampc_value b);
+/* (N, ...) -> (N, prod(...)), a view. */
+ampc_value ampc_graph_flatten(ampc_graph *g, ampc_value x);
+/* Over the last dim of (N, K). */
+ampc_value ampc_graph_softmax(ampc_graph *g, ampc_value x);
+ampc_value ampc_graph_log_softmax(ampc_graph *g, ampc_value x);
+/* Mean cross-entropy of logits (N, K) against labels (N,), with PyTorch's
+ * label smoothing: target = (1-s) one-hot + s/K. Output shape (1,), f32. */
+ampc_value ampc_graph_cross_entropy(ampc_graph *g, ampc_value logits, ampc_value labels,
+                                    float label_smoothing);
+/* Explicit cast (the precision pass inserts these itself). */
+ampc_value ampc_graph_cast(ampc_graph *g, ampc_value x, ampc_dtype to);
+
+/* ---- precision and compilation ---- */
+typedef struct {
+  ampc_dtype param_type;      /* storage of non-norm parameters */
+  ampc_dtype norm_param_type; /* storage of batch-norm parameters */
+  ampc_dtype act_type;        /* storage of inputs and activations */
+  int autocast;               /* per-op policy (O1): half ops run in half_type */
+  ampc_dtype half_type;       /* f16 or bf16 */
+} ampc_graph_precision;
+
+/* Must be called before compile; the default is all f32. */
+ampc_status ampc_graph_set_precision(ampc_graph *g, const ampc_graph_precision *p);
+ampc_status ampc_graph_compile(ampc_graph *g);
+int ampc_graph_is_compiled(const ampc_graph *g);
+
+/* ---- running ---- */
+/* Effective batch for the next forward/backward, 1..built batch. */
+ampc_status ampc_graph_set_batch(ampc_graph *g, int64_t n);
+int64_t ampc_graph_batch(const ampc_graph *g);
+int64_t ampc_graph_max_batch(const ampc_graph *g);
+/* training = 1: batch norm uses batch statistics and updates running ones. */
+ampc_status ampc_graph_forward(ampc_graph *g, int training);
+/* Backward from a scalar value, with d(loss) = seed (the loss scale).
+ * Parameter gradients are written (accumulate = 0) or added (1). */
+ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int accumulate);
+/* Sets every parameter gradient to zero. */
+void ampc_graph_zero_grad(ampc_graph *g);
+/* Number of threads the kernels use (default: OpenMP's). */
+void ampc_graph_set_threads(ampc_graph *g, int n);
+
+/* ---- access ---- */
+ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v);   /* data (after compile) */
+ampc_tensor ampc_graph_grad(const ampc_graph *g, ampc_value v);     /* data NULL if none */
+const char *ampc_graph_name(const ampc_graph *g, ampc_value v);
+ampc_op_kind ampc_graph_op(const ampc_graph *g, ampc_value v);
+ampc_value ampc_graph_find(const ampc_graph *g, const char *name);
+size_t ampc_graph_value_count(const ampc_graph *g);
+size_t ampc_graph_param_count(const ampc_graph *g);
+ampc_value ampc_graph_param_at(const ampc_graph *g, size_t i);
+int ampc_graph_param_is_norm(const ampc_graph *g, ampc_value v);
+/* Total elements of all parameters, and each one's offset in that flat count
+ * (the indexing shared by master weights and optimizer state). */
+size_t ampc_graph_param_numel(const ampc_graph *g);
+size_t ampc_graph_param_offset(const ampc_graph *g, ampc_value v);
+size_t ampc_graph_buffer_count(const ampc_graph *g);
+ampc_value ampc_graph_buffer_at(const ampc_graph *g, size_t i);
+/* The f32 values a parameter was recorded with (before compile and after). */
+const float *ampc_graph_param_init(const ampc_graph *g, ampc_value v);
+
+/* ---- memory accounting ---- */
+typedef enum {
+  AMPC_MEM_PARAMETERS = 0,
+  AMPC_MEM_MASTER_WEIGHTS,
+  AMPC_MEM_GRADIENTS,
+  AMPC_MEM_OPTIMIZER_STATE,
+  AMPC_MEM_ACTIVATIONS,
+  AMPC_MEM_WORKSPACE,
+  AMPC_MEM_COUNT
+} ampc_mem_category;
+const char *ampc_mem_category_name(ampc_mem_category c);
+
+typedef struct {
+  /* bytes[category][dtype]; dtype index is ampc_dtype */
+  size_t bytes[AMPC_MEM_COUNT][AMPC_DTYPE_COUNT];
+} ampc_mem_report;
+static inline size_t ampc_mem_total(const ampc_mem_report *r, ampc_mem_category c) {
+  size_t s = 0;
+  for (int t = 0; t < AMPC_DTYPE_COUNT; t++) s += r->bytes[c][t];
+  return s;
+}
+/* What the compiled graph holds (parameters, their gradients, activations,
+ * workspace); the amp layer and the optimizer add their own. */
+void ampc_graph_memory(const ampc_graph *g, ampc_mem_report *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,72 @@
+/* The CPU backend: the kernel table, memory, and workspace sizing. */
+#include <stdlib.h>
+
+#include "backend/cpu/cpu_internal.h"
+
+static void *cpu_alloc(size_t bytes) {
+  size_t n = (bytes + 63) & ~(size_t)63;
+  void *p = aligned_alloc(64, n ? n : 64);
+  if (p) memset(p, 0, n);
+  return p;
+}
+
+static void cpu_free(void *p) { free(p); }
+
+static size_t cpu_elt_ws(const ampc__op_call *c, int nthreads) {
+  /* element-wise kernels stage blocks of CPU_CHUNK floats, up to 4 per thread */
+  return (size_t)nthreads * 4 * CPU_CHUNK * sizeof(float);
+}
+
+static size_t cpu_workspace(const ampc__op_call *c, int nthreads) {
+  switch (c->op) {
+    case AMPC_OP_CONV2D: return ampc__cpu_conv2d_ws(c, nthreads);
+    case AMPC_OP_LINEAR: return ampc__cpu_linear_ws(c, nthreads);
+    case AMPC_OP_BATCHNORM2D: return ampc__cpu_bn_ws(c, nthreads);
+    case AMPC_OP_MAXPOOL2D:
+    case AMPC_OP_AVGPOOL2D:
+    case AMPC_OP_GLOBAL_AVGPOOL: return ampc__cpu_pool_ws(c, nthreads);
+    case AMPC_OP_SOFTMAX:
+    case AMPC_OP_LOG_SOFTMAX:
+    case AMPC_OP_CROSS_ENTROPY: return ampc__cpu_rows_ws(c, nthreads);
+    default: return cpu_elt_ws(c, nthreads);
+  }
+}
+
+static size_t cpu_aux_floats(const ampc__op_call *c) {
+  if (c->op == AMPC_OP_BATCHNORM2D) return 2 * (size_t)c->in[0].shape.d[1]; /* batch mean, inverse std */
+  return 0;
+}
+
+static ampc_status cpu_noop(const ampc__op_call *c) { return AMPC_OK; }
+
+static const ampc__backend cpu_backend = {
+    .name = "cpu",
+    .fwd =
+        {
+            [AMPC_OP_INPUT] = cpu_noop, [AMPC_OP_LABELS] = cpu_noop, [AMPC_OP_PARAM] = cpu_noop,
+            [AMPC_OP_BUFFER] = cpu_noop, [AMPC_OP_FLATTEN] = cpu_noop,
+            [AMPC_OP_CONV2D] = ampc__cpu_conv2d_fwd, [AMPC_OP_BATCHNORM2D] = ampc__cpu_bn_fwd,
+            [AMPC_OP_RELU] = ampc__cpu_relu_fwd, [AMPC_OP_MAXPOOL2D] = ampc__cpu_pool_fwd,
+            [AMPC_OP_AVGPOOL2D] = ampc__cpu_pool_fwd, [AMPC_OP_GLOBAL_AVGPOOL] = ampc__cpu_gap_fwd,
+            [AMPC_OP_LINEAR] = ampc__cpu_linear_fwd, [AMPC_OP_ADD] = ampc__cpu_add_fwd,
+            [AMPC_OP_SOFTMAX] = ampc__cpu_softmax_fwd, [AMPC_OP_LOG_SOFTMAX] = ampc__cpu_softmax_fwd,
+            [AMPC_OP_CROSS_ENTROPY] = ampc__cpu_ce_fwd, [AMPC_OP_CAST] = ampc__cpu_cast_fwd,
+        },
+    .bwd =
+        {
+            [AMPC_OP_INPUT] = cpu_noop, [AMPC_OP_LABELS] = cpu_noop, [AMPC_OP_PARAM] = cpu_noop,
+            [AMPC_OP_BUFFER] = cpu_noop, [AMPC_OP_FLATTEN] = cpu_noop,
+            [AMPC_OP_CONV2D] = ampc__cpu_conv2d_bwd, [AMPC_OP_BATCHNORM2D] = ampc__cpu_bn_bwd,
+            [AMPC_OP_RELU] = ampc__cpu_relu_bwd, [AMPC_OP_MAXPOOL2D] = ampc__cpu_pool_bwd,
+            [AMPC_OP_AVGPOOL2D] = ampc__cpu_pool_bwd, [AMPC_OP_GLOBAL_AVGPOOL] = ampc__cpu_gap_bwd,
+            [AMPC_OP_LINEAR] = ampc__cpu_linear_bwd, [AMPC_OP_ADD] = ampc__cpu_add_bwd,
+            [AMPC_OP_SOFTMAX] = ampc__cpu_softmax_bwd, [AMPC_OP_LOG_SOFTMAX] = ampc__cpu_softmax_bwd,
+            [AMPC_OP_CROSS_ENTROPY] = ampc__cpu_ce_bwd, [AMPC_OP_CAST] = ampc__cpu_cast_bwd,
+        },
+    .workspace = cpu_workspace,
+    .aux_floats = cpu_aux_floats,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+};
+
+const ampc__backend *ampc__backend_cpu(void) { return &cpu_backend; }

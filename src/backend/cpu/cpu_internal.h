@@ -1,0 +1,75 @@
+/* Shared helpers of the CPU kernels: typed element access and f32 staging. */
+#ifndef AMPC_CPU_INTERNAL_H
+#define AMPC_CPU_INTERNAL_H
+
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/status_internal.h"
+
+/* Address of element i of a float tensor of any storage type. */
+static inline void *cpu_at(const ampc_tensor *t, int64_t i) {
+  return (char *)t->data + (size_t)i * ampc_dtype_size(t->dtype);
+}
+
+/* Load n elements starting at element i as f32. When the tensor is already
+ * f32 no copy is made and the tensor's own memory is returned. */
+static inline const float *cpu_load(const ampc_tensor *t, int64_t i, size_t n, float *tmp) {
+  if (t->dtype == AMPC_DTYPE_F32) return (const float *)t->data + i;
+  ampc_load_f32(tmp, t->dtype, cpu_at(t, i), n);
+  return tmp;
+}
+
+/* Store n f32 values at element i, or add them to what is there (acc). tmp
+ * must hold n floats when acc is set and the type is not f32. */
+static inline void cpu_store(const ampc_tensor *t, int64_t i, float *src, size_t n, int acc, float *tmp) {
+  if (t->dtype == AMPC_DTYPE_F32) {
+    float *d = (float *)t->data + i;
+    if (acc)
+      for (size_t k = 0; k < n; k++) d[k] += src[k];
+    else if (d != src)
+      memcpy(d, src, n * sizeof(float));
+    return;
+  }
+  if (acc) {
+    ampc_load_f32(tmp, t->dtype, cpu_at(t, i), n);
+    for (size_t k = 0; k < n; k++) src[k] += tmp[k];
+  }
+  ampc_store_f32(t->dtype, cpu_at(t, i), src, n);
+}
+
+/* Per-thread slice of the call's workspace, in floats. */
+static inline float *cpu_ws_slice(const ampc__op_call *c, int tid, size_t floats_per_thread, size_t shared_floats) {
+  return (float *)c->ws + shared_floats + (size_t)tid * floats_per_thread;
+}
+
+#define CPU_CHUNK 1024 /* elements per block in element-wise kernels */
+
+/* Kernels, by file. */
+ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c);
+ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c);
+size_t ampc__cpu_conv2d_ws(const ampc__op_call *c, int nthreads);
+ampc_status ampc__cpu_linear_fwd(const ampc__op_call *c);
+ampc_status ampc__cpu_linear_bwd(const ampc__op_call *c);
+size_t ampc__cpu_linear_ws(const ampc__op_call *c, int nthreads);
+ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c);
+ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c);
+size_t ampc__cpu_bn_ws(const ampc__op_call *c, int nthreads);
+ampc_status ampc__cpu_relu_fwd(const ampc__op_call *c);
+ampc_status ampc__cpu_relu_bwd(const ampc__op_call *c);
+ampc_status ampc__cpu_add_fwd(const ampc__op_call *c);
+ampc_status ampc__cpu_add_bwd(const ampc__op_call *c);
+ampc_status ampc__cpu_cast_fwd(const ampc__op_call *c);
+ampc_status ampc__cpu_cast_bwd(const ampc__op_call *c);
+ampc_status ampc__cpu_pool_fwd(const ampc__op_call *c);
+ampc_status ampc__cpu_pool_bwd(const ampc__op_call *c);
+size_t ampc__cpu_pool_ws(const ampc__op_call *c, int nthreads);
+ampc_status ampc__cpu_gap_fwd(const ampc__op_call *c);
+ampc_status ampc__cpu_gap_bwd(const ampc__op_call *c);
+ampc_status ampc__cpu_softmax_fwd(const ampc__op_call *c);
+ampc_status ampc__cpu_softmax_bwd(const ampc__op_call *c);
+ampc_status ampc__cpu_ce_fwd(const ampc__op_call *c);
+ampc_status ampc__cpu_ce_bwd(const ampc__op_call *c);
+size_t ampc__cpu_rows_ws(const ampc__op_call *c, int nthreads);
+
+#endif

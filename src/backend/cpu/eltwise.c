@@ -1,0 +1,322 @@
+/* Element-wise ops (relu, add, cast), pooling, softmax and the loss. Each
+ * works in blocks of CPU_CHUNK elements staged as f32, in parallel. */
+#include <math.h>
+#include <omp.h>
+
+#include "backend/cpu/cpu_internal.h"
+
+#define FOR_BLOCKS(c, total, body)                                                 \
+  do {                                                                             \
+    int64_t nblk_ = ((total) + CPU_CHUNK - 1) / CPU_CHUNK;                         \
+    _Pragma("omp parallel for num_threads((c)->nthreads) schedule(static)")         \
+    for (int64_t b_ = 0; b_ < nblk_; b_++) {                                       \
+      float *t0 = cpu_ws_slice((c), omp_get_thread_num(), 4 * CPU_CHUNK, 0);       \
+      float *t1 = t0 + CPU_CHUNK, *t2 = t1 + CPU_CHUNK, *t3 = t2 + CPU_CHUNK;      \
+      int64_t i0 = b_ * CPU_CHUNK;                                                 \
+      size_t n = (size_t)((total) - i0 < CPU_CHUNK ? (total) - i0 : CPU_CHUNK);    \
+      (void)t0; (void)t1; (void)t2; (void)t3;                                      \
+      body                                                                         \
+    }                                                                              \
+  } while (0)
+
+ampc_status ampc__cpu_relu_fwd(const ampc__op_call *c) {
+  int64_t total = ampc_tensor_numel(&c->out);
+  FOR_BLOCKS(c, total, {
+    const float *x = cpu_load(&c->in[0], i0, n, t0);
+    for (size_t i = 0; i < n; i++) t1[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    cpu_store(&c->out, i0, t1, n, 0, NULL);
+  });
+  return AMPC_OK;
+}
+
+/* dx = dy where the output was positive (the output carries the mask, so the
+ * input need not be kept). */
+ampc_status ampc__cpu_relu_bwd(const ampc__op_call *c) {
+  if (!c->din[0].data) return AMPC_OK;
+  int64_t total = ampc_tensor_numel(&c->out);
+  FOR_BLOCKS(c, total, {
+    const float *y = cpu_load(&c->out, i0, n, t0);
+    const float *dy = cpu_load(&c->dout, i0, n, t1);
+    for (size_t i = 0; i < n; i++) t2[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    cpu_store(&c->din[0], i0, t2, n, c->din_acc[0], t3);
+  });
+  return AMPC_OK;
+}
+
+ampc_status ampc__cpu_add_fwd(const ampc__op_call *c) {
+  int64_t total = ampc_tensor_numel(&c->out);
+  FOR_BLOCKS(c, total, {
+    const float *a = cpu_load(&c->in[0], i0, n, t0);
+    const float *b = cpu_load(&c->in[1], i0, n, t1);
+    for (size_t i = 0; i < n; i++) t2[i] = a[i] + b[i];
+    cpu_store(&c->out, i0, t2, n, 0, NULL);
+  });
+  return AMPC_OK;
+}
+
+ampc_status ampc__cpu_add_bwd(const ampc__op_call *c) {
+  int64_t total = ampc_tensor_numel(&c->out);
+  FOR_BLOCKS(c, total, {
+    const float *dy = cpu_load(&c->dout, i0, n, t0);
+    for (int j = 0; j < 2; j++) {
+      if (!c->din[j].data) continue;
+      for (size_t i = 0; i < n; i++) t1[i] = dy[i];
+      cpu_store(&c->din[j], i0, t1, n, c->din_acc[j], t2);
+    }
+  });
+  return AMPC_OK;
+}
+
+ampc_status ampc__cpu_cast_fwd(const ampc__op_call *c) {
+  int64_t total = ampc_tensor_numel(&c->out);
+  FOR_BLOCKS(c, total, {
+    const float *x = cpu_load(&c->in[0], i0, n, t0);
+    for (size_t i = 0; i < n; i++) t1[i] = x[i];
+    cpu_store(&c->out, i0, t1, n, 0, NULL);
+  });
+  return AMPC_OK;
+}
+
+ampc_status ampc__cpu_cast_bwd(const ampc__op_call *c) {
+  if (!c->din[0].data) return AMPC_OK;
+  int64_t total = ampc_tensor_numel(&c->out);
+  FOR_BLOCKS(c, total, {
+    const float *dy = cpu_load(&c->dout, i0, n, t0);
+    for (size_t i = 0; i < n; i++) t1[i] = dy[i];
+    cpu_store(&c->din[0], i0, t1, n, c->din_acc[0], t2);
+  });
+  return AMPC_OK;
+}
+
+/* ---- pooling: one (n, c) plane at a time ---- */
+
+size_t ampc__cpu_pool_ws(const ampc__op_call *c, int nthreads) {
+  const ampc_shape *x = &c->in[0].shape, *y = &c->out.shape;
+  size_t in = (size_t)(x->d[2] * x->d[3]), out = (size_t)(y->ndim == 4 ? y->d[2] * y->d[3] : 1);
+  return ((size_t)nthreads * (3 * in + 2 * out + 16) + 64) * sizeof(float);
+}
+
+ampc_status ampc__cpu_pool_fwd(const ampc__op_call *c) {
+  const ampc_shape *xs = &c->in[0].shape, *ys = &c->out.shape;
+  int64_t planes = xs->d[0] * xs->d[1], H = xs->d[2], W = xs->d[3], OH = ys->d[2], OW = ys->d[3];
+  int k = c->attr.k, s = c->attr.stride, p = c->attr.pad, is_max = c->op == AMPC_OP_MAXPOOL2D;
+  size_t per = (size_t)(3 * H * W + 2 * OH * OW + 16);
+#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+  for (int64_t pl = 0; pl < planes; pl++) {
+    float *buf = cpu_ws_slice(c, omp_get_thread_num(), per, 64), *out = buf + H * W;
+    const float *x = cpu_load(&c->in[0], pl * H * W, (size_t)(H * W), buf);
+    for (int64_t oy = 0; oy < OH; oy++)
+      for (int64_t ox = 0; ox < OW; ox++) {
+        float acc = is_max ? -INFINITY : 0.0f;
+        for (int ky = 0; ky < k; ky++) {
+          int64_t iy = oy * s - p + ky;
+          if (iy < 0 || iy >= H) continue;
+          for (int kx = 0; kx < k; kx++) {
+            int64_t ix = ox * s - p + kx;
+            if (ix < 0 || ix >= W) continue;
+            float v = x[iy * W + ix];
+            if (is_max) {
+              if (v > acc || isnan(v)) acc = v;
+            } else {
+              acc += v;
+            }
+          }
+        }
+        out[oy * OW + ox] = is_max ? acc : acc / (float)(k * k);
+      }
+    cpu_store(&c->out, pl * OH * OW, out, (size_t)(OH * OW), 0, NULL);
+  }
+  return AMPC_OK;
+}
+
+/* Max pooling's gradient goes to the first maximum of each window (as
+ * PyTorch's), found again from the input rather than stored. */
+ampc_status ampc__cpu_pool_bwd(const ampc__op_call *c) {
+  if (!c->din[0].data) return AMPC_OK;
+  const ampc_shape *xs = &c->in[0].shape, *ys = &c->out.shape;
+  int64_t planes = xs->d[0] * xs->d[1], H = xs->d[2], W = xs->d[3], OH = ys->d[2], OW = ys->d[3];
+  int k = c->attr.k, s = c->attr.stride, p = c->attr.pad, is_max = c->op == AMPC_OP_MAXPOOL2D;
+  size_t per = (size_t)(3 * H * W + 2 * OH * OW + 16);
+#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+  for (int64_t pl = 0; pl < planes; pl++) {
+    float *xb = cpu_ws_slice(c, omp_get_thread_num(), per, 64), *dx = xb + H * W, *tmp = dx + H * W;
+    float *dyb = tmp + H * W;
+    const float *x = is_max ? cpu_load(&c->in[0], pl * H * W, (size_t)(H * W), xb) : NULL;
+    const float *dy = cpu_load(&c->dout, pl * OH * OW, (size_t)(OH * OW), dyb);
+    memset(dx, 0, (size_t)(H * W) * sizeof(float));
+    for (int64_t oy = 0; oy < OH; oy++)
+      for (int64_t ox = 0; ox < OW; ox++) {
+        float g = dy[oy * OW + ox];
+        if (is_max) {
+          int64_t best = -1;
+          float bv = -INFINITY;
+          for (int ky = 0; ky < k; ky++) {
+            int64_t iy = oy * s - p + ky;
+            if (iy < 0 || iy >= H) continue;
+            for (int kx = 0; kx < k; kx++) {
+              int64_t ix = ox * s - p + kx;
+              if (ix < 0 || ix >= W) continue;
+              float v = x[iy * W + ix];
+              if (best < 0 || v > bv || (isnan(v) && !isnan(bv))) {
+                bv = v;
+                best = iy * W + ix;
+              }
+            }
+          }
+          if (best >= 0) dx[best] += g;
+        } else {
+          float share = g / (float)(k * k);
+          for (int ky = 0; ky < k; ky++) {
+            int64_t iy = oy * s - p + ky;
+            if (iy < 0 || iy >= H) continue;
+            for (int kx = 0; kx < k; kx++) {
+              int64_t ix = ox * s - p + kx;
+              if (ix >= 0 && ix < W) dx[iy * W + ix] += share;
+            }
+          }
+        }
+      }
+    cpu_store(&c->din[0], pl * H * W, dx, (size_t)(H * W), c->din_acc[0], tmp);
+  }
+  return AMPC_OK;
+}
+
+ampc_status ampc__cpu_gap_fwd(const ampc__op_call *c) {
+  const ampc_shape *xs = &c->in[0].shape;
+  int64_t planes = xs->d[0] * xs->d[1], HW = xs->d[2] * xs->d[3];
+  size_t per = (size_t)(3 * HW + 2 + 16);
+#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+  for (int64_t pl = 0; pl < planes; pl++) {
+    float *buf = cpu_ws_slice(c, omp_get_thread_num(), per, 64);
+    const float *x = cpu_load(&c->in[0], pl * HW, (size_t)HW, buf);
+    float acc = 0.0f;
+    for (int64_t i = 0; i < HW; i++) acc += x[i];
+    float m = acc / (float)HW;
+    cpu_store(&c->out, pl, &m, 1, 0, NULL);
+  }
+  return AMPC_OK;
+}
+
+ampc_status ampc__cpu_gap_bwd(const ampc__op_call *c) {
+  if (!c->din[0].data) return AMPC_OK;
+  const ampc_shape *xs = &c->in[0].shape;
+  int64_t planes = xs->d[0] * xs->d[1], HW = xs->d[2] * xs->d[3];
+  size_t per = (size_t)(3 * HW + 2 + 16);
+#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+  for (int64_t pl = 0; pl < planes; pl++) {
+    float *buf = cpu_ws_slice(c, omp_get_thread_num(), per, 64), *tmp = buf + HW;
+    float g;
+    ampc_load_f32(&g, c->dout.dtype, cpu_at(&c->dout, pl), 1);
+    g /= (float)HW;
+    for (int64_t i = 0; i < HW; i++) buf[i] = g;
+    cpu_store(&c->din[0], pl * HW, buf, (size_t)HW, c->din_acc[0], tmp);
+  }
+  return AMPC_OK;
+}
+
+/* ---- rows: softmax, log-softmax, cross entropy over (N, K) ---- */
+
+size_t ampc__cpu_rows_ws(const ampc__op_call *c, int nthreads) {
+  int64_t K = c->in[0].shape.d[1], N = c->in[0].shape.d[0];
+  return ((size_t)nthreads * (4 * (size_t)K + 16) + (size_t)N + 64) * sizeof(float);
+}
+
+/* logp = x - max - log(sum(exp(x - max))) for one row */
+static void row_log_softmax(const float *x, float *out, int64_t K) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < K; j++) mx = x[j] > mx ? x[j] : mx;
+  double s = 0.0;
+  for (int64_t j = 0; j < K; j++) s += exp((double)(x[j] - mx));
+  float lse = mx + (float)log(s);
+  for (int64_t j = 0; j < K; j++) out[j] = x[j] - lse;
+}
+
+ampc_status ampc__cpu_softmax_fwd(const ampc__op_call *c) {
+  int64_t N = c->in[0].shape.d[0], K = c->in[0].shape.d[1];
+  int is_log = c->op == AMPC_OP_LOG_SOFTMAX;
+  size_t per = 4 * (size_t)K + 16;
+#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    float *b = cpu_ws_slice(c, omp_get_thread_num(), per, 64 + (size_t)N), *o = b + K;
+    const float *x = cpu_load(&c->in[0], n * K, (size_t)K, b);
+    row_log_softmax(x, o, K);
+    if (!is_log)
+      for (int64_t j = 0; j < K; j++) o[j] = expf(o[j]);
+    cpu_store(&c->out, n * K, o, (size_t)K, 0, NULL);
+  }
+  return AMPC_OK;
+}
+
+ampc_status ampc__cpu_softmax_bwd(const ampc__op_call *c) {
+  if (!c->din[0].data) return AMPC_OK;
+  int64_t N = c->in[0].shape.d[0], K = c->in[0].shape.d[1];
+  int is_log = c->op == AMPC_OP_LOG_SOFTMAX;
+  size_t per = 4 * (size_t)K + 16;
+#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    float *b = cpu_ws_slice(c, omp_get_thread_num(), per, 64 + (size_t)N);
+    float *yb = b, *dyb = b + K, *o = b + 2 * K, *tmp = b + 3 * K;
+    const float *y = cpu_load(&c->out, n * K, (size_t)K, yb);
+    const float *dy = cpu_load(&c->dout, n * K, (size_t)K, dyb);
+    double s = 0.0;
+    if (is_log) {
+      for (int64_t j = 0; j < K; j++) s += dy[j];
+      for (int64_t j = 0; j < K; j++) o[j] = dy[j] - expf(y[j]) * (float)s;
+    } else {
+      for (int64_t j = 0; j < K; j++) s += (double)dy[j] * y[j];
+      for (int64_t j = 0; j < K; j++) o[j] = y[j] * (dy[j] - (float)s);
+    }
+    cpu_store(&c->din[0], n * K, o, (size_t)K, c->din_acc[0], tmp);
+  }
+  return AMPC_OK;
+}
+
+ampc_status ampc__cpu_ce_fwd(const ampc__op_call *c) {
+  int64_t N = c->in[0].shape.d[0], K = c->in[0].shape.d[1];
+  const int32_t *lab = c->in[1].data;
+  for (int64_t n = 0; n < N; n++)
+    if (lab[n] < 0 || lab[n] >= K)
+      return ampc__error(AMPC_ERANGE, "cross_entropy: label %d of sample %lld out of range for %lld classes", lab[n], (long long)n, (long long)K);
+  float sm = c->attr.label_smoothing;
+  float *losses = (float *)c->ws + 64; /* shared: one loss per row */
+  size_t per = 4 * (size_t)K + 16;
+#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    float *b = cpu_ws_slice(c, omp_get_thread_num(), per, 64 + (size_t)N), *lp = b + K;
+    const float *x = cpu_load(&c->in[0], n * K, (size_t)K, b);
+    row_log_softmax(x, lp, K);
+    double l = -(double)(1.0f - sm) * lp[lab[n]];
+    if (sm > 0) {
+      double s = 0.0;
+      for (int64_t j = 0; j < K; j++) s += lp[j];
+      l -= (double)sm / (double)K * s;
+    }
+    losses[n] = (float)l;
+  }
+  double total = 0.0;
+  for (int64_t n = 0; n < N; n++) total += losses[n];
+  float mean = (float)(total / (double)N);
+  cpu_store(&c->out, 0, &mean, 1, 0, NULL);
+  return AMPC_OK;
+}
+
+/* d logits = seed / N * (softmax - target), target = (1-s) one-hot + s/K */
+ampc_status ampc__cpu_ce_bwd(const ampc__op_call *c) {
+  if (!c->din[0].data) return AMPC_OK;
+  int64_t N = c->in[0].shape.d[0], K = c->in[0].shape.d[1];
+  const int32_t *lab = c->in[1].data;
+  float sm = c->attr.label_smoothing, scale = c->seed / (float)N;
+  size_t per = 4 * (size_t)K + 16;
+#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    float *b = cpu_ws_slice(c, omp_get_thread_num(), per, 64 + (size_t)N), *o = b + K, *tmp = b + 2 * K;
+    const float *x = cpu_load(&c->in[0], n * K, (size_t)K, b);
+    row_log_softmax(x, o, K);
+    for (int64_t j = 0; j < K; j++) {
+      float t = sm / (float)K + (j == lab[n] ? 1.0f - sm : 0.0f);
+      o[j] = scale * (expf(o[j]) - t);
+    }
+    cpu_store(&c->din[0], n * K, o, (size_t)K, c->din_acc[0], tmp);
+  }
+  return AMPC_OK;
+}

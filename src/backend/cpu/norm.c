@@ -1,0 +1,133 @@
+/* Batch normalisation over (N, H, W) for each channel, PyTorch semantics:
+ * training normalises with the biased batch variance and updates the running
+ * statistics with the unbiased one; eval uses the running statistics.
+ * Parallel over channels; every sum is a two-pass f32 accumulation. */
+#include <math.h>
+#include <omp.h>
+
+#include "backend/cpu/cpu_internal.h"
+
+typedef struct {
+  int64_t N, C, HW;
+} bn_geom;
+
+static bn_geom bn_geometry(const ampc__op_call *c) {
+  const ampc_shape *s = &c->in[0].shape;
+  bn_geom g = {s->d[0], s->d[1], s->d[2] * s->d[3]};
+  return g;
+}
+
+/* per thread: staged x plane, dy plane, output plane */
+size_t ampc__cpu_bn_ws(const ampc__op_call *c, int nthreads) {
+  bn_geom g = bn_geometry(c);
+  return ((size_t)nthreads * 3 * (size_t)g.HW + 4 * (size_t)g.C + 64) * sizeof(float);
+}
+
+static float param_at(const ampc_tensor *t, int64_t i) {
+  float v;
+  ampc_load_f32(&v, t->dtype, cpu_at(t, i), 1);
+  return v;
+}
+
+ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
+  bn_geom g = bn_geometry(c);
+  const ampc_tensor *x = &c->in[0], *gamma = &c->in[1], *beta = &c->in[2], *y = &c->out;
+  float *rm = c->in[3].data, *rv = c->in[4].data;
+  float *mean_s = c->aux, *invstd_s = c->aux + g.C;
+  float mom = c->attr.momentum, eps = c->attr.eps;
+  size_t shared = 64;
+  int64_t count = g.N * g.HW;
+  if (c->training && count < 2) return ampc__error(AMPC_EINVAL, "batchnorm2d: training needs more than one value per channel (got %lld)", (long long)count);
+#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+  for (int64_t ch = 0; ch < g.C; ch++) {
+    float *xs = cpu_ws_slice(c, omp_get_thread_num(), 3 * (size_t)g.HW, shared), *ys = xs + 2 * g.HW;
+    float mean, invstd;
+    if (c->training) {
+      double sum = 0.0;
+      for (int64_t n = 0; n < g.N; n++) {
+        const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, xs);
+        float s = 0.0f;
+        for (int64_t i = 0; i < g.HW; i++) s += xp[i];
+        sum += s;
+      }
+      mean = (float)(sum / (double)count);
+      double sq = 0.0;
+      for (int64_t n = 0; n < g.N; n++) {
+        const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, xs);
+        float s = 0.0f;
+        for (int64_t i = 0; i < g.HW; i++) {
+          float d = xp[i] - mean;
+          s += d * d;
+        }
+        sq += s;
+      }
+      float var = (float)(sq / (double)count);
+      invstd = 1.0f / sqrtf(var + eps);
+      mean_s[ch] = mean;
+      invstd_s[ch] = invstd;
+      float unbiased = (float)(sq / (double)(count - 1));
+      rm[ch] = (1.0f - mom) * rm[ch] + mom * mean;
+      rv[ch] = (1.0f - mom) * rv[ch] + mom * unbiased;
+    } else {
+      mean = rm[ch];
+      invstd = 1.0f / sqrtf(rv[ch] + eps);
+    }
+    float scale = param_at(gamma, ch) * invstd, shift = param_at(beta, ch) - mean * scale;
+    for (int64_t n = 0; n < g.N; n++) {
+      const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, xs);
+      for (int64_t i = 0; i < g.HW; i++) ys[i] = xp[i] * scale + shift;
+      cpu_store(y, (n * g.C + ch) * g.HW, ys, (size_t)g.HW, 0, NULL);
+    }
+  }
+  if (c->training && c->n_in > 5 && c->in[5].data) ((int64_t *)c->in[5].data)[0] += 1;
+  return AMPC_OK;
+}
+
+ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
+  bn_geom g = bn_geometry(c);
+  const ampc_tensor *x = &c->in[0], *gamma = &c->in[1], *dy = &c->dout;
+  const ampc_tensor *dx = &c->din[0], *dgamma = &c->din[1], *dbeta = &c->din[2];
+  const float *mean_s = c->aux, *invstd_s = c->aux + g.C;
+  float *dg = (float *)c->ws, *dbt = dg + g.C; /* shared: per-channel parameter gradients */
+  size_t shared = 64 + 4 * (size_t)g.C;
+  int64_t count = g.N * g.HW;
+#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+  for (int64_t ch = 0; ch < g.C; ch++) {
+    float *xs = cpu_ws_slice(c, omp_get_thread_num(), 3 * (size_t)g.HW, shared), *dys = xs + g.HW, *out = dys + g.HW;
+    float mean = mean_s[ch], invstd = invstd_s[ch];
+    double sdy = 0.0, sdyx = 0.0;
+    for (int64_t n = 0; n < g.N; n++) {
+      int64_t off = (n * g.C + ch) * g.HW;
+      const float *xp = cpu_load(x, off, (size_t)g.HW, xs);
+      const float *dp = cpu_load(dy, off, (size_t)g.HW, dys);
+      float a = 0.0f, b = 0.0f;
+      for (int64_t i = 0; i < g.HW; i++) {
+        a += dp[i];
+        b += dp[i] * (xp[i] - mean);
+      }
+      sdy += a;
+      sdyx += b;
+    }
+    float dbeta_c = (float)sdy, dgamma_c = (float)(sdyx * invstd);
+    dg[ch] = dgamma_c;
+    dbt[ch] = dbeta_c;
+    if (dx->data) {
+      float gm = param_at(gamma, ch);
+      float k = gm * invstd / (float)count;
+      for (int64_t n = 0; n < g.N; n++) {
+        int64_t off = (n * g.C + ch) * g.HW;
+        const float *xp = cpu_load(x, off, (size_t)g.HW, xs);
+        const float *dp = cpu_load(dy, off, (size_t)g.HW, dys);
+        for (int64_t i = 0; i < g.HW; i++) {
+          float xhat = (xp[i] - mean) * invstd;
+          out[i] = k * ((float)count * dp[i] - dbeta_c - xhat * dgamma_c);
+        }
+        cpu_store(dx, off, out, (size_t)g.HW, c->din_acc[0], xs);
+      }
+    }
+  }
+  float *tmp = dbt + g.C;
+  if (dgamma->data) cpu_store(dgamma, 0, dg, (size_t)g.C, c->din_acc[1], tmp);
+  if (dbeta->data) cpu_store(dbeta, 0, dbt, (size_t)g.C, c->din_acc[2], tmp);
+  return AMPC_OK;
+}

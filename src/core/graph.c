@@ -1,0 +1,726 @@
+/* The computation graph: recording, the precision pass, compilation
+ * (backward schedule and memory), and execution through a backend. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "core/graph_internal.h"
+#include "core/status_internal.h"
+
+static const char *const op_names[AMPC_OP_COUNT] = {
+    "input", "labels", "param", "buffer", "conv2d", "batchnorm2d", "relu", "maxpool2d",
+    "avgpool2d", "global_avgpool", "linear", "add", "flatten", "softmax", "log_softmax",
+    "cross_entropy", "cast"};
+
+const char *ampc_op_name(ampc_op_kind k) { return (unsigned)k < AMPC_OP_COUNT ? op_names[k] : "?"; }
+
+/* The O1 op lists (apex / torch autocast): matrix products in half; norms,
+ * softmaxes, losses and reductions in fp32; element-wise ops promote. */
+ampc_cast_policy ampc_op_cast_policy(ampc_op_kind k) {
+  switch (k) {
+    case AMPC_OP_CONV2D:
+    case AMPC_OP_LINEAR: return AMPC_CAST_POLICY_HALF;
+    case AMPC_OP_BATCHNORM2D:
+    case AMPC_OP_SOFTMAX:
+    case AMPC_OP_LOG_SOFTMAX:
+    case AMPC_OP_CROSS_ENTROPY:
+    case AMPC_OP_GLOBAL_AVGPOOL: return AMPC_CAST_POLICY_FP32;
+    case AMPC_OP_ADD: return AMPC_CAST_POLICY_PROMOTE;
+    default: return AMPC_CAST_POLICY_KEEP;
+  }
+}
+
+const char *ampc_mem_category_name(ampc_mem_category c) {
+  static const char *const n[AMPC_MEM_COUNT] = {"parameters", "master_weights", "gradients",
+                                                "optimizer_state", "activations", "workspace"};
+  return (unsigned)c < AMPC_MEM_COUNT ? n[c] : "?";
+}
+
+char *ampc_shape_str(const ampc_shape *s, char *buf, size_t len) {
+  size_t o = 0;
+  o += (size_t)snprintf(buf + o, o < len ? len - o : 0, "(");
+  for (int i = 0; i < s->ndim; i++)
+    o += (size_t)snprintf(buf + o, o < len ? len - o : 0, "%s%lld", i ? ", " : "", (long long)s->d[i]);
+  snprintf(buf + o, o < len ? len - o : 0, ")");
+  return buf;
+}
+
+ampc_status ampc_graph_create(ampc_graph **out) {
+  *out = NULL;
+  ampc_graph *g = calloc(1, sizeof *g);
+  if (!g) return ampc__error(AMPC_ENOMEM, "graph: out of memory");
+  g->prec = (ampc_graph_precision){AMPC_DTYPE_F32, AMPC_DTYPE_F32, AMPC_DTYPE_F32, 0, AMPC_DTYPE_F16};
+  g->be = ampc__backend_cpu();
+  g->nthreads = omp_get_max_threads();
+  g->max_batch = -1;
+  *out = g;
+  return AMPC_OK;
+}
+
+void ampc_graph_free(ampc_graph *g) {
+  if (!g) return;
+  for (size_t i = 0; i < g->nv; i++) {
+    free(g->v[i].name);
+    free(g->v[i].init);
+  }
+  if (g->be) {
+    g->be->free(g->param_arena);
+    g->be->free(g->grad_arena);
+    g->be->free(g->act_arena);
+    g->be->free(g->actgrad_arena);
+    g->be->free(g->ws);
+  }
+  free(g->v);
+  free(g->order);
+  free(g->params);
+  free(g->buffers);
+  free(g);
+}
+
+ampc_status ampc_graph_status(const ampc_graph *g) { return g->err; }
+
+/* Records the first error and returns NONE. */
+static ampc_value fail(ampc_graph *g, ampc_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static ampc_value fail(ampc_graph *g, ampc_status code, const char *fmt, ...) {
+  if (g->err == 0) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    g->err = ampc__error(code, "graph: %s", msg);
+  }
+  return AMPC_VALUE_NONE;
+}
+
+static int valid(const ampc_graph *g, ampc_value v) { return v >= 0 && (size_t)v < g->nv; }
+
+static ampc_value add_value(ampc_graph *g, ampc_op_kind op, const char *name, ampc_shape shape) {
+  if (g->err) return AMPC_VALUE_NONE;
+  if (g->compiled) return fail(g, AMPC_ESTATE, "cannot record '%s' after compile", ampc_op_name(op));
+  for (int i = 0; i < shape.ndim; i++)
+    if (shape.d[i] <= 0) return fail(g, AMPC_EINVAL, "%s: dimension %d is %lld", ampc_op_name(op), i, (long long)shape.d[i]);
+  if (g->nv == g->cap) {
+    size_t cap = g->cap ? g->cap * 2 : 64;
+    ampc__value *nv = realloc(g->v, cap * sizeof *nv);
+    if (!nv) return fail(g, AMPC_ENOMEM, "out of memory");
+    g->v = nv;
+    g->cap = cap;
+  }
+  ampc__value *v = &g->v[g->nv];
+  memset(v, 0, sizeof *v);
+  v->op = op;
+  v->shape = shape;
+  v->dtype = AMPC_DTYPE_F32;
+  v->alias = AMPC_VALUE_NONE;
+  char buf[64];
+  if (!name) {
+    snprintf(buf, sizeof buf, "%s#%zu", ampc_op_name(op), g->nv);
+    name = buf;
+  }
+  v->name = strdup(name);
+  if (!v->name) return fail(g, AMPC_ENOMEM, "out of memory");
+  return (ampc_value)g->nv++;
+}
+
+static ampc_value add_op(ampc_graph *g, ampc_op_kind op, ampc_shape shape, int n_in, const ampc_value *in) {
+  if (g->err) return AMPC_VALUE_NONE;
+  for (int i = 0; i < n_in; i++)
+    if (in[i] != AMPC_VALUE_NONE && !valid(g, in[i]))
+      return fail(g, AMPC_EINVAL, "%s: input %d is not a value of this graph", ampc_op_name(op), i);
+  ampc_value r = add_value(g, op, NULL, shape);
+  if (r < 0) return r;
+  ampc__value *v = &g->v[r];
+  v->n_in = n_in;
+  for (int i = 0; i < n_in; i++) v->in[i] = in[i];
+  v->batched = 1;
+  return r;
+}
+
+static const ampc__value *val(const ampc_graph *g, ampc_value v) { return &g->v[v]; }
+
+static int name_taken(const ampc_graph *g, const char *name) {
+  for (size_t i = 0; i < g->nv; i++)
+    if (g->v[i].op <= AMPC_OP_BUFFER && strcmp(g->v[i].name, name) == 0) return 1;
+  return 0;
+}
+
+static ampc_value add_leaf(ampc_graph *g, ampc_op_kind op, const char *name, ampc_shape shape) {
+  if (g->err) return AMPC_VALUE_NONE;
+  if (!name || !*name) return fail(g, AMPC_EINVAL, "%s without a name", ampc_op_name(op));
+  if (name_taken(g, name)) return fail(g, AMPC_EINVAL, "duplicate name '%s'", name);
+  return add_value(g, op, name, shape);
+}
+
+static int64_t batch_of(ampc_graph *g, int64_t n) {
+  if (g->max_batch < 0) g->max_batch = g->batch = n;
+  return g->max_batch == n;
+}
+
+ampc_value ampc_graph_input(ampc_graph *g, const char *name, ampc_shape shape) {
+  if (g->err) return AMPC_VALUE_NONE;
+  if (shape.ndim < 1) return fail(g, AMPC_EINVAL, "input '%s' needs a batch dimension", name ? name : "");
+  if (!batch_of(g, shape.d[0])) return fail(g, AMPC_EINVAL, "input '%s': batch %lld differs from %lld", name ? name : "", (long long)shape.d[0], (long long)g->max_batch);
+  ampc_value r = add_leaf(g, AMPC_OP_INPUT, name, shape);
+  if (r >= 0) g->v[r].batched = 1;
+  return r;
+}
+
+ampc_value ampc_graph_labels(ampc_graph *g, const char *name, int64_t n) {
+  if (g->err) return AMPC_VALUE_NONE;
+  if (!batch_of(g, n)) return fail(g, AMPC_EINVAL, "labels '%s': batch %lld differs from %lld", name ? name : "", (long long)n, (long long)g->max_batch);
+  ampc_value r = add_leaf(g, AMPC_OP_LABELS, name, ampc_shape1(n));
+  if (r >= 0) {
+    g->v[r].batched = 1;
+    g->v[r].dtype = AMPC_DTYPE_I32;
+  }
+  return r;
+}
+
+static ampc_value leaf_with_init(ampc_graph *g, ampc_op_kind op, const char *name, ampc_shape shape, const float *init) {
+  ampc_value r = add_leaf(g, op, name, shape);
+  if (r < 0) return r;
+  size_t n = (size_t)ampc_shape_numel(&shape);
+  float *p = calloc(n, sizeof *p);
+  if (!p) return fail(g, AMPC_ENOMEM, "out of memory for '%s'", name);
+  if (init) memcpy(p, init, n * sizeof *p);
+  g->v[r].init = p;
+  return r;
+}
+
+ampc_value ampc_graph_param(ampc_graph *g, const char *name, ampc_shape shape, int is_norm, const float *init) {
+  ampc_value r = leaf_with_init(g, AMPC_OP_PARAM, name, shape, init);
+  if (r >= 0) {
+    g->v[r].is_norm = is_norm;
+    g->v[r].requires_grad = 1;
+    g->v[r].param_offset = g->param_numel;
+    g->param_numel += (size_t)ampc_shape_numel(&shape);
+  }
+  return r;
+}
+
+ampc_value ampc_graph_buffer(ampc_graph *g, const char *name, ampc_dtype dtype, ampc_shape shape, const float *init) {
+  if (g->err) return AMPC_VALUE_NONE;
+  if (dtype != AMPC_DTYPE_F32 && dtype != AMPC_DTYPE_I64)
+    return fail(g, AMPC_EINVAL, "buffer '%s': dtype %s (expected f32 or i64)", name ? name : "", ampc_dtype_name(dtype));
+  ampc_value r = leaf_with_init(g, AMPC_OP_BUFFER, name, shape, init);
+  if (r >= 0) g->v[r].dtype = dtype;
+  return r;
+}
+
+static int is_float_value(const ampc_graph *g, ampc_value v) {
+  return valid(g, v) && val(g, v)->op != AMPC_OP_LABELS && !(val(g, v)->op == AMPC_OP_BUFFER);
+}
+
+#define NEED(cond, ...) \
+  do {                  \
+    if (g->err) return AMPC_VALUE_NONE; \
+    if (!(cond)) return fail(g, AMPC_EINVAL, __VA_ARGS__); \
+  } while (0)
+
+static int64_t pool_out(int64_t n, int k, int s, int p) { return (n + 2 * p - k) / s + 1; }
+
+ampc_value ampc_graph_conv2d(ampc_graph *g, ampc_value x, ampc_value w, ampc_value b, int stride, int pad) {
+  NEED(is_float_value(g, x) && is_float_value(g, w), "conv2d: invalid input or weight");
+  const ampc_shape *xs = &val(g, x)->shape, *ws = &val(g, w)->shape;
+  NEED(xs->ndim == 4 && ws->ndim == 4, "conv2d: expected 4-d input and weight");
+  NEED(ws->d[1] == xs->d[1], "conv2d: weight has %lld input channels, input has %lld", (long long)ws->d[1], (long long)xs->d[1]);
+  NEED(ws->d[2] == ws->d[3], "conv2d: only square kernels are supported");
+  NEED(stride >= 1 && pad >= 0, "conv2d: stride %d, padding %d", stride, pad);
+  NEED(b == AMPC_VALUE_NONE || (is_float_value(g, b) && val(g, b)->shape.ndim == 1 && val(g, b)->shape.d[0] == ws->d[0]), "conv2d: bias must have shape (%lld)", (long long)ws->d[0]);
+  int k = (int)ws->d[2];
+  int64_t oh = pool_out(xs->d[2], k, stride, pad), ow = pool_out(xs->d[3], k, stride, pad);
+  NEED(oh >= 1 && ow >= 1, "conv2d: kernel %d larger than padded input", k);
+  ampc_value in[3] = {x, w, b};
+  ampc_value r = add_op(g, AMPC_OP_CONV2D, ampc_shape4(xs->d[0], ws->d[0], oh, ow), b == AMPC_VALUE_NONE ? 2 : 3, in);
+  if (r >= 0) g->v[r].attr = (ampc__op_attr){.stride = stride, .pad = pad, .k = k};
+  return r;
+}
+
+ampc_value ampc_graph_batchnorm2d(ampc_graph *g, ampc_value x, ampc_value gamma, ampc_value beta, ampc_value rm,
+                                  ampc_value rv, ampc_value nbt, float momentum, float eps) {
+  NEED(is_float_value(g, x) && val(g, x)->shape.ndim == 4, "batchnorm2d: expected a 4-d input");
+  int64_t c = val(g, x)->shape.d[1];
+  ampc_value chk[4] = {gamma, beta, rm, rv};
+  for (int i = 0; i < 4; i++)
+    NEED(valid(g, chk[i]) && val(g, chk[i])->shape.ndim == 1 && val(g, chk[i])->shape.d[0] == c, "batchnorm2d: parameter %d must have shape (%lld)", i, (long long)c);
+  NEED(val(g, rm)->op == AMPC_OP_BUFFER && val(g, rv)->op == AMPC_OP_BUFFER, "batchnorm2d: running statistics must be buffers");
+  NEED(nbt == AMPC_VALUE_NONE || (valid(g, nbt) && val(g, nbt)->dtype == AMPC_DTYPE_I64), "batchnorm2d: num_batches_tracked must be an i64 buffer");
+  NEED(momentum >= 0 && momentum <= 1 && eps > 0, "batchnorm2d: momentum %g, eps %g", momentum, eps);
+  ampc_value in[6] = {x, gamma, beta, rm, rv, nbt};
+  ampc_value r = add_op(g, AMPC_OP_BATCHNORM2D, val(g, x)->shape, nbt == AMPC_VALUE_NONE ? 5 : 6, in);
+  if (r >= 0) {
+    g->v[r].attr.momentum = momentum;
+    g->v[r].attr.eps = eps;
+  }
+  return r;
+}
+
+static ampc_value unary(ampc_graph *g, ampc_op_kind op, ampc_value x, ampc_shape out) {
+  NEED(is_float_value(g, x), "%s: invalid input", ampc_op_name(op));
+  return add_op(g, op, out, 1, &x);
+}
+
+ampc_value ampc_graph_relu(ampc_graph *g, ampc_value x) {
+  NEED(is_float_value(g, x), "relu: invalid input");
+  return unary(g, AMPC_OP_RELU, x, val(g, x)->shape);
+}
+
+static ampc_value pool(ampc_graph *g, ampc_op_kind op, ampc_value x, int k, int s, int p) {
+  NEED(is_float_value(g, x) && val(g, x)->shape.ndim == 4, "%s: expected a 4-d input", ampc_op_name(op));
+  NEED(k >= 1 && s >= 1 && p >= 0 && 2 * p <= k, "%s: kernel %d, stride %d, padding %d", ampc_op_name(op), k, s, p);
+  const ampc_shape *xs = &val(g, x)->shape;
+  int64_t oh = pool_out(xs->d[2], k, s, p), ow = pool_out(xs->d[3], k, s, p);
+  NEED(oh >= 1 && ow >= 1, "%s: kernel %d larger than input", ampc_op_name(op), k);
+  ampc_value r = unary(g, op, x, ampc_shape4(xs->d[0], xs->d[1], oh, ow));
+  if (r >= 0) g->v[r].attr = (ampc__op_attr){.stride = s, .pad = p, .k = k};
+  return r;
+}
+
+ampc_value ampc_graph_maxpool2d(ampc_graph *g, ampc_value x, int k, int s, int p) { return pool(g, AMPC_OP_MAXPOOL2D, x, k, s, p); }
+ampc_value ampc_graph_avgpool2d(ampc_graph *g, ampc_value x, int k, int s, int p) { return pool(g, AMPC_OP_AVGPOOL2D, x, k, s, p); }
+
+ampc_value ampc_graph_global_avgpool(ampc_graph *g, ampc_value x) {
+  NEED(is_float_value(g, x) && val(g, x)->shape.ndim == 4, "global_avgpool: expected a 4-d input");
+  const ampc_shape *xs = &val(g, x)->shape;
+  return unary(g, AMPC_OP_GLOBAL_AVGPOOL, x, ampc_shape2(xs->d[0], xs->d[1]));
+}
+
+ampc_value ampc_graph_linear(ampc_graph *g, ampc_value x, ampc_value w, ampc_value b) {
+  NEED(is_float_value(g, x) && is_float_value(g, w), "linear: invalid input or weight");
+  const ampc_shape *xs = &val(g, x)->shape, *ws = &val(g, w)->shape;
+  NEED(xs->ndim == 2 && ws->ndim == 2, "linear: expected a 2-d input and weight (flatten first)");
+  NEED(ws->d[1] == xs->d[1], "linear: weight expects %lld features, input has %lld", (long long)ws->d[1], (long long)xs->d[1]);
+  NEED(b == AMPC_VALUE_NONE || (is_float_value(g, b) && val(g, b)->shape.ndim == 1 && val(g, b)->shape.d[0] == ws->d[0]), "linear: bias must have shape (%lld)", (long long)ws->d[0]);
+  ampc_value in[3] = {x, w, b};
+  return add_op(g, AMPC_OP_LINEAR, ampc_shape2(xs->d[0], ws->d[0]), b == AMPC_VALUE_NONE ? 2 : 3, in);
+}
+
+ampc_value ampc_graph_add(ampc_graph *g, ampc_value a, ampc_value b) {
+  NEED(is_float_value(g, a) && is_float_value(g, b), "add: invalid input");
+  const ampc_shape *as = &val(g, a)->shape, *bs = &val(g, b)->shape;
+  int same = as->ndim == bs->ndim;
+  for (int i = 0; same && i < as->ndim; i++) same = as->d[i] == bs->d[i];
+  char s1[64], s2[64];
+  NEED(same, "add: shapes %s and %s differ", ampc_shape_str(as, s1, sizeof s1), ampc_shape_str(bs, s2, sizeof s2));
+  ampc_value in[2] = {a, b};
+  return add_op(g, AMPC_OP_ADD, *as, 2, in);
+}
+
+ampc_value ampc_graph_flatten(ampc_graph *g, ampc_value x) {
+  NEED(is_float_value(g, x), "flatten: invalid input");
+  const ampc_shape *xs = &val(g, x)->shape;
+  int64_t rest = ampc_shape_numel(xs) / xs->d[0];
+  ampc_value r = unary(g, AMPC_OP_FLATTEN, x, ampc_shape2(xs->d[0], rest));
+  if (r >= 0) g->v[r].alias = x;
+  return r;
+}
+
+ampc_value ampc_graph_softmax(ampc_graph *g, ampc_value x) {
+  NEED(is_float_value(g, x) && val(g, x)->shape.ndim == 2, "softmax: expected a 2-d input");
+  return unary(g, AMPC_OP_SOFTMAX, x, val(g, x)->shape);
+}
+
+ampc_value ampc_graph_log_softmax(ampc_graph *g, ampc_value x) {
+  NEED(is_float_value(g, x) && val(g, x)->shape.ndim == 2, "log_softmax: expected a 2-d input");
+  return unary(g, AMPC_OP_LOG_SOFTMAX, x, val(g, x)->shape);
+}
+
+ampc_value ampc_graph_cross_entropy(ampc_graph *g, ampc_value logits, ampc_value labels, float s) {
+  NEED(is_float_value(g, logits) && val(g, logits)->shape.ndim == 2, "cross_entropy: logits must be 2-d");
+  NEED(valid(g, labels) && val(g, labels)->op == AMPC_OP_LABELS, "cross_entropy: labels must come from ampc_graph_labels");
+  NEED(val(g, labels)->shape.d[0] == val(g, logits)->shape.d[0], "cross_entropy: %lld labels for %lld rows", (long long)val(g, labels)->shape.d[0], (long long)val(g, logits)->shape.d[0]);
+  NEED(s >= 0 && s <= 1, "cross_entropy: label_smoothing %g outside [0, 1]", s);
+  ampc_value in[2] = {logits, labels};
+  ampc_value r = add_op(g, AMPC_OP_CROSS_ENTROPY, ampc_shape1(1), 2, in);
+  if (r >= 0) {
+    g->v[r].attr.label_smoothing = s;
+    g->v[r].batched = 0;
+  }
+  return r;
+}
+
+ampc_value ampc_graph_cast(ampc_graph *g, ampc_value x, ampc_dtype to) {
+  NEED(is_float_value(g, x), "cast: invalid input");
+  NEED(to == AMPC_DTYPE_F32 || to == AMPC_DTYPE_F16 || to == AMPC_DTYPE_BF16, "cast: to %s", ampc_dtype_name(to));
+  ampc_value r = unary(g, AMPC_OP_CAST, x, val(g, x)->shape);
+  if (r >= 0) {
+    g->v[r].dtype = to;
+    g->v[r].batched = val(g, x)->batched;
+    g->v[r].attr.k = (int)to; /* the requested type survives the precision pass */
+  }
+  return r;
+}
+
+ampc_status ampc_graph_set_precision(ampc_graph *g, const ampc_graph_precision *p) {
+  if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: precision must be set before compile");
+  ampc_dtype ts[4] = {p->param_type, p->norm_param_type, p->act_type, p->half_type};
+  for (int i = 0; i < 4; i++)
+    if (ts[i] != AMPC_DTYPE_F32 && ts[i] != AMPC_DTYPE_F16 && ts[i] != AMPC_DTYPE_BF16)
+      return ampc__error(AMPC_EINVAL, "graph: precision type %s (expected f32, f16 or bf16)", ampc_dtype_name(ts[i]));
+  g->prec = *p;
+  return AMPC_OK;
+}
+
+/* ---------------- compile ---------------- */
+
+static ampc_dtype wider(ampc_dtype a, ampc_dtype b) {
+  if (a == b) return a;
+  return AMPC_DTYPE_F32; /* f32 with anything, or f16 with bf16 */
+}
+
+/* Inserts a cast of value x to type t before the current op (reusing one made
+ * earlier for the same value and type: a weight is cast once per step). */
+static ampc_value cast_for(ampc_graph *g, ampc_value x, ampc_dtype t, ampc_value *cache) {
+  if (g->v[x].dtype == t) return x;
+  if (cache[x] >= 0 && g->v[cache[x]].dtype == t) return cache[x];
+  g->compiled = 0;
+  ampc_value c = ampc_graph_cast(g, x, t);
+  if (c < 0) return c;
+  g->order[g->norder++] = c;
+  cache[x] = c;
+  return c;
+}
+
+static ampc_status assign_types(ampc_graph *g, size_t n_recorded) {
+  const ampc_graph_precision *p = &g->prec;
+  /* Recorded ops run in recording order; casts the pass inserts go just before their user. */
+  size_t cap = n_recorded * 4 + 8;
+  g->order = calloc(cap, sizeof *g->order);
+  ampc_value *cache = malloc(cap * sizeof *cache);
+  if (!g->order || !cache) {
+    free(cache);
+    return ampc__error(AMPC_ENOMEM, "graph: out of memory");
+  }
+  for (size_t i = 0; i < cap; i++) cache[i] = AMPC_VALUE_NONE;
+  if (g->cap < cap) {
+    ampc__value *nv = realloc(g->v, cap * sizeof *nv);
+    if (!nv) {
+      free(cache);
+      return ampc__error(AMPC_ENOMEM, "graph: out of memory");
+    }
+    g->v = nv;
+    g->cap = cap;
+  }
+  for (size_t i = 0; i < n_recorded; i++) {
+    ampc__value *v = &g->v[i];
+    switch (v->op) {
+      case AMPC_OP_INPUT: v->dtype = p->act_type; continue;
+      case AMPC_OP_PARAM: v->dtype = v->is_norm ? p->norm_param_type : p->param_type; continue;
+      case AMPC_OP_LABELS:
+      case AMPC_OP_BUFFER: continue;
+      default: break;
+    }
+    ampc_value id = (ampc_value)i;
+    if (v->op == AMPC_OP_CAST) {
+      v->dtype = (ampc_dtype)v->attr.k;
+    } else if (v->op == AMPC_OP_FLATTEN) {
+      v->dtype = g->v[v->in[0]].dtype;
+    } else if (v->op == AMPC_OP_CROSS_ENTROPY) {
+      /* the model's output goes to the loss in fp32 */
+      ampc_value c = cast_for(g, g->v[id].in[0], AMPC_DTYPE_F32, cache);
+      if (c < 0) break;
+      g->v[id].in[0] = c;
+      g->v[id].dtype = AMPC_DTYPE_F32;
+    } else if (p->autocast) {
+      switch (ampc_op_cast_policy(v->op)) {
+        case AMPC_CAST_POLICY_HALF:
+          for (int j = 0; j < g->v[id].n_in; j++) {
+            ampc_value c = cast_for(g, g->v[id].in[j], p->half_type, cache);
+            if (c < 0) break;
+            g->v[id].in[j] = c;
+          }
+          g->v[id].dtype = p->half_type;
+          break;
+        case AMPC_CAST_POLICY_FP32: v->dtype = AMPC_DTYPE_F32; break;
+        case AMPC_CAST_POLICY_PROMOTE: v->dtype = wider(g->v[v->in[0]].dtype, g->v[v->in[1]].dtype); break;
+        case AMPC_CAST_POLICY_KEEP: v->dtype = g->v[v->in[0]].dtype; break;
+      }
+    } else {
+      v->dtype = p->act_type;
+    }
+    if (g->err) break;
+    g->v[id].batched = g->v[id].op != AMPC_OP_CROSS_ENTROPY;
+    g->order[g->norder++] = id;
+  }
+  free(cache);
+  g->compiled = 0;
+  return g->err;
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static size_t value_bytes(const ampc__value *v) {
+  return (size_t)ampc_shape_numel(&v->shape) * ampc_dtype_size(v->dtype);
+}
+
+static ampc_value root_of(const ampc_graph *g, ampc_value x) {
+  while (g->v[x].alias != AMPC_VALUE_NONE) x = g->v[x].alias;
+  return x;
+}
+
+static ampc__op_call make_call(const ampc_graph *g, const ampc__value *v, int64_t batch);
+
+ampc_status ampc_graph_compile(ampc_graph *g) {
+  if (g->err) return g->err;
+  if (g->compiled) return AMPC_OK;
+  if (g->nv == 0 || g->max_batch < 1) return ampc__error(AMPC_ESTATE, "graph: nothing to compile (no input)");
+  size_t n_recorded = g->nv;
+  AMPC_TRY(assign_types(g, n_recorded));
+  const ampc__backend *be = g->be;
+
+  /* which values need a gradient */
+  for (size_t k = 0; k < g->norder; k++) {
+    ampc__value *v = &g->v[g->order[k]];
+    v->requires_grad = 0;
+    for (int j = 0; j < v->n_in; j++)
+      if (v->in[j] >= 0 && g->v[v->in[j]].requires_grad && g->v[v->in[j]].op != AMPC_OP_BUFFER) v->requires_grad = 1;
+  }
+
+  /* params and buffers in recording order; flat element offsets */
+  g->params = calloc(g->nv, sizeof *g->params);
+  g->buffers = calloc(g->nv, sizeof *g->buffers);
+  if (!g->params || !g->buffers) return ampc__error(AMPC_ENOMEM, "graph: out of memory");
+  memset(g->bytes_by_type, 0, sizeof g->bytes_by_type);
+  size_t pb = 0, ab = 0, agb = 0, ws = 0;
+  for (size_t i = 0; i < g->nv; i++) {
+    ampc__value *v = &g->v[i];
+    if (v->op == AMPC_OP_PARAM) {
+      g->params[g->nparams++] = (ampc_value)i;
+      pb += align64(value_bytes(v));
+    } else if (v->op == AMPC_OP_BUFFER) {
+      g->buffers[g->nbuffers++] = (ampc_value)i;
+      pb += align64(value_bytes(v));
+    }
+  }
+  /* activations: every op output except aliases; inputs and labels too */
+  for (size_t i = 0; i < g->nv; i++) {
+    ampc__value *v = &g->v[i];
+    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE) continue;
+    ab += align64(value_bytes(v));
+    if (v->requires_grad) agb += align64(value_bytes(v));
+  }
+  /* saved state and workspace per op */
+  for (size_t k = 0; k < g->norder; k++) {
+    ampc__value *v = &g->v[g->order[k]];
+    ampc__op_call c = make_call(g, v, g->max_batch);
+    v->aux_floats = be->aux_floats(&c);
+    ab += align64(v->aux_floats * sizeof(float));
+    size_t w = be->workspace(&c, g->nthreads);
+    if (w > ws) ws = w;
+  }
+  size_t gb = 0;
+  for (size_t i = 0; i < g->nparams; i++) gb += align64(value_bytes(&g->v[g->params[i]]));
+
+  g->param_arena = be->alloc(pb ? pb : 64);
+  g->grad_arena = be->alloc(gb ? gb : 64);
+  g->act_arena = be->alloc(ab ? ab : 64);
+  g->actgrad_arena = be->alloc(agb ? agb : 64);
+  g->ws = be->alloc(ws ? ws : 64);
+  if (!g->param_arena || !g->grad_arena || !g->act_arena || !g->actgrad_arena || !g->ws)
+    return ampc__error(AMPC_ENOMEM, "graph: out of memory allocating %zu bytes of activations", ab);
+  g->param_bytes = pb; g->grad_bytes = gb; g->act_bytes = ab; g->actgrad_bytes = agb; g->ws_bytes = ws;
+
+  char *pp = g->param_arena, *gp = g->grad_arena, *ap = g->act_arena, *agp = g->actgrad_arena;
+  for (size_t i = 0; i < g->nv; i++) {
+    ampc__value *v = &g->v[i];
+    size_t nb = value_bytes(v);
+    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER) {
+      v->data = pp;
+      pp += align64(nb);
+      g->bytes_by_type[0][v->dtype] += nb;
+      size_t n = (size_t)ampc_shape_numel(&v->shape);
+      if (v->dtype == AMPC_DTYPE_I64) {
+        for (size_t e = 0; e < n; e++) ((int64_t *)v->data)[e] = (int64_t)v->init[e];
+      } else {
+        ampc_store_f32(v->dtype, v->data, v->init, n);
+      }
+      if (v->op == AMPC_OP_PARAM) {
+        v->grad = gp;
+        gp += align64(nb);
+        g->bytes_by_type[1][v->dtype] += nb;
+      }
+    } else if (v->alias == AMPC_VALUE_NONE) {
+      v->data = ap;
+      ap += align64(nb);
+      g->bytes_by_type[2][v->dtype] += nb;
+      if (v->requires_grad) {
+        v->grad = agp;
+        agp += align64(nb);
+        g->bytes_by_type[3][v->dtype] += nb;
+      }
+    }
+  }
+  for (size_t k = 0; k < g->norder; k++) {
+    ampc__value *v = &g->v[g->order[k]];
+    if (v->aux_floats) {
+      v->aux = (float *)ap;
+      ap += align64(v->aux_floats * sizeof(float));
+      g->bytes_by_type[2][AMPC_DTYPE_F32] += v->aux_floats * sizeof(float);
+    }
+  }
+  for (size_t i = 0; i < g->nv; i++) {
+    ampc__value *v = &g->v[i];
+    if (v->alias != AMPC_VALUE_NONE) {
+      ampc__value *r = &g->v[root_of(g, (ampc_value)i)];
+      v->data = r->data;
+      v->grad = r->grad;
+    }
+  }
+
+  /* backward schedule: walking the ops in reverse, the first op to produce a
+   * gradient for a value overwrites it, later ones add to it */
+  char *written = calloc(g->nv, 1);
+  if (!written) return ampc__error(AMPC_ENOMEM, "graph: out of memory");
+  for (size_t k = g->norder; k-- > 0;) {
+    ampc__value *v = &g->v[g->order[k]];
+    for (int j = 0; j < v->n_in; j++) {
+      v->din_acc[j] = 0;
+      if (v->in[j] < 0) continue;
+      ampc_value r = root_of(g, v->in[j]);
+      if (!g->v[r].requires_grad || g->v[r].op == AMPC_OP_BUFFER) continue;
+      if (v->op == AMPC_OP_FLATTEN) continue; /* shares its input's gradient */
+      if (g->v[r].op == AMPC_OP_PARAM) {
+        if (!written[r]) g->v[r].grad_first = 1;
+        v->din_acc[j] = written[r] ? 1 : -1; /* -1: the caller's accumulate flag decides */
+      } else {
+        v->din_acc[j] = written[r] ? 1 : 0;
+      }
+      written[r] = 1;
+    }
+  }
+  free(written);
+  g->batch = g->max_batch;
+  g->ws_threads = g->nthreads;
+  g->compiled = 1;
+  return AMPC_OK;
+}
+
+int ampc_graph_is_compiled(const ampc_graph *g) { return g->compiled; }
+
+/* ---------------- execution ---------------- */
+
+static ampc_tensor view(const ampc_graph *g, const ampc__value *v, void *data, int64_t batch) {
+  ampc_tensor t = {data, v->dtype, v->shape};
+  if (v->batched && t.shape.ndim > 0) t.shape.d[0] = batch;
+  return t;
+}
+
+static ampc__op_call make_call(const ampc_graph *g, const ampc__value *v, int64_t batch) {
+  ampc__op_call c;
+  memset(&c, 0, sizeof c);
+  c.op = v->op;
+  c.n_in = v->n_in;
+  for (int j = 0; j < v->n_in; j++) {
+    if (v->in[j] < 0) continue;
+    const ampc__value *x = &g->v[v->in[j]];
+    c.in[j] = view(g, x, x->data, batch);
+    if (x->requires_grad && x->op != AMPC_OP_BUFFER) c.din[j] = view(g, x, x->grad, batch);
+    else c.din[j].data = NULL;
+  }
+  c.out = view(g, v, v->data, batch);
+  c.dout = view(g, v, v->grad, batch);
+  c.attr = v->attr;
+  c.aux = v->aux;
+  c.ws = g->ws;
+  c.ws_size = g->ws_bytes;
+  c.nthreads = g->nthreads;
+  return c;
+}
+
+ampc_status ampc_graph_set_batch(ampc_graph *g, int64_t n) {
+  if (n < 1 || n > g->max_batch)
+    return ampc__error(AMPC_EINVAL, "graph: batch %lld outside 1..%lld", (long long)n, (long long)g->max_batch);
+  g->batch = n;
+  return AMPC_OK;
+}
+int64_t ampc_graph_batch(const ampc_graph *g) { return g->batch; }
+int64_t ampc_graph_max_batch(const ampc_graph *g) { return g->max_batch; }
+void ampc_graph_set_threads(ampc_graph *g, int n) {
+  if (n <= 0) n = omp_get_max_threads();
+  /* the workspace is laid out for the thread count at compile time */
+  if (g->compiled && n > g->ws_threads) n = g->ws_threads;
+  g->nthreads = n;
+}
+
+ampc_status ampc_graph_forward(ampc_graph *g, int training) {
+  AMPC_TRY(ampc_graph_compile(g));
+  for (size_t k = 0; k < g->norder; k++) {
+    ampc__value *v = &g->v[g->order[k]];
+    if (v->op == AMPC_OP_FLATTEN) continue;
+    ampc__op_call c = make_call(g, v, g->batch);
+    c.training = training;
+    ampc__kernel_fn f = g->be->fwd[v->op];
+    AMPC_ASSERT(f != NULL);
+    ampc_status s = f(&c);
+    if (s < 0) return ampc__error_prefix(s, "%s forward", ampc_op_name(v->op));
+  }
+  return AMPC_OK;
+}
+
+ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int accumulate) {
+  if (!g->compiled) return ampc__error(AMPC_ESTATE, "graph: backward before forward");
+  if (!valid(g, loss) || g->v[loss].op != AMPC_OP_CROSS_ENTROPY)
+    return ampc__error(AMPC_EINVAL, "graph: backward needs a loss value");
+  for (size_t k = g->norder; k-- > 0;) {
+    ampc__value *v = &g->v[g->order[k]];
+    if (v->op == AMPC_OP_FLATTEN || !v->requires_grad) continue;
+    ampc__op_call c = make_call(g, v, g->batch);
+    c.training = 1;
+    c.seed = seed;
+    for (int j = 0; j < v->n_in; j++) c.din_acc[j] = v->din_acc[j] < 0 ? accumulate : v->din_acc[j];
+    ampc__kernel_fn f = g->be->bwd[v->op];
+    AMPC_ASSERT(f != NULL);
+    ampc_status s = f(&c);
+    if (s < 0) return ampc__error_prefix(s, "%s backward", ampc_op_name(v->op));
+  }
+  return AMPC_OK;
+}
+
+void ampc_graph_zero_grad(ampc_graph *g) {
+  if (g->grad_arena) memset(g->grad_arena, 0, g->grad_bytes);
+}
+
+/* ---------------- access ---------------- */
+
+ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v) {
+  ampc_tensor t = {0};
+  if (!valid(g, v)) return t;
+  return view(g, &g->v[v], g->v[v].data, g->batch);
+}
+ampc_tensor ampc_graph_grad(const ampc_graph *g, ampc_value v) {
+  ampc_tensor t = {0};
+  if (!valid(g, v)) return t;
+  return view(g, &g->v[v], g->v[v].grad, g->batch);
+}
+const char *ampc_graph_name(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].name : NULL; }
+ampc_op_kind ampc_graph_op(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].op : AMPC_OP_COUNT; }
+ampc_value ampc_graph_find(const ampc_graph *g, const char *name) {
+  for (size_t i = 0; i < g->nv; i++)
+    if (strcmp(g->v[i].name, name) == 0) return (ampc_value)i;
+  return AMPC_VALUE_NONE;
+}
+size_t ampc_graph_value_count(const ampc_graph *g) { return g->nv; }
+size_t ampc_graph_param_count(const ampc_graph *g) { return g->nparams; }
+ampc_value ampc_graph_param_at(const ampc_graph *g, size_t i) { return i < g->nparams ? g->params[i] : AMPC_VALUE_NONE; }
+int ampc_graph_param_is_norm(const ampc_graph *g, ampc_value v) { return valid(g, v) && g->v[v].is_norm; }
+size_t ampc_graph_param_numel(const ampc_graph *g) { return g->param_numel; }
+size_t ampc_graph_param_offset(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].param_offset : 0; }
+size_t ampc_graph_buffer_count(const ampc_graph *g) { return g->nbuffers; }
+ampc_value ampc_graph_buffer_at(const ampc_graph *g, size_t i) { return i < g->nbuffers ? g->buffers[i] : AMPC_VALUE_NONE; }
+const float *ampc_graph_param_init(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].init : NULL; }
+
+void ampc_graph_memory(const ampc_graph *g, ampc_mem_report *r) {
+  memset(r, 0, sizeof *r);
+  for (int t = 0; t < AMPC_DTYPE_COUNT; t++) {
+    r->bytes[AMPC_MEM_PARAMETERS][t] = g->bytes_by_type[0][t];
+    r->bytes[AMPC_MEM_GRADIENTS][t] = g->bytes_by_type[1][t];
+    /* forward values and the gradients flowing back through them */
+    r->bytes[AMPC_MEM_ACTIVATIONS][t] = g->bytes_by_type[2][t] + g->bytes_by_type[3][t];
+  }
+  r->bytes[AMPC_MEM_WORKSPACE][AMPC_DTYPE_F32] = g->ws_bytes;
+}

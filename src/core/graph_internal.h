@@ -1,0 +1,48 @@
+/* Internal layout of the graph (shared by graph.c and the memory report). */
+#ifndef AMPC_CORE_GRAPH_INTERNAL_H
+#define AMPC_CORE_GRAPH_INTERNAL_H
+
+#include "ampc/graph.h"
+#include "backend/backend.h"
+
+typedef struct {
+  ampc_op_kind op;
+  char *name;            /* leaves: the PyTorch name; ops: "conv2d#12" */
+  ampc_shape shape;      /* as built (full batch) */
+  ampc_dtype dtype;      /* storage, fixed at compile */
+  int batched;           /* dim 0 follows the effective batch */
+  int requires_grad;
+  int is_norm;
+  int n_in;
+  ampc_value in[AMPC__MAX_INPUTS];
+  ampc__op_attr attr;
+  ampc_value alias;      /* flatten: the value whose memory this one shares */
+  float *init;           /* params and buffers: recorded f32 values */
+  void *data, *grad;
+  float *aux;
+  size_t aux_floats;
+  size_t param_offset;   /* params: offset in the flat element numbering */
+  int din_acc[AMPC__MAX_INPUTS]; /* backward: add (1) or overwrite (0) each input's grad */
+  int grad_first;        /* params: first writer in backward */
+} ampc__value;
+
+struct ampc_graph {
+  ampc__value *v;
+  size_t nv, cap;
+  ampc_status err;
+  int compiled;
+  ampc_graph_precision prec;
+  ampc_value *order;     /* execution order of op values */
+  size_t norder;
+  ampc_value *params, *buffers;
+  size_t nparams, nbuffers, param_numel;
+  int64_t max_batch, batch;
+  int nthreads;
+  int ws_threads;        /* threads the workspace was sized for */
+  const ampc__backend *be;
+  void *param_arena, *grad_arena, *act_arena, *actgrad_arena, *ws;
+  size_t param_bytes, grad_bytes, act_bytes, actgrad_bytes, ws_bytes;
+  size_t bytes_by_type[4][AMPC_DTYPE_COUNT]; /* params, grads, acts, actgrads */
+};
+
+#endif

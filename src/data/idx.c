@@ -1,0 +1,187 @@
+/* The IDX reader for MNIST and Fashion-MNIST.
+ *
+ * An IDX file is a big-endian header -- a magic number 0x000008DD (0x08:
+ * unsigned bytes, DD: the number of dimensions), then one uint32 per
+ * dimension -- followed by the data in row-major order. The images file is
+ * 3-D (N, H, W), the labels file 1-D (N). Files may be gzipped; zlib's gz*
+ * calls read plain files as they are, so one path serves both. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include "core/status_internal.h"
+#include "data/data_internal.h"
+
+#define IDX_MAGIC_IMAGES 0x00000803u
+#define IDX_MAGIC_LABELS 0x00000801u
+#define IDX_CLASSES 10
+/* Image data this large or larger is taken for a corrupt header, not a dataset. */
+#define IDX_MAX_BYTES (1ull << 31)
+
+typedef struct {
+  gzFile f;
+  const char *prefix; /* "fashion-mnist" */
+  char name[64];      /* the file's name in messages: "train-images-idx3-ubyte.gz" */
+  char path[4096];
+} idx_file;
+
+/* Opens dir/base or else dir/base.gz. */
+static ampc_status idx_open(idx_file *x, const char *prefix, const char *dir, const char *base) {
+  static const char *const suffixes[] = {"", ".gz"};
+  x->f = NULL;
+  x->prefix = prefix;
+  for (int i = 0; i < 2; i++) {
+    int len = snprintf(x->path, sizeof x->path, "%s/%s%s", dir, base, suffixes[i]);
+    if (len < 0 || (size_t)len >= sizeof x->path)
+      return ampc__error(AMPC_EINVAL, "%s: directory name too long: %s", prefix, dir);
+    struct stat st;
+    if (stat(x->path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    snprintf(x->name, sizeof x->name, "%s%s", base, suffixes[i]);
+    x->f = gzopen(x->path, "rb");
+    if (!x->f)
+      return ampc__error(AMPC_EIO, "%s: cannot open %s: %s", prefix, x->path,
+                         errno ? strerror(errno) : "out of memory");
+    gzbuffer(x->f, 1u << 18);
+    return AMPC_OK;
+  }
+  return ampc__error(AMPC_ENOTFOUND, "%s: cannot find %s or %s.gz in %s", prefix, base, base,
+                     dir);
+}
+
+static void idx_close(idx_file *x) {
+  if (x->f) gzclose(x->f);
+  x->f = NULL;
+}
+
+/* Reads up to n bytes; *got is how many arrived. A short read is an error
+ * here only if zlib reports one (corrupt stream, I/O error); running out of
+ * data is left to the caller, which knows what it expected. */
+static ampc_status idx_read(idx_file *x, void *buf, size_t n, size_t *got) {
+  uint8_t *p = buf;
+  *got = 0;
+  while (*got < n) {
+    size_t want = n - *got;
+    if (want > (1u << 30)) want = 1u << 30;
+    int r = gzread(x->f, p + *got, (unsigned)want);
+    if (r > 0) *got += (size_t)r;
+    if (r == (int)want) continue;
+    int err = Z_OK;
+    const char *msg = gzerror(x->f, &err);
+    if (err == Z_ERRNO)
+      return ampc__error(AMPC_EIO, "%s: %s: read error: %s", x->prefix, x->name, strerror(errno));
+    if (err == Z_MEM_ERROR) return ampc__error(AMPC_ENOMEM, "%s: %s: out of memory", x->prefix, x->name);
+    if (err != Z_OK)
+      return ampc__error(AMPC_EFORMAT, "%s: %s: corrupt gzip stream (%s)", x->prefix, x->name,
+                         msg && *msg ? msg : "unknown error");
+    if (r <= 0) break; /* end of data */
+  }
+  return AMPC_OK;
+}
+
+static uint32_t be32(const uint8_t *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+/* Reads the header: magic, then ndim dimensions into dims. */
+static ampc_status idx_header(idx_file *x, uint32_t magic, int ndim, uint32_t *dims) {
+  uint8_t hdr[16];
+  size_t want = 4 + 4 * (size_t)ndim, got;
+  AMPC_TRY(idx_read(x, hdr, want, &got));
+  if (got >= 4 && be32(hdr) != magic)
+    return ampc__error(AMPC_EFORMAT, "%s: %s: bad magic 0x%08x (expected 0x%08x)", x->prefix,
+                       x->name, be32(hdr), magic);
+  if (got < want)
+    return ampc__error(AMPC_EFORMAT, "%s: %s: truncated header (%zu of %zu bytes)", x->prefix,
+                       x->name, got, want);
+  for (int i = 0; i < ndim; i++) {
+    dims[i] = be32(hdr + 4 + 4 * i);
+    if (dims[i] == 0)
+      return ampc__error(AMPC_EFORMAT, "%s: %s: dimension %d is zero in the header", x->prefix,
+                         x->name, i);
+  }
+  return AMPC_OK;
+}
+
+/* Reads exactly n bytes of the named kind of data ("image", "label"). */
+static ampc_status idx_data(idx_file *x, void *buf, size_t n, const char *what) {
+  size_t got;
+  AMPC_TRY(idx_read(x, buf, n, &got));
+  if (got < n)
+    return ampc__error(AMPC_EFORMAT, "%s: %s: truncated: expected %zu bytes of %s data, got %zu",
+                       x->prefix, x->name, n, what, got);
+  return AMPC_OK;
+}
+
+/* The file must end where its header says (this also makes zlib check the
+ * gzip trailer's CRC and length). */
+static ampc_status idx_at_end(idx_file *x, uint32_t count, const char *what) {
+  uint8_t extra;
+  size_t got;
+  AMPC_TRY(idx_read(x, &extra, 1, &got));
+  if (got)
+    return ampc__error(AMPC_EFORMAT, "%s: %s: trailing data after the %u %s the header declares",
+                       x->prefix, x->name, count, what);
+  return AMPC_OK;
+}
+
+static ampc_status idx_load(ampc_dataset **out, ampc_dataset_kind kind, const char *dir,
+                            int train, size_t limit, idx_file *im, idx_file *lb) {
+  const char *prefix = ampc_dataset_kind_name(kind);
+  const char *split = train ? "train" : "t10k";
+  char base[64];
+  snprintf(base, sizeof base, "%s-images-idx3-ubyte", split);
+  AMPC_TRY(idx_open(im, prefix, dir, base));
+  snprintf(base, sizeof base, "%s-labels-idx1-ubyte", split);
+  AMPC_TRY(idx_open(lb, prefix, dir, base));
+
+  uint32_t idims[3], ldims[1];
+  AMPC_TRY(idx_header(im, IDX_MAGIC_IMAGES, 3, idims));
+  uint64_t hw = (uint64_t)idims[1] * idims[2];
+  /* hw < 2^31 keeps n * hw below 2^63, and H and W within an int. */
+  if (hw >= IDX_MAX_BYTES || idims[0] * hw >= IDX_MAX_BYTES)
+    return ampc__error(AMPC_EFORMAT,
+                       "%s: %s: header claims %u x %u x %u images, over the 2 GiB limit",
+                       prefix, im->name, idims[0], idims[1], idims[2]);
+  AMPC_TRY(idx_header(lb, IDX_MAGIC_LABELS, 1, ldims));
+  if (ldims[0] != idims[0])
+    return ampc__error(AMPC_EFORMAT, "%s: %s has %u labels but %s has %u images", prefix,
+                       lb->name, ldims[0], im->name, idims[0]);
+
+  size_t n = idims[0];
+  if (limit && limit < n) n = limit;
+  ampc_dataset *d;
+  AMPC_TRY(ampc__dataset_alloc(&d, kind, n, 1, (int)idims[1], (int)idims[2], IDX_CLASSES));
+  ampc_status s = idx_data(im, d->images, n * hw, "image");
+  if (s == AMPC_OK && n == idims[0]) s = idx_at_end(im, idims[0], "images");
+  uint8_t *raw = NULL; /* (n) label bytes, widened into d->labels */
+  if (s == AMPC_OK && !(raw = malloc(n)))
+    s = ampc__error(AMPC_ENOMEM, "%s: out of memory for %zu labels", prefix, n);
+  if (s == AMPC_OK) s = idx_data(lb, raw, n, "label");
+  if (s == AMPC_OK && n == idims[0]) s = idx_at_end(lb, ldims[0], "labels");
+  for (size_t i = 0; s == AMPC_OK && i < n; i++) {
+    if (raw[i] >= IDX_CLASSES)
+      s = ampc__error(AMPC_EFORMAT, "%s: %s: label %u at index %zu out of range [0, %d)", prefix,
+                      lb->name, raw[i], i, IDX_CLASSES);
+    else
+      d->labels[i] = raw[i];
+  }
+  free(raw);
+  if (s < 0) {
+    ampc_dataset_free(d);
+    return s;
+  }
+  *out = d;
+  return AMPC_OK;
+}
+
+ampc_status ampc__idx_read(ampc_dataset **out, ampc_dataset_kind kind, const char *dir,
+                           int train, size_t limit) {
+  idx_file im = {0}, lb = {0};
+  ampc_status s = idx_load(out, kind, dir, train, limit, &im, &lb);
+  idx_close(&im);
+  idx_close(&lb);
+  return s;
+}

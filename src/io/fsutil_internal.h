@@ -1,0 +1,59 @@
+/*
+ * Internal: writing a file atomically.
+ *
+ * The new contents go to a temporary file in the same folder as the target
+ * (".<name>.tmp.<pid>.<n>"), which is flushed to disk and renamed over the
+ * target, and then the folder itself is flushed, so that after a crash the
+ * target holds either the old contents or the new, never a mix. On any
+ * failure the temporary file is removed and the target left unchanged.
+ *
+ *     static ampc_status fill(void *ctx, ampc__wfile *w) {
+ *         AMPC_TRY(ampc__wfile_write(w, hdr, hdr_len));
+ *         return ampc__wfile_write(w, data, data_len);
+ *     }
+ *     ampc__write_file_atomic(path, fill, ctx);
+ *
+ * A path that is a symbolic link is replaced by a regular file (rename
+ * semantics); the new file gets mode 0666 less the umask.
+ */
+#ifndef AMPC_IO_FSUTIL_INTERNAL_H
+#define AMPC_IO_FSUTIL_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ampc/status.h"
+
+/* The temporary file being written; only valid inside a fill callback. */
+typedef struct ampc__wfile ampc__wfile;
+
+/* Appends n bytes. On failure sets a message naming the target, the byte
+ * count reached and the system's reason ("No space left on device"), and
+ * returns AMPC_EIO; the fill callback should return that status. */
+ampc_status ampc__wfile_write(ampc__wfile *w, const void *p, size_t n);
+
+/* Bytes appended so far. */
+uint64_t ampc__wfile_tell(const ampc__wfile *w);
+
+/* Writes the file path with the bytes fill appends. A negative status from
+ * fill aborts the write (its message is kept). */
+ampc_status ampc__write_file_atomic(const char *path,
+                                    ampc_status (*fill)(void *ctx, ampc__wfile *w),
+                                    void *ctx);
+
+/* The same for a list of byte ranges written in order (a NULL ptr is allowed
+ * when len is 0). */
+typedef struct {
+  const void *ptr;
+  size_t len;
+} ampc__chunk;
+ampc_status ampc__write_file_atomic_chunks(const char *path, const ampc__chunk *chunks,
+                                           size_t n);
+
+/* Test hook: after `bytes` more bytes have been appended on this thread, the
+ * next append writes what fits and then fails with ENOSPC, as a full disk
+ * would; the hook then disarms itself (it stays armed until it fires).
+ * bytes < 0 disarms it. */
+void ampc__fsutil_fail_after(long long bytes);
+
+#endif

@@ -1,0 +1,265 @@
+#include "cli.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cblas.h>
+
+void openblas_set_num_threads(int num_threads);
+
+void cli_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "ampc: error: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+}
+
+void cli_lib_error(const char *context) {
+  if (context)
+    fprintf(stderr, "ampc: error: %s: %s\n", context, ampc_last_error());
+  else
+    fprintf(stderr, "ampc: error: %s\n", ampc_last_error());
+}
+
+double cli_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+int cli_is_tty(void) { return isatty(fileno(stderr)); }
+
+static void print_help(const char *cmd, const char *usage, const cli_opt *opts) {
+  printf("usage: ampc %s %s\n\noptions:\n", cmd, usage);
+  for (const cli_opt *o = opts; o->name; o++) {
+    char left[64];
+    snprintf(left, sizeof left, "%s%s%s", o->name, o->meta ? " " : "", o->meta ? o->meta : "");
+    printf("  %-28s %s\n", left, o->help);
+  }
+  printf("  %-28s %s\n", "--help", "show this help");
+}
+
+static int parse_value(const cli_opt *o, const char *v) {
+  char *end = NULL;
+  errno = 0;
+  switch (o->kind) {
+    case OPT_INT:
+    case OPT_I64: {
+      long long x = strtoll(v, &end, 10);
+      if (!*v || *end || errno) {
+        cli_error("%s: expected an integer, got '%s'", o->name, v);
+        return -1;
+      }
+      if ((double)x < o->min) {
+        cli_error("%s: must be at least %g, got %lld", o->name, o->min, x);
+        return -1;
+      }
+      if (o->kind == OPT_INT) {
+        if (x > 1000000000LL) {
+          cli_error("%s: %lld is too large", o->name, x);
+          return -1;
+        }
+        *(int *)o->dest = (int)x;
+      } else {
+        *(int64_t *)o->dest = x;
+      }
+      return 0;
+    }
+    case OPT_FLOAT: {
+      double x = strtod(v, &end);
+      if (!*v || *end || errno || !isfinite(x)) {
+        cli_error("%s: expected a number, got '%s'", o->name, v);
+        return -1;
+      }
+      if (x < o->min) {
+        cli_error("%s: must be at least %g, got %g", o->name, o->min, x);
+        return -1;
+      }
+      *(float *)o->dest = (float)x;
+      return 0;
+    }
+    case OPT_ONOFF:
+      if (strcmp(v, "on") == 0 || strcmp(v, "1") == 0 || strcmp(v, "true") == 0) *(int *)o->dest = 1;
+      else if (strcmp(v, "off") == 0 || strcmp(v, "0") == 0 || strcmp(v, "false") == 0) *(int *)o->dest = 0;
+      else {
+        cli_error("%s: expected on or off, got '%s'", o->name, v);
+        return -1;
+      }
+      return 0;
+    case OPT_STRING:
+      if (!*v) {
+        cli_error("%s: empty value", o->name);
+        return -1;
+      }
+      *(const char **)o->dest = v;
+      return 0;
+    case OPT_FLAG: return 0;
+  }
+  return -1;
+}
+
+int cli_parse(const char *cmd, const char *usage, const cli_opt *opts, int argc, char **argv) {
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      print_help(cmd, usage, opts);
+      return 1;
+    }
+    if (strncmp(a, "--", 2) != 0) {
+      cli_error("%s: unexpected argument '%s' (see ampc %s --help)", cmd, a, cmd);
+      return -1;
+    }
+    const char *eq = strchr(a, '=');
+    size_t len = eq ? (size_t)(eq - a) : strlen(a);
+    const cli_opt *o = NULL;
+    for (const cli_opt *p = opts; p->name; p++)
+      if (strlen(p->name) == len && strncmp(p->name, a, len) == 0) o = p;
+    if (!o) {
+      cli_error("%s: unknown option '%.*s' (see ampc %s --help)", cmd, (int)len, a, cmd);
+      return -1;
+    }
+    if (o->seen) *o->seen = 1;
+    if (o->kind == OPT_FLAG) {
+      if (eq) {
+        cli_error("%s takes no value", o->name);
+        return -1;
+      }
+      *(int *)o->dest = 1;
+      continue;
+    }
+    const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+    if (!v) {
+      cli_error("%s: missing value", o->name);
+      return -1;
+    }
+    if (parse_value(o, v) < 0) return -1;
+  }
+  return 0;
+}
+
+void cli_common_defaults(cli_common *c) {
+  memset(c, 0, sizeof *c);
+  c->model = "cnn";
+  c->dataset = "fashion-mnist";
+  c->batch_size = 128;
+  c->seed = 0;
+  c->threads = 0;
+  c->opt_level = "O0";
+  c->half = "f16";
+  c->grad_accum = 1;
+}
+
+int cli_common_opts(cli_common *c, cli_opt *out, int with_amp) {
+  int n = 0;
+  out[n++] = (cli_opt){"--model", OPT_STRING, &c->model, "NAME", "mlp, cnn or resnet18 (default cnn)", 0, NULL};
+  out[n++] = (cli_opt){"--dataset", OPT_STRING, &c->dataset, "NAME", "fashion-mnist, mnist, cifar10 or cifar100 (default fashion-mnist)", 0, NULL};
+  out[n++] = (cli_opt){"--data", OPT_STRING, &c->data, "DIR", "dataset folder (default: the dataset's standard location)", 0, NULL};
+  out[n++] = (cli_opt){"--batch-size", OPT_I64, &c->batch_size, "N", "images per batch (default 128)", 1, NULL};
+  out[n++] = (cli_opt){"--train-limit", OPT_I64, &c->train_limit, "N", "use only the first N training images", 1, NULL};
+  out[n++] = (cli_opt){"--test-limit", OPT_I64, &c->test_limit, "N", "use only the first N test images", 1, NULL};
+  out[n++] = (cli_opt){"--seed", OPT_I64, &c->seed, "N", "seed of every random choice (default 0)", 0, NULL};
+  out[n++] = (cli_opt){"--threads", OPT_INT, &c->threads, "N", "threads (default: all cores)", 1, NULL};
+  out[n++] = (cli_opt){"--label-smoothing", OPT_FLOAT, &c->label_smoothing, "X", "cross-entropy label smoothing (default 0)", 0, NULL};
+  if (!with_amp) return n;
+  out[n++] = (cli_opt){"--opt-level", OPT_STRING, &c->opt_level, "O0|O1|O2|O3", "apex opt level (default O0)", 0, NULL};
+  out[n++] = (cli_opt){"--half", OPT_STRING, &c->half, "f16|bf16", "the 16-bit type (default f16)", 0, NULL};
+  out[n++] = (cli_opt){"--loss-scale", OPT_STRING, &c->loss_scale, "dynamic|N", "loss scale (default: the opt level's)", 0, NULL};
+  out[n++] = (cli_opt){"--keep-batchnorm-fp32", OPT_STRING, &c->keep_bn_fp32, "on|off", "batch norm parameters in fp32", 0, &c->keep_bn_fp32_given};
+  out[n++] = (cli_opt){"--master-weights", OPT_STRING, &c->master_weights, "on|off", "fp32 master weights", 0, &c->master_weights_given};
+  out[n++] = (cli_opt){"--min-loss-scale", OPT_STRING, &c->min_loss_scale, "X", "floor of the dynamic scale", 0, NULL};
+  out[n++] = (cli_opt){"--max-loss-scale", OPT_STRING, &c->max_loss_scale, "X", "ceiling of the dynamic scale (default 2^24)", 0, NULL};
+  out[n++] = (cli_opt){"--scale-window", OPT_STRING, &c->scale_window, "N", "clean steps before the scale grows (default 2000)", 0, NULL};
+  out[n++] = (cli_opt){"--hysteresis", OPT_STRING, &c->hysteresis, "N", "overflows tolerated before backing off (default 1)", 0, NULL};
+  out[n++] = (cli_opt){"--stochastic-rounding", OPT_FLAG, &c->stochastic_rounding, NULL, "round half weight updates stochastically (no masters)", 0, NULL};
+  out[n++] = (cli_opt){"--clip-grad-norm", OPT_FLOAT, &c->clip_grad_norm, "X", "clip the global gradient norm to X", 0, NULL};
+  out[n++] = (cli_opt){"--grad-accum", OPT_INT, &c->grad_accum, "N", "micro-batches per optimizer step (default 1)", 1, NULL};
+  out[n++] = (cli_opt){"--amp-report", OPT_FLAG, &c->amp_report, NULL, "add gradient underflow statistics to the metrics", 0, NULL};
+  return n;
+}
+
+int cli_amp_config(const cli_common *c, ampc_amp_config *cfg) {
+  ampc_opt_level lvl;
+  ampc_dtype half;
+  if (ampc_opt_level_parse(c->opt_level, &lvl) < 0) {
+    cli_lib_error("--opt-level");
+    return -1;
+  }
+  if (ampc_dtype_parse(c->half, &half) < 0 || (half != AMPC_DTYPE_F16 && half != AMPC_DTYPE_BF16)) {
+    cli_error("--half: expected f16 or bf16, got '%s'", c->half);
+    return -1;
+  }
+  if (ampc_amp_config_init(cfg, lvl, half) < 0) {
+    cli_lib_error(NULL);
+    return -1;
+  }
+  const struct {
+    const char *flag, *prop, *value;
+  } ov[] = {
+      {"--loss-scale", "loss_scale", c->loss_scale},
+      {"--keep-batchnorm-fp32", "keep_batchnorm_fp32", c->keep_bn_fp32},
+      {"--master-weights", "master_weights", c->master_weights},
+      {"--min-loss-scale", "min_loss_scale", c->min_loss_scale},
+      {"--max-loss-scale", "max_loss_scale", c->max_loss_scale},
+      {"--scale-window", "scale_window", c->scale_window},
+      {"--hysteresis", "hysteresis", c->hysteresis},
+  };
+  for (size_t i = 0; i < sizeof ov / sizeof ov[0]; i++)
+    if (ov[i].value && ampc_amp_config_set(cfg, ov[i].prop, ov[i].value) < 0) {
+      cli_lib_error(ov[i].flag);
+      return -1;
+    }
+  if (ampc_amp_config_validate(cfg) < 0) {
+    cli_lib_error(NULL);
+    return -1;
+  }
+  return 0;
+}
+
+void cli_set_threads(int threads) {
+  if (threads <= 0) return;
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+}
+
+json_t *cli_memory_json(const ampc_mem_report *r) {
+  json_t *o = json_object();
+  size_t total = 0;
+  for (int c = 0; c < AMPC_MEM_COUNT; c++) {
+    json_t *cat = json_object();
+    for (int t = 0; t < AMPC_DTYPE_COUNT; t++)
+      if (r->bytes[c][t]) json_object_set_new(cat, ampc_dtype_name((ampc_dtype)t), json_integer((json_int_t)r->bytes[c][t]));
+    json_object_set_new(cat, "total", json_integer((json_int_t)ampc_mem_total(r, (ampc_mem_category)c)));
+    total += ampc_mem_total(r, (ampc_mem_category)c);
+    json_object_set_new(o, ampc_mem_category_name((ampc_mem_category)c), cat);
+  }
+  json_object_set_new(o, "total", json_integer((json_int_t)total));
+  return o;
+}
+
+void cli_print_memory(FILE *f, const ampc_mem_report *r) {
+  size_t total = 0;
+  fprintf(f, "memory:");
+  for (int c = 0; c < AMPC_MEM_COUNT; c++) {
+    size_t b = ampc_mem_total(r, (ampc_mem_category)c);
+    total += b;
+    fprintf(f, " %s %.1f MB", ampc_mem_category_name((ampc_mem_category)c), (double)b / 1e6);
+    int first = 1;
+    for (int t = 0; t < AMPC_DTYPE_COUNT; t++)
+      if (r->bytes[c][t] && b) {
+        fprintf(f, "%s%s %.0f%%", first ? " (" : ", ", ampc_dtype_name((ampc_dtype)t), 100.0 * (double)r->bytes[c][t] / (double)b);
+        first = 0;
+      }
+    if (!first) fprintf(f, ")");
+    fprintf(f, c + 1 < AMPC_MEM_COUNT ? "," : "");
+  }
+  fprintf(f, "; total %.1f MB\n", (double)total / 1e6);
+}

@@ -1,0 +1,71 @@
+/* The ampc command line: shared option parsing, errors and output helpers. */
+#ifndef AMPC_CLI_H
+#define AMPC_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ampc/amp.h"
+#include "ampc/data.h"
+#include "ampc/nn.h"
+#include "ampc/optim.h"
+
+typedef enum { OPT_FLAG, OPT_INT, OPT_I64, OPT_FLOAT, OPT_STRING, OPT_ONOFF } cli_opt_kind;
+
+typedef struct {
+  const char *name;     /* "--epochs" */
+  cli_opt_kind kind;
+  void *dest;
+  const char *meta;     /* "N" */
+  const char *help;
+  double min;           /* numbers: smallest allowed value */
+  int *seen;            /* set to 1 when given (optional) */
+} cli_opt;
+
+/* Parses argv[first..]; prints help and returns 1 for --help; returns -1 with
+ * an error printed for anything wrong; 0 otherwise. */
+int cli_parse(const char *cmd, const char *usage, const cli_opt *opts, int argc, char **argv);
+void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Prints "ampc: error: <ampc_last_error()>" with an optional context prefix. */
+void cli_lib_error(const char *context);
+double cli_now(void);
+int cli_is_tty(void);
+
+/* Options shared by train, eval, grad and bench: the model, the data, amp. */
+typedef struct {
+  const char *model, *dataset, *data;
+  int64_t batch_size;
+  int64_t train_limit, test_limit;
+  uint64_t seed;
+  int threads;
+  float label_smoothing;
+  /* amp */
+  const char *opt_level, *half, *loss_scale;
+  int keep_bn_fp32_given, master_weights_given;
+  const char *keep_bn_fp32, *master_weights;
+  const char *min_loss_scale, *max_loss_scale, *scale_window, *hysteresis;
+  int stochastic_rounding;
+  float clip_grad_norm;
+  int grad_accum;
+  int amp_report;
+} cli_common;
+
+void cli_common_defaults(cli_common *c);
+/* Appends the shared options to a table; returns the count added. */
+int cli_common_opts(cli_common *c, cli_opt *out, int with_amp);
+/* Builds the amp configuration from the options. */
+int cli_amp_config(const cli_common *c, ampc_amp_config *cfg);
+/* Sets the thread count for ampc and OpenBLAS. */
+void cli_set_threads(int threads);
+
+/* Memory report as one JSON object {"parameters": {...bytes by dtype...}, ...} */
+struct json_t;
+struct json_t *cli_memory_json(const ampc_mem_report *r);
+void cli_print_memory(FILE *f, const ampc_mem_report *r);
+
+int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_grad(int argc, char **argv);
+int cmd_summary(int argc, char **argv);
+
+#endif

@@ -1,0 +1,27 @@
+/* ampc eval: test loss and accuracy of saved weights. */
+#include <string.h>
+
+#include "session.h"
+
+int cmd_eval(int argc, char **argv) {
+  cli_common c;
+  cli_common_defaults(&c);
+  const char *weights = NULL;
+  cli_opt opts[48];
+  int n = cli_common_opts(&c, opts, 1);
+  opts[n++] = (cli_opt){"--weights", OPT_STRING, &weights, "FILE", "weights or checkpoint (safetensors), required", 0, NULL};
+  opts[n] = (cli_opt){0};
+  int pr = cli_parse("eval", "--weights FILE [options]", opts, argc, argv);
+  if (pr) return pr > 0 ? 0 : 2;
+  if (!weights) {
+    cli_error("eval: --weights FILE is required");
+    return 2;
+  }
+  cli_session s;
+  int rc = cli_session_open(&s, &c, 0, 1, NULL, NULL, c.batch_size) < 0 || cli_load_weights(&s, weights) < 0;
+  double loss = 0, acc = 0;
+  if (!rc) rc = cli_evaluate(&s, s.test, &loss, &acc) < 0;
+  if (!rc) printf("test_loss %.4f test_acc %.4f images %zu\n", loss, acc, ampc_dataset_count(s.test));
+  cli_session_close(&s);
+  return rc ? 1 : 0;
+}

@@ -1,0 +1,111 @@
+/* ampc grad: one training-mode forward and backward on a given batch, with
+ * given weights; writes loss, logits and the unscaled f32 gradient of every
+ * parameter, so they can be checked against another framework. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "session.h"
+
+int cmd_grad(int argc, char **argv) {
+  cli_common c;
+  cli_common_defaults(&c);
+  const char *weights = NULL, *batch = NULL, *out = NULL;
+  int classes = 10;
+  cli_opt opts[48];
+  int n = cli_common_opts(&c, opts, 1);
+  opts[n++] = (cli_opt){"--weights", OPT_STRING, &weights, "FILE", "weights or checkpoint (safetensors), required", 0, NULL};
+  opts[n++] = (cli_opt){"--batch", OPT_STRING, &batch, "FILE", "safetensors with x (f32 N,C,H,W) and y (integer labels), required", 0, NULL};
+  opts[n++] = (cli_opt){"--out", OPT_STRING, &out, "FILE", "where to write loss, logits and grad.<name>, required", 0, NULL};
+  opts[n++] = (cli_opt){"--classes", OPT_INT, &classes, "N", "classes of the model (default 10)", 2, NULL};
+  opts[n] = (cli_opt){0};
+  int pr = cli_parse("grad", "--model M --weights W --batch B --out OUT [options]", opts, argc, argv);
+  if (pr) return pr > 0 ? 0 : 2;
+  if (!weights || !batch || !out) {
+    cli_error("grad: --weights, --batch and --out are required");
+    return 2;
+  }
+  ampc_st_file *bf;
+  if (ampc_st_open(&bf, batch) < 0) {
+    cli_lib_error(NULL);
+    return 1;
+  }
+  const ampc_st_tensor *x = ampc_st_find(bf, "x"), *y = ampc_st_find(bf, "y");
+  if (!x || !y || x->ndim != 4 || y->ndim != 1 || y->shape[0] != x->shape[0]) {
+    cli_error("%s: expected tensors x (N, C, H, W) and y (N)", batch);
+    ampc_st_close(bf);
+    return 1;
+  }
+  int shape[4] = {(int)x->shape[1], (int)x->shape[2], (int)x->shape[3], classes};
+  cli_session s;
+  int rc = 0;
+  if (cli_session_open(&s, &c, 0, 0, shape, NULL, x->shape[0]) < 0 || cli_load_weights(&s, weights) < 0) rc = 1;
+  float *xf = NULL, *grads = NULL, *logits = NULL;
+  if (!rc) {
+    ampc_tensor xt = ampc_graph_tensor(s.g, ampc_model_input(s.model)), yt = ampc_graph_tensor(s.g, ampc_model_labels(s.model));
+    size_t nx = (size_t)ampc_tensor_numel(&xt);
+    xf = malloc(nx * sizeof *xf);
+    if (!xf || ampc_st_read_f32(x, xf, nx) < 0 || ampc_st_read_i32(y, yt.data, (size_t)y->shape[0]) < 0) {
+      cli_lib_error(batch);
+      rc = 1;
+    } else {
+      ampc_store_f32(xt.dtype, xt.data, xf, nx);
+    }
+  }
+  if (!rc && (ampc_amp_forward(s.amp, 1) < 0 || ampc_amp_backward(s.amp, ampc_model_loss(s.model), 0, 0) < 0)) {
+    cli_lib_error(NULL);
+    rc = 1;
+  }
+  if (!rc) {
+    size_t numel = ampc_graph_param_numel(s.g), np = ampc_graph_param_count(s.g);
+    grads = malloc((numel ? numel : 1) * sizeof *grads);
+    ampc_tensor lg = ampc_graph_tensor(s.g, ampc_model_logits(s.model));
+    size_t nl = (size_t)ampc_tensor_numel(&lg);
+    logits = malloc(nl * sizeof *logits);
+    ampc_st_tensor *ts = calloc(np + 2, sizeof *ts);
+    char **names = calloc(np, sizeof *names);
+    if (!grads || !logits || !ts || !names) {
+      cli_error("out of memory");
+      rc = 1;
+    } else {
+      if (ampc_amp_unscaled_grads(s.amp, grads)) fprintf(stderr, "ampc: warning: non-finite gradients\n");
+      ampc_load_f32(logits, lg.dtype, lg.data, nl);
+      float *loss = ampc_graph_tensor(s.g, ampc_model_loss(s.model)).data;
+      ts[0] = (ampc_st_tensor){.name = "loss", .dtype = AMPC_DTYPE_F32, .ndim = 0, .data = loss, .nbytes = 4};
+      ts[1] = (ampc_st_tensor){.name = "logits", .dtype = AMPC_DTYPE_F32, .ndim = 2, .shape = {lg.shape.d[0], lg.shape.d[1]}, .data = logits, .nbytes = nl * 4};
+      for (size_t i = 0; i < np && !rc; i++) {
+        ampc_value v = ampc_graph_param_at(s.g, i);
+        ampc_tensor t = ampc_graph_tensor(s.g, v);
+        size_t len = strlen(ampc_graph_name(s.g, v)) + 6;
+        names[i] = malloc(len);
+        if (!names[i]) {
+          rc = 1;
+          break;
+        }
+        snprintf(names[i], len, "grad.%s", ampc_graph_name(s.g, v));
+        ampc_st_tensor *o = &ts[2 + i];
+        o->name = names[i];
+        o->dtype = AMPC_DTYPE_F32;
+        o->ndim = t.shape.ndim;
+        for (int d = 0; d < t.shape.ndim; d++) o->shape[d] = t.shape.d[d];
+        o->data = grads + ampc_graph_param_offset(s.g, v);
+        o->nbytes = (size_t)ampc_tensor_numel(&t) * 4;
+      }
+      const char *meta[] = {"model", c.model, "opt_level", c.opt_level, "half", c.half, NULL};
+      if (!rc && ampc_st_write(out, ts, np + 2, meta) < 0) {
+        cli_lib_error(NULL);
+        rc = 1;
+      }
+      if (!rc) printf("loss %.6f, %zu gradients written to %s\n", *loss, np, out);
+    }
+    if (names)
+      for (size_t i = 0; i < np; i++) free(names[i]);
+    free(names);
+    free(ts);
+  }
+  free(xf);
+  free(grads);
+  free(logits);
+  ampc_st_close(bf);
+  cli_session_close(&s);
+  return rc;
+}
