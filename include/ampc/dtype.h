@@ -7,9 +7,13 @@
  *
  * Conversions to a 16-bit type round to nearest, ties to even; they keep
  * subnormals, infinities and NaN (a NaN stays a NaN, with its sign, and is
- * made quiet) and overflow to infinity. The bulk functions pick an F16C/AVX2
- * path at run time where the CPU has one, and a portable scalar path
- * otherwise; both give bit-identical results.
+ * made quiet) and overflow to infinity. Conversions to f32 are exact. Every
+ * conversion of a NaN, either way, keeps its sign and the leading bits of
+ * its payload that fit, and sets the quiet bit (as the F16C instructions
+ * do): f32 0x7f800001 -> f16 0x7e00; f16 0x7c01 -> f32 0x7fc02000. Results
+ * do not depend on the rounding mode or on FTZ/DAZ. The bulk functions pick
+ * an F16C/AVX2 path at run time where the CPU has one, and a portable scalar
+ * path otherwise; both give bit-identical results.
  *
  *     float x[n]; uint16_t h[n];
  *     ampc_convert(AMPC_DTYPE_F16, h, AMPC_DTYPE_F32, x, n);
@@ -57,7 +61,7 @@ uint16_t ampc_f32_to_bf16(float f);
 
 /* Bulk conversion between any two of f32, f16, bf16 (src and dst must not
  * overlap unless they are the same type, which copies). Returns AMPC_EINVAL
- * for other types. */
+ * for other types, or for a NULL buffer when n > 0. */
 ampc_status ampc_convert(ampc_dtype dst_type, void *dst, ampc_dtype src_type,
                          const void *src, size_t n);
 

@@ -155,6 +155,11 @@ void ampc_graph_zero_grad(ampc_graph *g);
 /* Number of threads the kernels use (default: OpenMP's). */
 void ampc_graph_set_threads(ampc_graph *g, int n);
 
+/* Per-op-kind wall time of forward and backward kernels, summed since
+ * profiling was turned on (seconds; indexed by ampc_op_kind). */
+void ampc_graph_set_profiling(ampc_graph *g, int on);
+void ampc_graph_op_times(const ampc_graph *g, double fwd[AMPC_OP_COUNT], double bwd[AMPC_OP_COUNT]);
+
 /* ---- access ---- */
 ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v);   /* data (after compile) */
 ampc_tensor ampc_graph_grad(const ampc_graph *g, ampc_value v);     /* data NULL if none */

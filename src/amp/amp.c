@@ -296,9 +296,12 @@ ampc_status ampc_amp_step(ampc_amp *a, float lr, ampc_amp_step_info *info) {
       if (info->n_nonfinite < AMPC_AMP_MAX_REPORTED) info->nonfinite[info->n_nonfinite] = a->params[i].name;
       info->n_nonfinite++;
     }
-  int apply = 1;
+  int apply = 1, flagged = 0;
+  for (int k = 0; k < a->cfg.num_losses; k++) flagged |= a->loss_inf[k];
   for (int k = 0; k < a->cfg.num_losses; k++) {
-    int inf_k = a->cfg.num_losses > 1 ? (a->loss_inf[k] || (k == 0 && found && !a->loss_inf[k] && 0)) : found;
+    /* each loss's scaler backs off for its own overflow; an overflow no loss
+     * owns (the folded sum itself) backs all of them off */
+    int inf_k = a->cfg.num_losses > 1 ? (a->loss_inf[k] || (found && !flagged)) : found;
     if (!ampc_scaler_update(&a->scalers[k], inf_k)) apply = 0;
   }
   if (found) apply = 0;

@@ -105,7 +105,10 @@ static inline int use_avx2(void) {
 const char *ampc_convert_path(void) { return use_avx2() ? "avx2+f16c" : "scalar"; }
 
 #if AMPC__DTYPE_X86
-#define DISPATCH(fn, dst, src, n) (use_avx2() ? ampc__##fn##_avx2(dst, src, n) : ampc__##fn##_scalar(dst, src, n))
+/* Fewer than 8 values (a kernel loading one element) go to the scalar code,
+ * which is cheaper there than the vector tail; the bits are the same. */
+#define DISPATCH(fn, dst, src, n) \
+  (n >= 8 && use_avx2() ? ampc__##fn##_avx2(dst, src, n) : ampc__##fn##_scalar(dst, src, n))
 #else
 #define DISPATCH(fn, dst, src, n) ampc__##fn##_scalar(dst, src, n)
 #endif

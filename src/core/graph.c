@@ -656,7 +656,9 @@ ampc_status ampc_graph_forward(ampc_graph *g, int training) {
     c.training = training;
     ampc__kernel_fn f = g->be->fwd[v->op];
     AMPC_ASSERT(f != NULL);
+    double t0 = g->profiling ? omp_get_wtime() : 0.0;
     ampc_status s = f(&c);
+    if (g->profiling) g->t_fwd[v->op] += omp_get_wtime() - t0;
     if (s < 0) return ampc__error_prefix(s, "%s forward", ampc_op_name(v->op));
   }
   return AMPC_OK;
@@ -675,7 +677,9 @@ ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int 
     for (int j = 0; j < v->n_in; j++) c.din_acc[j] = v->din_acc[j] < 0 ? accumulate : v->din_acc[j];
     ampc__kernel_fn f = g->be->bwd[v->op];
     AMPC_ASSERT(f != NULL);
+    double t0 = g->profiling ? omp_get_wtime() : 0.0;
     ampc_status s = f(&c);
+    if (g->profiling) g->t_bwd[v->op] += omp_get_wtime() - t0;
     if (s < 0) return ampc__error_prefix(s, "%s backward", ampc_op_name(v->op));
   }
   return AMPC_OK;
@@ -683,6 +687,17 @@ ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int 
 
 void ampc_graph_zero_grad(ampc_graph *g) {
   if (g->grad_arena) memset(g->grad_arena, 0, g->grad_bytes);
+}
+
+void ampc_graph_set_profiling(ampc_graph *g, int on) {
+  g->profiling = on;
+  memset(g->t_fwd, 0, sizeof g->t_fwd);
+  memset(g->t_bwd, 0, sizeof g->t_bwd);
+}
+
+void ampc_graph_op_times(const ampc_graph *g, double fwd[AMPC_OP_COUNT], double bwd[AMPC_OP_COUNT]) {
+  memcpy(fwd, g->t_fwd, sizeof g->t_fwd);
+  memcpy(bwd, g->t_bwd, sizeof g->t_bwd);
 }
 
 /* ---------------- access ---------------- */

@@ -38,6 +38,8 @@ struct ampc_graph {
   size_t nparams, nbuffers, param_numel;
   int64_t max_batch, batch;
   int nthreads;
+  int profiling;
+  double t_fwd[AMPC_OP_COUNT], t_bwd[AMPC_OP_COUNT];
   int ws_threads;        /* threads the workspace was sized for */
   const ampc__backend *be;
   void *param_arena, *grad_arena, *act_arena, *actgrad_arena, *ws;

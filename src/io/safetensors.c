@@ -356,9 +356,9 @@ ampc_status ampc_st_open_memory(ampc_st_file **out, const void *buf, size_t len,
   const unsigned char *b = buf;
   if (len < 8)
     return st_err(label, AMPC_EFORMAT, "file is %zu bytes, shorter than the 8-byte header length", len);
-  uint64_t hlen = le64(b), data_len;
+  uint64_t hlen = le64(b), data_len = 0;
   AMPC_TRY(check_header_len(label, len, hlen, &data_len));
-  ampc_st_file *f;
+  ampc_st_file *f = NULL;
   AMPC_TRY(st_new(&f, label));
   st_source src = {NULL, b + 8 + hlen, 0};
   ampc_status s = st_build(f, (const char *)b + 8, (size_t)hlen, data_len, &src);

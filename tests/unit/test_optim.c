@@ -327,6 +327,8 @@ TEST(kernel_builds_agree) {
   const ampc__optim_kernels *builds[2];
   int nb = kernel_builds(builds);
   if (nb < 2) printf("  (no AVX2+FMA on this CPU: only the scalar build runs)\n");
+  /* A new optimizer picks the fastest build the CPU runs. */
+  CHECK(ampc__optim_kernels_best() == builds[nb - 1]);
   enum { N = 70000 + 13, STEPS = 4 }; /* > one OpenMP chunk of 65536 */
   ampc_optim_config cfgs[16];
   int ncfg = sample_configs(cfgs);

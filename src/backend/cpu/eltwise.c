@@ -8,7 +8,7 @@
 #define FOR_BLOCKS(c, total, body)                                                 \
   do {                                                                             \
     int64_t nblk_ = ((total) + CPU_CHUNK - 1) / CPU_CHUNK;                         \
-    _Pragma("omp parallel for num_threads((c)->nthreads) schedule(static)")         \
+    _Pragma("omp parallel for num_threads((c)->nthreads) schedule(static) if (nblk_ > 16)") \
     for (int64_t b_ = 0; b_ < nblk_; b_++) {                                       \
       float *t0 = cpu_ws_slice((c), omp_get_thread_num(), 4 * CPU_CHUNK, 0);       \
       float *t1 = t0 + CPU_CHUNK, *t2 = t1 + CPU_CHUNK, *t3 = t2 + CPU_CHUNK;      \
@@ -23,7 +23,7 @@ ampc_status ampc__cpu_relu_fwd(const ampc__op_call *c) {
   int64_t total = ampc_tensor_numel(&c->out);
   FOR_BLOCKS(c, total, {
     const float *x = cpu_load(&c->in[0], i0, n, t0);
-    for (size_t i = 0; i < n; i++) t1[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    for (size_t i = 0; i < n; i++) t1[i] = x[i] <= 0.0f ? 0.0f : x[i]; /* NaN stays NaN */
     cpu_store(&c->out, i0, t1, n, 0, NULL);
   });
   return AMPC_OK;
@@ -37,7 +37,7 @@ ampc_status ampc__cpu_relu_bwd(const ampc__op_call *c) {
   FOR_BLOCKS(c, total, {
     const float *y = cpu_load(&c->out, i0, n, t0);
     const float *dy = cpu_load(&c->dout, i0, n, t1);
-    for (size_t i = 0; i < n; i++) t2[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    for (size_t i = 0; i < n; i++) t2[i] = y[i] > 0.0f ? dy[i] : 0.0f * dy[i];
     cpu_store(&c->din[0], i0, t2, n, c->din_acc[0], t3);
   });
   return AMPC_OK;
@@ -101,10 +101,27 @@ ampc_status ampc__cpu_pool_fwd(const ampc__op_call *c) {
   int64_t planes = xs->d[0] * xs->d[1], H = xs->d[2], W = xs->d[3], OH = ys->d[2], OW = ys->d[3];
   int k = c->attr.k, s = c->attr.stride, p = c->attr.pad, is_max = c->op == AMPC_OP_MAXPOOL2D;
   size_t per = (size_t)(3 * H * W + 2 * OH * OW + 16);
-#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (planes * H * W > 32768)
   for (int64_t pl = 0; pl < planes; pl++) {
     float *buf = cpu_ws_slice(c, omp_get_thread_num(), per, 64), *out = buf + H * W;
     const float *x = cpu_load(&c->in[0], pl * H * W, (size_t)(H * W), buf);
+    if (is_max && k == 2 && s == 2 && p == 0) {
+      /* the common case, without the window bookkeeping; NaN propagates as below */
+      for (int64_t oy = 0; oy < OH; oy++) {
+        const float *r0 = x + 2 * oy * W, *r1 = r0 + W;
+        for (int64_t ox = 0; ox < OW; ox++) {
+          float a = r0[2 * ox], b = r0[2 * ox + 1], cc = r1[2 * ox], d = r1[2 * ox + 1];
+          float m = a;
+          if (b > m || isnan(b)) m = b;
+          if (cc > m || isnan(cc)) m = cc;
+          if (d > m || isnan(d)) m = d;
+          if (isnan(a)) m = a;
+          out[oy * OW + ox] = m;
+        }
+      }
+      cpu_store(&c->out, pl * OH * OW, out, (size_t)(OH * OW), 0, NULL);
+      continue;
+    }
     for (int64_t oy = 0; oy < OH; oy++)
       for (int64_t ox = 0; ox < OW; ox++) {
         float acc = is_max ? -INFINITY : 0.0f;
@@ -137,7 +154,7 @@ ampc_status ampc__cpu_pool_bwd(const ampc__op_call *c) {
   int64_t planes = xs->d[0] * xs->d[1], H = xs->d[2], W = xs->d[3], OH = ys->d[2], OW = ys->d[3];
   int k = c->attr.k, s = c->attr.stride, p = c->attr.pad, is_max = c->op == AMPC_OP_MAXPOOL2D;
   size_t per = (size_t)(3 * H * W + 2 * OH * OW + 16);
-#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (planes * H * W > 32768)
   for (int64_t pl = 0; pl < planes; pl++) {
     float *xb = cpu_ws_slice(c, omp_get_thread_num(), per, 64), *dx = xb + H * W, *tmp = dx + H * W;
     float *dyb = tmp + H * W;
@@ -185,7 +202,7 @@ ampc_status ampc__cpu_gap_fwd(const ampc__op_call *c) {
   const ampc_shape *xs = &c->in[0].shape;
   int64_t planes = xs->d[0] * xs->d[1], HW = xs->d[2] * xs->d[3];
   size_t per = (size_t)(3 * HW + 2 + 16);
-#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (planes * HW > 32768)
   for (int64_t pl = 0; pl < planes; pl++) {
     float *buf = cpu_ws_slice(c, omp_get_thread_num(), per, 64);
     const float *x = cpu_load(&c->in[0], pl * HW, (size_t)HW, buf);
@@ -202,7 +219,7 @@ ampc_status ampc__cpu_gap_bwd(const ampc__op_call *c) {
   const ampc_shape *xs = &c->in[0].shape;
   int64_t planes = xs->d[0] * xs->d[1], HW = xs->d[2] * xs->d[3];
   size_t per = (size_t)(3 * HW + 2 + 16);
-#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (planes * HW > 32768)
   for (int64_t pl = 0; pl < planes; pl++) {
     float *buf = cpu_ws_slice(c, omp_get_thread_num(), per, 64), *tmp = buf + HW;
     float g;
@@ -235,7 +252,7 @@ ampc_status ampc__cpu_softmax_fwd(const ampc__op_call *c) {
   int64_t N = c->in[0].shape.d[0], K = c->in[0].shape.d[1];
   int is_log = c->op == AMPC_OP_LOG_SOFTMAX;
   size_t per = 4 * (size_t)K + 16;
-#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (N * K > 65536)
   for (int64_t n = 0; n < N; n++) {
     float *b = cpu_ws_slice(c, omp_get_thread_num(), per, 64 + (size_t)N), *o = b + K;
     const float *x = cpu_load(&c->in[0], n * K, (size_t)K, b);
@@ -252,7 +269,7 @@ ampc_status ampc__cpu_softmax_bwd(const ampc__op_call *c) {
   int64_t N = c->in[0].shape.d[0], K = c->in[0].shape.d[1];
   int is_log = c->op == AMPC_OP_LOG_SOFTMAX;
   size_t per = 4 * (size_t)K + 16;
-#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (N * K > 65536)
   for (int64_t n = 0; n < N; n++) {
     float *b = cpu_ws_slice(c, omp_get_thread_num(), per, 64 + (size_t)N);
     float *yb = b, *dyb = b + K, *o = b + 2 * K, *tmp = b + 3 * K;
@@ -280,7 +297,7 @@ ampc_status ampc__cpu_ce_fwd(const ampc__op_call *c) {
   float sm = c->attr.label_smoothing;
   float *losses = (float *)c->ws + 64; /* shared: one loss per row */
   size_t per = 4 * (size_t)K + 16;
-#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (N * K > 65536)
   for (int64_t n = 0; n < N; n++) {
     float *b = cpu_ws_slice(c, omp_get_thread_num(), per, 64 + (size_t)N), *lp = b + K;
     const float *x = cpu_load(&c->in[0], n * K, (size_t)K, b);
@@ -307,7 +324,7 @@ ampc_status ampc__cpu_ce_bwd(const ampc__op_call *c) {
   const int32_t *lab = c->in[1].data;
   float sm = c->attr.label_smoothing, scale = c->seed / (float)N;
   size_t per = 4 * (size_t)K + 16;
-#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (N * K > 65536)
   for (int64_t n = 0; n < N; n++) {
     float *b = cpu_ws_slice(c, omp_get_thread_num(), per, 64 + (size_t)N), *o = b + K, *tmp = b + 2 * K;
     const float *x = cpu_load(&c->in[0], n * K, (size_t)K, b);

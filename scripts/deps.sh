@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Checks (and where possible installs) what building and testing ampc needs on
+# Debian: cmake, pkg-config, OpenBLAS (OpenMP build), zlib, jansson and the
+# Fashion-MNIST dataset. Installs with apt-get when run as root (or with
+# passwordless sudo); otherwise prints the exact command to run and fails.
+set -euo pipefail
+
+pkgs=(cmake make gcc pkg-config libopenblas-openmp-dev zlib1g-dev libjansson-dev dataset-fashion-mnist)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" = 0 ]; then
+  sudo=""
+elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+  sudo="sudo"
+else
+  echo "ampc: missing packages: ${missing[*]}" >&2
+  echo "ampc: install them with: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "ampc: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq >&2
+$sudo apt-get install -y -qq "${missing[@]}" >&2
