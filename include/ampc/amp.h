@@ -66,6 +66,9 @@ ampc_status ampc_amp_forward(ampc_amp *a, int training);
  * accumulate = 0 starts a new step's gradients, 1 adds this micro-batch (or
  * this second loss) to them; the unscale happens once, at step time. */
 ampc_status ampc_amp_backward(ampc_amp *a, ampc_value loss, int loss_id, int accumulate);
+/* Multiplies every loss by w before backward (1/N for N accumulated
+ * micro-batches, so that the step sees the mean over all of them). */
+void ampc_amp_set_loss_weight(ampc_amp *a, float w);
 /* Clip the unscaled gradients' global norm to max_norm in every step (0: off). */
 void ampc_amp_set_clip_grad_norm(ampc_amp *a, float max_norm);
 /* Stochastic rounding of updates written into half weights when there are no

@@ -41,6 +41,7 @@ struct ampc_amp {
   double *partial;             /* per chunk: sum of squares */
   int nthreads;
   float clip;
+  float loss_weight;
   int sr;
   uint64_t sr_seed;
   int64_t st_values, st_underflow;
@@ -117,6 +118,7 @@ ampc_status ampc_amp_initialize(ampc_amp **out, ampc_graph *g, ampc_optim *opt, 
       memcpy(a->master + a->params[i].off, ampc_graph_param_init(g, a->params[i].v), a->params[i].n * sizeof(float));
   for (int k = 0; k < cfg->num_losses; k++) ampc_scaler_init(&a->scalers[k], cfg);
   a->sr_seed = 0;
+  a->loss_weight = 1.0f;
   *out = a;
   return AMPC_OK;
 }
@@ -141,6 +143,7 @@ ampc_scaler *ampc_amp_scaler(ampc_amp *a, int loss_id) {
 }
 float *ampc_amp_master_weights(ampc_amp *a) { return a->master; }
 void ampc_amp_set_clip_grad_norm(ampc_amp *a, float max_norm) { a->clip = max_norm; }
+void ampc_amp_set_loss_weight(ampc_amp *a, float w) { a->loss_weight = w; }
 void ampc_amp_set_stochastic_rounding(ampc_amp *a, int on, uint64_t seed) {
   a->sr = on;
   a->sr_seed = seed;
@@ -161,8 +164,8 @@ ampc_status ampc_amp_backward(ampc_amp *a, ampc_value loss, int loss_id, int acc
   if (loss_id < 0 || loss_id >= a->cfg.num_losses)
     return ampc__error(AMPC_EINVAL, "amp: loss id %d outside 0..%d (num_losses=%d)", loss_id, a->cfg.num_losses - 1, a->cfg.num_losses);
   float scale = ampc_scaler_scale(&a->scalers[loss_id]);
-  if (!a->mgrad) return ampc_graph_backward(a->g, loss, scale, accumulate);
-  AMPC_TRY(ampc_graph_backward(a->g, loss, scale, 0));
+  if (!a->mgrad) return ampc_graph_backward(a->g, loss, scale * a->loss_weight, accumulate);
+  AMPC_TRY(ampc_graph_backward(a->g, loss, scale * a->loss_weight, 0));
   /* Fold the model's gradients into the f32 ones. With several losses each is
    * unscaled by its own scale now; with one, the unscale waits for step(). */
   float f = a->cfg.num_losses > 1 ? 1.0f / scale : 1.0f;

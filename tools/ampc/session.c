@@ -92,7 +92,11 @@ int cli_load_weights(cli_session *s, const char *path) {
   for (size_t i = 0; rc == 0 && i < ampc_graph_param_count(s->g); i++) {
     ampc_value v = ampc_graph_param_at(s->g, i);
     const char *name = ampc_graph_name(s->g, v);
-    const ampc_st_tensor *t = ampc_st_find(f, name);
+    char mname[256];
+    snprintf(mname, sizeof mname, "master.%s", name);
+    /* a checkpoint's f32 master copy is the exact value; the model copy may be half */
+    const ampc_st_tensor *t = ampc_st_find(f, mname);
+    if (!t) t = ampc_st_find(f, name);
     ampc_tensor tv = ampc_graph_tensor(s->g, v);
     if (!t) {
       cli_error("%s: missing tensor '%s' for model %s", path, name, ampc_model_name(s->model));

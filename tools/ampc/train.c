@@ -1,10 +1,82 @@
 /* ampc train: the training loop, progress and per-epoch metrics. */
+#include <dirent.h>
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "ampc/checkpoint.h"
 #include "session.h"
+
+static volatile sig_atomic_t stop_requested;
+static void on_signal(int sig) { stop_requested = sig; }
+
+#define CKPT_PREFIX "ckpt-step-"
+#define CKPT_SUFFIX ".safetensors"
+
+/* The checkpoint of the highest step in dir into out; 0 if found. */
+static int latest_checkpoint(const char *dir, char *out, size_t len) {
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  long long best = -1;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    long long st;
+    char tail[32];
+    if (sscanf(e->d_name, CKPT_PREFIX "%lld%31s", &st, tail) == 2 && strcmp(tail, CKPT_SUFFIX) == 0 && st > best) {
+      best = st;
+      snprintf(out, len, "%s/%s", dir, e->d_name);
+    }
+  }
+  closedir(d);
+  return best >= 0 ? 0 : -1;
+}
+
+/* Removes all but the newest `keep` checkpoints in dir. */
+static void prune_checkpoints(const char *dir, int keep) {
+  for (;;) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    long long oldest = -1;
+    int count = 0;
+    char name[512] = "";
+    struct dirent *e;
+    while ((e = readdir(d))) {
+      long long st;
+      char tail[32];
+      if (sscanf(e->d_name, CKPT_PREFIX "%lld%31s", &st, tail) == 2 && strcmp(tail, CKPT_SUFFIX) == 0) {
+        count++;
+        if (oldest < 0 || st < oldest) {
+          oldest = st;
+          snprintf(name, sizeof name, "%s/%s", dir, e->d_name);
+        }
+      }
+    }
+    closedir(d);
+    if (count <= keep || !name[0]) return;
+    if (unlink(name) != 0) return;
+  }
+}
+
+static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc_train_state *ts, int quiet) {
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+    cli_error("--checkpoint-dir: cannot create '%s': %s", dir, strerror(errno));
+    return -1;
+  }
+  char path[1024];
+  snprintf(path, sizeof path, "%s/" CKPT_PREFIX "%08lld" CKPT_SUFFIX, dir, (long long)ts->step);
+  if (ampc_checkpoint_save(path, s->model, s->amp, s->opt, ts) < 0) {
+    cli_lib_error("saving checkpoint");
+    return -1;
+  }
+  if (!quiet) fprintf(stderr, "ampc: saved %s\n", path);
+  if (keep > 0) prune_checkpoints(dir, keep);
+  return 0;
+}
 
 typedef struct {
   cli_common c;
@@ -12,6 +84,9 @@ typedef struct {
   const char *optimizer, *lr_schedule, *metrics, *save;
   float lr, momentum, weight_decay, beta1, beta2, eps, dampening, gamma, eta_min, warmup_start;
   int nesterov, amsgrad, augment, augment_given, normalize, quiet;
+  const char *checkpoint_dir, *resume, *on_nonfinite;
+  int64_t save_every;
+  int keep;
   int64_t step_size, warmup;
   int lr_given, wd_given, beta1_given, beta2_given, eps_given;
 } train_args;
@@ -63,6 +138,11 @@ int cmd_train(int argc, char **argv) {
   opts[n++] = (cli_opt){"--normalize", OPT_ONOFF, &a.normalize, "on|off", "per-channel mean/std normalisation (default on)", 0, NULL};
   opts[n++] = (cli_opt){"--metrics", OPT_STRING, &a.metrics, "FILE", "write one JSON object per epoch to FILE", 0, NULL};
   opts[n++] = (cli_opt){"--save", OPT_STRING, &a.save, "FILE", "save the trained weights (safetensors)", 0, NULL};
+  opts[n++] = (cli_opt){"--checkpoint-dir", OPT_STRING, &a.checkpoint_dir, "DIR", "save a checkpoint at each epoch end (and on SIGINT/SIGTERM) in DIR", 0, NULL};
+  opts[n++] = (cli_opt){"--save-every", OPT_I64, &a.save_every, "N", "also save every N optimizer steps", 1, NULL};
+  opts[n++] = (cli_opt){"--keep", OPT_INT, &a.keep, "K", "keep only the last K checkpoints (default: all)", 1, NULL};
+  opts[n++] = (cli_opt){"--resume", OPT_STRING, &a.resume, "FILE|DIR", "continue a run from a checkpoint (a folder: its latest)", 0, NULL};
+  opts[n++] = (cli_opt){"--on-nonfinite", OPT_STRING, &a.on_nonfinite, "stop|skip", "without a dynamic loss scale: stop (default) or skip steps with inf/NaN gradients", 0, NULL};
   opts[n++] = (cli_opt){"--quiet", OPT_FLAG, &a.quiet, NULL, "no progress output", 0, NULL};
   opts[n] = (cli_opt){0};
   int pr = cli_parse("train", "[options]", opts, argc, argv);
@@ -105,8 +185,32 @@ int cmd_train(int argc, char **argv) {
     cli_lib_error("--lr-schedule");
     return 2;
   }
+  int skip_nonfinite = 0;
+  if (a.on_nonfinite) {
+    if (strcmp(a.on_nonfinite, "skip") == 0) skip_nonfinite = 1;
+    else if (strcmp(a.on_nonfinite, "stop") != 0) {
+      cli_error("--on-nonfinite: expected stop or skip, got '%s'", a.on_nonfinite);
+      return 2;
+    }
+  }
+  char resume_path[1024] = "";
+  if (a.resume) {
+    struct stat sb;
+    if (stat(a.resume, &sb) != 0) {
+      cli_error("--resume: '%s': %s", a.resume, strerror(errno));
+      return 1;
+    }
+    if (S_ISDIR(sb.st_mode)) {
+      if (latest_checkpoint(a.resume, resume_path, sizeof resume_path) < 0) {
+        cli_error("--resume: no checkpoint (" CKPT_PREFIX "*" CKPT_SUFFIX ") in '%s'", a.resume);
+        return 1;
+      }
+    } else {
+      snprintf(resume_path, sizeof resume_path, "%s", a.resume);
+    }
+  }
   FILE *mf = NULL;
-  if (a.metrics && !(mf = fopen(a.metrics, "w"))) {
+  if (a.metrics && !(mf = fopen(a.metrics, a.resume ? "a" : "w"))) {
     cli_error("--metrics: cannot open '%s' for writing", a.metrics);
     return 1;
   }
@@ -148,17 +252,48 @@ int cmd_train(int argc, char **argv) {
     cli_print_memory(stderr, &mem);
   }
   int tty = cli_is_tty() && !a.quiet, rc = 0;
-  int64_t step = 0, skipped_total = 0, last_skip_report = -1, skip_repeats = 0;
+  ampc_train_state ts = {.seed = a.c.seed};
+  if (resume_path[0]) {
+    if (ampc_checkpoint_load(resume_path, s.model, s.amp, s.opt, &ts) < 0) {
+      cli_lib_error("--resume");
+      ampc_loader_free(ld);
+      cli_session_close(&s);
+      if (mf) fclose(mf);
+      return 1;
+    }
+    if (ts.seed != a.c.seed) {
+      cli_error("--resume: the checkpoint was made with --seed %llu, this run has --seed %llu", (unsigned long long)ts.seed, (unsigned long long)a.c.seed);
+      ampc_loader_free(ld);
+      cli_session_close(&s);
+      if (mf) fclose(mf);
+      return 1;
+    }
+    if (!a.quiet) fprintf(stderr, "ampc: resumed from %s at epoch %lld, batch %lld, step %lld\n", resume_path, (long long)ts.epoch + 1, (long long)ts.batch, (long long)ts.step);
+  }
+  signal(SIGINT, on_signal);
+  signal(SIGTERM, on_signal);
+  int64_t last_skip_report = -1, skip_repeats = 0;
   int accum = a.c.grad_accum;
-  for (int epoch = 0; epoch < a.epochs && rc == 0; epoch++) {
+  ampc_amp_set_loss_weight(s.amp, 1.0f / (float)accum);
+  int is_static = !s.amp_cfg.loss_scale_dynamic;
+  for (int epoch = (int)ts.epoch; epoch < a.epochs && rc == 0; epoch++) {
     float lr = ampc_lr_at(&sched, ocfg.lr, epoch);
-    if (ampc_loader_start_epoch(ld, epoch, 0) < 0) {
+    int64_t start_batch = epoch == ts.epoch ? ts.batch : 0;
+    if (epoch != ts.epoch) {
+      ts.epoch = epoch;
+      ts.batch = 0;
+      ts.loss_sum = 0.0;
+      ts.seen = ts.skipped = 0;
+      ts.train_seconds = 0.0;
+    }
+    if (ampc_loader_start_epoch(ld, epoch, start_batch) < 0) {
       cli_lib_error(NULL);
       rc = 1;
       break;
     }
-    int64_t nb = ampc_loader_batches_per_epoch(ld), b = 0, seen = 0, skipped = 0;
-    double loss_sum = 0.0, t0 = cli_now(), last_print = t0;
+    int64_t nb = ampc_loader_batches_per_epoch(ld), b = start_batch;
+    double t0 = cli_now(), last_print = t0, prior_seconds = ts.train_seconds;
+    int64_t seen_here = 0;
     int micro = 0;
     ampc_amp_grad_stats st;
     ampc_amp_get_grad_stats(s.amp, &st, 1);
@@ -172,6 +307,7 @@ int cmd_train(int argc, char **argv) {
         break;
       }
       if (got == 0) break;
+      b++;
       if (got < 2 && ampc_graph_max_batch(s.g) > 1) continue; /* batch norm needs two samples */
       ampc_graph_set_batch(s.g, got);
       if (ampc_amp_forward(s.amp, 1) < 0 || ampc_amp_backward(s.amp, lossv, 0, micro > 0) < 0) {
@@ -180,9 +316,9 @@ int cmd_train(int argc, char **argv) {
         break;
       }
       float l = *(float *)ampc_graph_tensor(s.g, lossv).data;
-      loss_sum += (double)l * got;
-      seen += got;
-      b++;
+      ts.loss_sum += (double)l * got;
+      ts.seen += got;
+      seen_here += got;
       if (++micro < accum && b < nb) continue;
       micro = 0;
       ampc_amp_step_info info;
@@ -191,48 +327,78 @@ int cmd_train(int argc, char **argv) {
         rc = 1;
         break;
       }
-      step++;
+      ts.step++;
+      ts.batch = b;
       if (!info.applied) {
-        skipped++;
-        skipped_total++;
-        /* one line per skipped step at most; repeats of the same cause are counted */
-        if (last_skip_report == step - 1) {
+        ts.skipped++;
+        ts.skipped_total++;
+        if (is_static && !skip_nonfinite) {
+          if (tty) fprintf(stderr, "\n");
+          cli_error("step %lld: non-finite loss or gradients (loss %g; first non-finite gradient: %s); stopping (--on-nonfinite skip skips such steps)",
+                    (long long)ts.step, l, info.nonfinite[0] ? info.nonfinite[0] : "?");
+          rc = 1;
+          break;
+        }
+        /* one line per skipped step at most; a run of skips is counted, not repeated */
+        if (last_skip_report == ts.step - 1) {
           skip_repeats++;
         } else {
-          if (skip_repeats) fprintf(stderr, "\nampc: (%lld more skipped steps in a row)\n", (long long)skip_repeats);
+          if (skip_repeats) fprintf(stderr, "%sampc: (%lld more skipped steps in a row)\n", tty ? "\n" : "", (long long)skip_repeats);
           skip_repeats = 0;
           fprintf(stderr, "%sampc: step %lld: gradient overflow, step skipped, loss scale now %g; non-finite gradients in %d parameter%s: %s%s%s%s%s%s\n",
-                  tty ? "\n" : "", (long long)step, info.scale, info.n_nonfinite, info.n_nonfinite == 1 ? "" : "s",
+                  tty ? "\n" : "", (long long)ts.step, info.scale, info.n_nonfinite, info.n_nonfinite == 1 ? "" : "s",
                   info.nonfinite[0] ? info.nonfinite[0] : "?", info.n_nonfinite > 1 ? ", " : "", info.n_nonfinite > 1 ? info.nonfinite[1] : "",
                   info.n_nonfinite > 2 ? ", " : "", info.n_nonfinite > 2 ? info.nonfinite[2] : "", info.n_nonfinite > 3 ? ", ..." : "");
         }
-        last_skip_report = step;
+        last_skip_report = ts.step;
+        if (ampc_scaler_diverged(ampc_amp_scaler(s.amp, 0), 20) && !skip_nonfinite) {
+          cli_error("step %lld: the loss scale stayed at its minimum (%g) for 20 overflowing steps in a row: training is diverging",
+                    (long long)ts.step, info.scale);
+          rc = 1;
+          break;
+        }
       }
+      ts.train_seconds = prior_seconds + (cli_now() - t0);
+      if (a.checkpoint_dir && a.save_every > 0 && ts.step % a.save_every == 0 && b < nb &&
+          save_checkpoint(&s, a.checkpoint_dir, a.keep, &ts, a.quiet) < 0) {
+        rc = 1;
+        break;
+      }
+      if (stop_requested) break;
       double now = cli_now();
       if (!a.quiet && (tty ? now - last_print > 0.5 : (b % (nb / 4 > 0 ? nb / 4 : 1) == 0 && b < nb))) {
-        double el = now - t0, ips = (double)seen / (el > 0 ? el : 1e-9);
-        progress(tty, epoch + 1, b, nb, loss_sum / (double)seen, ips, (double)(nb - b) * el / (double)b);
+        double el = now - t0, ips = (double)seen_here / (el > 0 ? el : 1e-9);
+        progress(tty, epoch + 1, b, nb, ts.loss_sum / (double)ts.seen, ips, (double)(nb - b) * el / (double)(b - start_batch));
         last_print = now;
       }
     }
     if (rc) break;
+    if (stop_requested) {
+      /* SIGINT/SIGTERM: save where we are and stop cleanly */
+      const char *dir = a.checkpoint_dir ? a.checkpoint_dir : "checkpoints";
+      if (tty) fprintf(stderr, "\n");
+      fprintf(stderr, "ampc: %s received: saving a checkpoint at step %lld and stopping\n", stop_requested == SIGINT ? "SIGINT" : "SIGTERM", (long long)ts.step);
+      if (save_checkpoint(&s, dir, a.keep, &ts, 0) < 0) rc = 1;
+      break;
+    }
     if (skip_repeats) {
       fprintf(stderr, "%sampc: (%lld more skipped steps in a row)\n", tty ? "\n" : "", (long long)skip_repeats);
       skip_repeats = 0;
       last_skip_report = -1;
     }
-    double train_time = cli_now() - t0;
+    double train_time = ts.train_seconds;
     double test_loss = NAN, test_acc = NAN;
+    double te0 = cli_now();
     if (cli_evaluate(&s, s.test, &test_loss, &test_acc) < 0) {
       rc = 1;
       break;
     }
-    double secs = cli_now() - t0;
-    double train_loss = seen ? loss_sum / (double)seen : NAN;
-    double ips = (double)seen / train_time;
+    double secs = train_time + (cli_now() - te0);
+    double train_loss = ts.seen ? ts.loss_sum / (double)ts.seen : NAN;
+    double ips = (double)ts.seen / (train_time > 0 ? train_time : 1e-9);
     if (tty) fprintf(stderr, "\r%*s\r", 100, "");
     printf("epoch %d: train_loss %.4f test_loss %.4f test_acc %.4f %.1f img/s %.1fs loss_scale %g skipped %lld\n",
-           epoch + 1, train_loss, test_loss, test_acc, ips, secs, ampc_scaler_scale(ampc_amp_scaler(s.amp, 0)), (long long)skipped);
+           epoch + 1, train_loss, test_loss, test_acc, ips, secs, ampc_scaler_scale(ampc_amp_scaler(s.amp, 0)), (long long)ts.skipped);
     fflush(stdout);
     if (mf) {
       json_t *o = json_object();
@@ -244,11 +410,12 @@ int cmd_train(int argc, char **argv) {
       json_object_set_new(o, "seconds", json_real(secs));
       json_object_set_new(o, "train_seconds", json_real(train_time));
       json_object_set_new(o, "lr", json_real(lr));
-      json_object_set_new(o, "steps", json_integer(step));
+      json_object_set_new(o, "steps", json_integer(ts.step));
       json_object_set_new(o, "opt_level", json_string(ampc_opt_level_name(s.amp_cfg.opt_level)));
+      json_object_set_new(o, "half", json_string(ampc_dtype_name(s.amp_cfg.half_type)));
       json_object_set_new(o, "loss_scale", json_real(ampc_scaler_scale(ampc_amp_scaler(s.amp, 0))));
-      json_object_set_new(o, "skipped_steps", json_integer(skipped));
-      json_object_set_new(o, "skipped_steps_total", json_integer(skipped_total));
+      json_object_set_new(o, "skipped_steps", json_integer(ts.skipped));
+      json_object_set_new(o, "skipped_steps_total", json_integer(ts.skipped_total));
       json_object_set_new(o, "memory", cli_memory_json(&mem));
       if (a.c.amp_report) {
         ampc_amp_get_grad_stats(s.amp, &st, 1);
@@ -263,6 +430,18 @@ int cmd_train(int argc, char **argv) {
         free(line);
       }
       json_decref(o);
+    }
+    if (a.checkpoint_dir) {
+      ampc_train_state next = ts;
+      next.epoch = epoch + 1;
+      next.batch = 0;
+      next.loss_sum = 0.0;
+      next.seen = next.skipped = 0;
+      next.train_seconds = 0.0;
+      if (save_checkpoint(&s, a.checkpoint_dir, a.keep, &next, a.quiet) < 0) {
+        rc = 1;
+        break;
+      }
     }
   }
   if (rc == 0 && a.save) {

@@ -1,0 +1,55 @@
+/*
+ * checkpoint.h -- everything a run needs to continue exactly, in one
+ * safetensors file that PyTorch tools can read.
+ *
+ * Tensors: the model's parameters and buffers under their PyTorch names in
+ * their stored type (so `model.load_state_dict` takes them), "master.<name>"
+ * for the f32 master weights, "optim.<state>.<name>" for the optimizer state
+ * (exp_avg, exp_avg_sq, momentum_buffer, ...). __metadata__ holds "format"
+ * ("ampc-checkpoint"), "format_version" and "ampc": a JSON object with the
+ * model, the opt level and every amp property, the epoch and step, each loss
+ * scaler's state, the seed, the loader position and the running metrics.
+ *
+ *     ampc_train_state ts = {...};
+ *     ampc_checkpoint_save("run/ckpt.safetensors", m, amp, opt, &ts);   // atomic
+ *     ampc_checkpoint_load("run/ckpt.safetensors", m, amp, opt, &ts);   // exact resume
+ *
+ * Writes are atomic (temporary file, fsync, rename, fsync of the folder): a
+ * failure leaves the previous file as it was and is reported.
+ */
+#ifndef AMPC_CHECKPOINT_H
+#define AMPC_CHECKPOINT_H
+
+#include "ampc/amp.h"
+#include "ampc/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define AMPC_CHECKPOINT_FORMAT "ampc-checkpoint"
+#define AMPC_CHECKPOINT_VERSION 1
+
+typedef struct {
+  uint64_t seed;
+  int64_t epoch;        /* epoch in progress (0-based) */
+  int64_t batch;        /* next batch of that epoch */
+  int64_t step;         /* optimizer steps taken (applied or skipped) */
+  double loss_sum;      /* of the epoch so far: sum of loss * images */
+  int64_t seen;         /* images of the epoch so far */
+  int64_t skipped;      /* skipped steps of the epoch so far */
+  int64_t skipped_total;
+  double train_seconds; /* of the epoch so far */
+} ampc_train_state;
+
+ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt,
+                                 const ampc_train_state *ts);
+/* Checks that the file is an ampc checkpoint of a supported version for the
+ * same model and opt level, then restores everything. */
+ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt,
+                                 ampc_train_state *ts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
