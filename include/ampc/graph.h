@@ -135,6 +135,9 @@ typedef struct {
   ampc_dtype half_type;       /* f16 or bf16 */
 } ampc_graph_precision;
 
+/* Fusion of a ReLU into the batch norm or add before it (default on; off
+ * gives the plain one-kernel-per-op graph the fused one is tested against). */
+ampc_status ampc_graph_set_fusion(ampc_graph *g, int on);
 /* Must be called before compile; the default is all f32. */
 ampc_status ampc_graph_set_precision(ampc_graph *g, const ampc_graph_precision *p);
 ampc_status ampc_graph_compile(ampc_graph *g);
@@ -159,6 +162,12 @@ void ampc_graph_set_threads(ampc_graph *g, int n);
  * profiling was turned on (seconds; indexed by ampc_op_kind). */
 void ampc_graph_set_profiling(ampc_graph *g, int on);
 void ampc_graph_op_times(const ampc_graph *g, double fwd[AMPC_OP_COUNT], double bwd[AMPC_OP_COUNT]);
+
+/* Convolution backward split in its two products (seconds, with profiling). */
+void ampc_graph_conv_backward_times(const ampc_graph *g, double *data, double *weights);
+/* Forward multiply-add FLOPs (2 per MAC) of the convolutions and linear
+ * layers at the built batch. */
+double ampc_graph_forward_flops(const ampc_graph *g);
 
 /* ---- access ---- */
 ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v);   /* data (after compile) */

@@ -18,6 +18,7 @@ typedef struct {
   int stride, pad, k;      /* conv, pooling */
   float momentum, eps;     /* batch norm */
   float label_smoothing;   /* cross entropy */
+  int relu;                /* batch norm, add: a ReLU fused into the output */
 } ampc__op_attr;
 
 typedef struct {
@@ -34,6 +35,7 @@ typedef struct {
   int training;
   int nthreads;
   float seed;                         /* d(loss) for the loss op's backward */
+  double *timers;                     /* profiling: conv backward data [0], weights [1] */
 } ampc__op_call;
 
 typedef ampc_status (*ampc__kernel_fn)(const ampc__op_call *c);

@@ -56,6 +56,7 @@ ampc_status ampc_graph_create(ampc_graph **out) {
   g->be = ampc__backend_cpu();
   g->nthreads = omp_get_max_threads();
   g->max_batch = -1;
+  g->fuse = 1;
   *out = g;
   return AMPC_OK;
 }
@@ -481,6 +482,28 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
       if (v->in[j] >= 0 && g->v[v->in[j]].requires_grad && g->v[v->in[j]].op != AMPC_OP_BUFFER) v->requires_grad = 1;
   }
 
+  /* A ReLU whose input is a batch norm or an add used by nothing else runs
+   * inside that op: the ReLU's value becomes a view of the op's output, which
+   * saves one activation, its gradient and two passes over memory. */
+  int *uses = calloc(g->nv, sizeof *uses);
+  if (!uses) return ampc__error(AMPC_ENOMEM, "graph: out of memory");
+  for (size_t k = 0; k < g->norder; k++) {
+    const ampc__value *v = &g->v[g->order[k]];
+    for (int j = 0; j < v->n_in; j++)
+      if (v->in[j] >= 0) uses[v->in[j]]++;
+  }
+  for (size_t k = 0; k < g->norder; k++) {
+    ampc__value *r = &g->v[g->order[k]];
+    if (r->op != AMPC_OP_RELU || !g->fuse) continue;
+    ampc__value *x = &g->v[r->in[0]];
+    if ((x->op == AMPC_OP_BATCHNORM2D || x->op == AMPC_OP_ADD) && uses[r->in[0]] == 1 && x->dtype == r->dtype &&
+        x->alias == AMPC_VALUE_NONE) {
+      x->attr.relu = 1;
+      r->alias = r->in[0];
+    }
+  }
+  free(uses);
+
   /* params and buffers in recording order; flat element offsets */
   g->params = calloc(g->nv, sizeof *g->params);
   g->buffers = calloc(g->nv, sizeof *g->buffers);
@@ -583,7 +606,7 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
       if (v->in[j] < 0) continue;
       ampc_value r = root_of(g, v->in[j]);
       if (!g->v[r].requires_grad || g->v[r].op == AMPC_OP_BUFFER) continue;
-      if (v->op == AMPC_OP_FLATTEN) continue; /* shares its input's gradient */
+      if (v->alias != AMPC_VALUE_NONE) continue; /* a view shares its input's gradient */
       if (g->v[r].op == AMPC_OP_PARAM) {
         if (!written[r]) g->v[r].grad_first = 1;
         v->din_acc[j] = written[r] ? 1 : -1; /* -1: the caller's accumulate flag decides */
@@ -651,7 +674,7 @@ ampc_status ampc_graph_forward(ampc_graph *g, int training) {
   AMPC_TRY(ampc_graph_compile(g));
   for (size_t k = 0; k < g->norder; k++) {
     ampc__value *v = &g->v[g->order[k]];
-    if (v->op == AMPC_OP_FLATTEN) continue;
+    if (v->alias != AMPC_VALUE_NONE) continue; /* views: flatten, fused relu */
     ampc__op_call c = make_call(g, v, g->batch);
     c.training = training;
     ampc__kernel_fn f = g->be->fwd[v->op];
@@ -670,11 +693,12 @@ ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int 
     return ampc__error(AMPC_EINVAL, "graph: backward needs a loss value");
   for (size_t k = g->norder; k-- > 0;) {
     ampc__value *v = &g->v[g->order[k]];
-    if (v->op == AMPC_OP_FLATTEN || !v->requires_grad) continue;
+    if (v->alias != AMPC_VALUE_NONE || !v->requires_grad) continue;
     ampc__op_call c = make_call(g, v, g->batch);
     c.training = 1;
     c.seed = seed;
     for (int j = 0; j < v->n_in; j++) c.din_acc[j] = v->din_acc[j] < 0 ? accumulate : v->din_acc[j];
+    c.timers = g->profiling ? g->t_conv_split : NULL;
     ampc__kernel_fn f = g->be->bwd[v->op];
     AMPC_ASSERT(f != NULL);
     double t0 = g->profiling ? omp_get_wtime() : 0.0;
@@ -689,10 +713,36 @@ void ampc_graph_zero_grad(ampc_graph *g) {
   if (g->grad_arena) memset(g->grad_arena, 0, g->grad_bytes);
 }
 
+ampc_status ampc_graph_set_fusion(ampc_graph *g, int on) {
+  if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: fusion must be chosen before compile");
+  g->fuse = on;
+  return AMPC_OK;
+}
+
 void ampc_graph_set_profiling(ampc_graph *g, int on) {
   g->profiling = on;
   memset(g->t_fwd, 0, sizeof g->t_fwd);
   memset(g->t_bwd, 0, sizeof g->t_bwd);
+  memset(g->t_conv_split, 0, sizeof g->t_conv_split);
+}
+
+void ampc_graph_conv_backward_times(const ampc_graph *g, double *data, double *weights) {
+  *data = g->t_conv_split[0];
+  *weights = g->t_conv_split[1];
+}
+
+double ampc_graph_forward_flops(const ampc_graph *g) {
+  double f = 0.0;
+  for (size_t i = 0; i < g->nv; i++) {
+    const ampc__value *v = &g->v[i];
+    if (v->op == AMPC_OP_CONV2D) {
+      const ampc_shape *w = &g->v[v->in[1]].shape;
+      f += 2.0 * (double)ampc_shape_numel(&v->shape) * (double)(w->d[1] * w->d[2] * w->d[3]);
+    } else if (v->op == AMPC_OP_LINEAR) {
+      f += 2.0 * (double)ampc_shape_numel(&v->shape) * (double)g->v[v->in[1]].shape.d[1];
+    }
+  }
+  return f;
 }
 
 void ampc_graph_op_times(const ampc_graph *g, double fwd[AMPC_OP_COUNT], double bwd[AMPC_OP_COUNT]) {

@@ -39,7 +39,9 @@ struct ampc_graph {
   int64_t max_batch, batch;
   int nthreads;
   int profiling;
+  int fuse;              /* fuse ReLUs into batch norm / add (default on) */
   double t_fwd[AMPC_OP_COUNT], t_bwd[AMPC_OP_COUNT];
+  double t_conv_split[2];
   int ws_threads;        /* threads the workspace was sized for */
   const ampc__backend *be;
   void *param_arena, *grad_arena, *act_arena, *actgrad_arena, *ws;

@@ -220,17 +220,22 @@ static double norm_diff(const double *a, const double *b, size_t n) {
 
 /* loss and logits, and every gradient on its subset, against float64; ampc's
  * error within FACTOR of reference row `row`'s. */
-static void check_against(const char *tag, const char *opts, int row) {
+static void check_against(const char *tag, const char *opt_level, const char *half, int row) {
   if (prepare() != 0) {
     CHECK_MSG(0, "fixture or inputs not ready");
     return;
   }
+  char opts[128];
+  snprintf(opts, sizeof opts, "--opt-level %s --half %s", opt_level, half);
   ampc_st_file *out = run_grad(tag, opts);
   CHECK(out != NULL);
   if (!out) return;
   ampc_graph *g = ampc_model_graph(model);
   size_t np = ampc_graph_param_count(g);
   CHECK(ampc_st_count(out) == np + 2);
+  const char *mo = ampc_st_metadata(out, "opt_level"), *mh = ampc_st_metadata(out, "half");
+  CHECK_MSG(mo && mh && strcmp(mo, opt_level) == 0 && strcmp(mh, half) == 0, "%s: metadata opt_level %s, half %s", tag,
+            mo ? mo : "(none)", mh ? mh : "(none)");
   CHECK(count_prefix("idx.") == np);
 
   /* loss and logits */
@@ -328,6 +333,11 @@ static void check_against(const char *tag, const char *opts, int row) {
               all, FACTOR, rall[row], row_name[row]);
     CHECK_MSG(worst <= FACTOR * worst_ref, "%s: worst tensor %s: rel err %.3e > %g x %.3e (reference's worst)", tag,
               te[0].name, worst, FACTOR, worst_ref);
+    /* Better than the rounded model by more than the factor means the run
+     * did not use the half type asked for (f16 and bf16 are 2.7x apart). */
+    if (row != ROW_FP32)
+      CHECK_MSG(all >= rall[row] / FACTOR, "%s: rel err %.3e is far below the %s reference's %.3e: not run in %s?", tag,
+                all, row_name[row], rall[row], row_name[row]);
   }
   free(te);
 done:
@@ -343,9 +353,9 @@ done:
  * for the CLI are written. */
 TEST(resnet18_init_matches_fixture) { CHECK(prepare() == 0); }
 
-TEST(resnet18_grad_o0) { check_against("O0", "--opt-level O0", ROW_FP32); }
-TEST(resnet18_grad_o2_f16) { check_against("O2_f16", "--opt-level O2 --half f16", ROW_F16); }
-TEST(resnet18_grad_o2_bf16) { check_against("O2_bf16", "--opt-level O2 --half bf16", ROW_BF16); }
+TEST(resnet18_grad_o0) { check_against("O0", "O0", "f16", ROW_FP32); }
+TEST(resnet18_grad_o2_f16) { check_against("O2_f16", "O2", "f16", ROW_F16); }
+TEST(resnet18_grad_o2_bf16) { check_against("O2_bf16", "O2", "bf16", ROW_BF16); }
 
 /* Releases what prepare() kept; last in the list. */
 TEST(resnet18_cleanup) {

@@ -67,5 +67,6 @@ int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
 int cmd_summary(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 #endif

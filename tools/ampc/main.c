@@ -13,6 +13,7 @@ static const struct {
     {"eval", cmd_eval, "evaluate saved weights on a dataset's test set"},
     {"grad", cmd_grad, "one forward and backward on a batch; write loss, logits and gradients"},
     {"summary", cmd_summary, "layers, output shapes and parameter counts of a model"},
+    {"bench", cmd_bench, "time training steps and compare with the machine's sgemm rate"},
 };
 
 static void usage(FILE *f) {
@@ -32,6 +33,6 @@ int main(int argc, char **argv) {
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
-  fprintf(stderr, "ampc: error: unknown command '%s' (expected train, eval, grad or summary)\n", argv[1]);
+  fprintf(stderr, "ampc: error: unknown command '%s' (expected train, eval, grad, summary or bench)\n", argv[1]);
   return 2;
 }

@@ -153,51 +153,82 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
   return AMPC_OK;
 }
 
+/* dY of one chunk as (O, nbe*OHW) f32 */
+static void gather_dy(const conv_geom *g, const ampc_tensor *dy, int64_t n0, int64_t nbe, float *dyc) {
+  int64_t ld = nbe * g->OHW;
+  for (int64_t s = 0; s < nbe; s++)
+    for (int64_t m = 0; m < g->O; m++) {
+      float *dst = dyc + m * ld + s * g->OHW;
+      const float *src = cpu_load(dy, ((n0 + s) * g->O + m) * g->OHW, (size_t)g->OHW, dst);
+      if (src != dst) memcpy(dst, src, (size_t)g->OHW * sizeof(float));
+    }
+}
+
+/* Backward in two passes, each parallel over chunks: the weight (and bias)
+ * gradient, then the input gradient. */
 ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
   conv_geom g = conv_geometry(c, c->nthreads);
-  const float *wf = weight_f32(c, &g);
   int64_t nchunks = (g.N + g.nb - 1) / g.nb;
   const ampc_tensor *x = &c->in[0], *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
   int need_dx = dx->data != NULL, need_dw = dw->data != NULL, need_db = db && db->data;
-  int nth_used = 1;
+  size_t ncmax = (size_t)(g.nb * g.OHW);
+  size_t off_dyc = (size_t)g.K * ncmax, off_dcols = off_dyc + (size_t)g.O * ncmax;
+  size_t off_dw = off_dcols + (size_t)g.K * ncmax, off_db = off_dw + (size_t)(g.O * g.K), off_xs = off_db + (size_t)g.O;
+  double t0 = c->timers ? omp_get_wtime() : 0.0;
+  if (need_dw || need_db) {
+    int nth_used = 1;
 #pragma omp parallel num_threads(g.nt)
-  {
-    int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+    {
+      int tid = omp_get_thread_num(), nth = omp_get_num_threads();
 #pragma omp single
-    nth_used = nth;
-    float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
-    size_t ncmax = (size_t)(g.nb * g.OHW);
-    float *cols = ws, *dyc = cols + (size_t)g.K * ncmax, *dcols = dyc + (size_t)g.O * ncmax;
-    float *dwt = dcols + (size_t)g.K * ncmax, *dbt = dwt + (size_t)g.O * g.K;
-    float *xs = dbt + g.O, *dxs = xs + g.CHW;
-    memset(dwt, 0, (size_t)(g.O * g.K + g.O) * sizeof(float));
-    for (int64_t ch = tid; ch < nchunks; ch += nth) {
-      int64_t n0 = ch * g.nb, nbe = g.N - n0 < g.nb ? g.N - n0 : g.nb, ld = nbe * g.OHW;
-      for (int64_t s = 0; s < nbe; s++)
-        for (int64_t m = 0; m < g.O; m++) {
-          float *dst = dyc + m * ld + s * g.OHW;
-          const float *src = cpu_load(dy, ((n0 + s) * g.O + m) * g.OHW, (size_t)g.OHW, dst);
-          if (src != dst) memcpy(dst, src, (size_t)g.OHW * sizeof(float));
+      nth_used = nth;
+      float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
+      float *cols = ws, *dyc = ws + off_dyc, *dwt = ws + off_dw, *dbt = ws + off_db, *xs = ws + off_xs;
+      memset(dwt, 0, (size_t)(g.O * g.K + g.O) * sizeof(float));
+      for (int64_t ch = tid; ch < nchunks; ch += nth) {
+        int64_t n0 = ch * g.nb, nbe = g.N - n0 < g.nb ? g.N - n0 : g.nb, ld = nbe * g.OHW;
+        gather_dy(&g, dy, n0, nbe, dyc);
+        if (need_dw) {
+          for (int64_t s = 0; s < nbe; s++) {
+            const float *xp = cpu_load(x, (n0 + s) * g.CHW, (size_t)g.CHW, xs);
+            im2col(&g, xp, cols, ld, s * g.OHW);
+          }
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.O, (int)g.K, (int)ld, 1.0f, dyc, (int)ld, cols,
+                      (int)ld, 1.0f, dwt, (int)g.K);
         }
-      if (need_dw) {
-        for (int64_t s = 0; s < nbe; s++) {
-          const float *xp = cpu_load(x, (n0 + s) * g.CHW, (size_t)g.CHW, xs);
-          im2col(&g, xp, cols, ld, s * g.OHW);
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.O, (int)g.K, (int)ld, 1.0f, dyc,
-                    (int)ld, cols, (int)ld, 1.0f, dwt, (int)g.K);
+        if (need_db)
+          for (int64_t m = 0; m < g.O; m++) {
+            float acc = 0.0f;
+            const float *row = dyc + m * ld;
+            for (int64_t i = 0; i < ld; i++) acc += row[i];
+            dbt[m] += acc;
+          }
       }
-      if (need_db)
-        for (int64_t m = 0; m < g.O; m++) {
-          float acc = 0.0f;
-          const float *row = dyc + m * ld;
-          for (int64_t i = 0; i < ld; i++) acc += row[i];
-          dbt[m] += acc;
-        }
-      if (need_dx) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)g.K, (int)ld, (int)g.O, 1.0f, wf,
-                    (int)g.K, dyc, (int)ld, 0.0f, dcols, (int)ld);
+    }
+    /* fixed-order reduction of the per-thread partials: deterministic for a thread count */
+    float *sum = cpu_ws_slice(c, 0, g.per_thread, g.shared) + off_dw;
+    for (int t = 1; t < nth_used; t++) {
+      const float *part = cpu_ws_slice(c, t, g.per_thread, g.shared) + off_dw;
+      for (int64_t i = 0; i < g.O * g.K + g.O; i++) sum[i] += part[i];
+    }
+    float *tmp = (float *)c->ws; /* the shared weight copy is not made yet */
+    if (need_dw) cpu_store(dw, 0, sum, (size_t)(g.O * g.K), c->din_acc[1], tmp);
+    if (need_db) cpu_store(db, 0, sum + g.O * g.K, (size_t)g.O, c->din_acc[2], tmp);
+  }
+  double t1 = c->timers ? omp_get_wtime() : 0.0;
+  if (need_dx) {
+    const float *wf = weight_f32(c, &g);
+#pragma omp parallel num_threads(g.nt)
+    {
+      int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+      float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
+      float *dyc = ws + off_dyc, *dcols = ws + off_dcols, *xs = ws + off_xs, *dxs = xs + g.CHW;
+      for (int64_t ch = tid; ch < nchunks; ch += nth) {
+        int64_t n0 = ch * g.nb, nbe = g.N - n0 < g.nb ? g.N - n0 : g.nb, ld = nbe * g.OHW;
+        gather_dy(&g, dy, n0, nbe, dyc);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)g.K, (int)ld, (int)g.O, 1.0f, wf, (int)g.K, dyc,
+                    (int)ld, 0.0f, dcols, (int)ld);
         for (int64_t s = 0; s < nbe; s++) {
           memset(dxs, 0, (size_t)g.CHW * sizeof(float));
           col2im(&g, dcols, ld, s * g.OHW, dxs);
@@ -206,16 +237,10 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
       }
     }
   }
-  /* fixed-order reduction of the per-thread partials: deterministic for a thread count */
-  if (need_dw || need_db) {
-    float *sum = cpu_ws_slice(c, 0, g.per_thread, g.shared) + (size_t)(2 * g.K + g.O) * g.nb * g.OHW;
-    for (int t = 1; t < nth_used; t++) {
-      const float *part = cpu_ws_slice(c, t, g.per_thread, g.shared) + (size_t)(2 * g.K + g.O) * g.nb * g.OHW;
-      for (int64_t i = 0; i < g.O * g.K + g.O; i++) sum[i] += part[i];
-    }
-    float *tmp = (float *)c->ws; /* the weight copy is no longer needed */
-    if (need_dw) cpu_store(dw, 0, sum, (size_t)(g.O * g.K), c->din_acc[1], tmp);
-    if (need_db) cpu_store(db, 0, sum + g.O * g.K, (size_t)g.O, c->din_acc[2], tmp);
+  if (c->timers) {
+    double t2 = omp_get_wtime();
+    c->timers[0] += t2 - t1;
+    c->timers[1] += t1 - t0;
   }
   return AMPC_OK;
 }

@@ -37,7 +37,7 @@ ampc_status ampc__cpu_relu_bwd(const ampc__op_call *c) {
   FOR_BLOCKS(c, total, {
     const float *y = cpu_load(&c->out, i0, n, t0);
     const float *dy = cpu_load(&c->dout, i0, n, t1);
-    for (size_t i = 0; i < n; i++) t2[i] = y[i] > 0.0f ? dy[i] : 0.0f * dy[i];
+    for (size_t i = 0; i < n; i++) t2[i] = y[i] > 0.0f ? dy[i] : 0.0f;
     cpu_store(&c->din[0], i0, t2, n, c->din_acc[0], t3);
   });
   return AMPC_OK;
@@ -49,6 +49,8 @@ ampc_status ampc__cpu_add_fwd(const ampc__op_call *c) {
     const float *a = cpu_load(&c->in[0], i0, n, t0);
     const float *b = cpu_load(&c->in[1], i0, n, t1);
     for (size_t i = 0; i < n; i++) t2[i] = a[i] + b[i];
+    if (c->attr.relu)
+      for (size_t i = 0; i < n; i++) t2[i] = t2[i] <= 0.0f ? 0.0f : t2[i];
     cpu_store(&c->out, i0, t2, n, 0, NULL);
   });
   return AMPC_OK;
@@ -58,6 +60,11 @@ ampc_status ampc__cpu_add_bwd(const ampc__op_call *c) {
   int64_t total = ampc_tensor_numel(&c->out);
   FOR_BLOCKS(c, total, {
     const float *dy = cpu_load(&c->dout, i0, n, t0);
+    if (c->attr.relu) {
+      const float *y = cpu_load(&c->out, i0, n, t3);
+      for (size_t i = 0; i < n; i++) t0[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+      dy = t0;
+    }
     for (int j = 0; j < 2; j++) {
       if (!c->din[j].data) continue;
       for (size_t i = 0; i < n; i++) t1[i] = dy[i];

@@ -20,7 +20,17 @@ static bn_geom bn_geometry(const ampc__op_call *c) {
 /* per thread: staged x plane, dy plane, output plane */
 size_t ampc__cpu_bn_ws(const ampc__op_call *c, int nthreads) {
   bn_geom g = bn_geometry(c);
-  return ((size_t)nthreads * 3 * (size_t)g.HW + 4 * (size_t)g.C + 64) * sizeof(float);
+  return ((size_t)nthreads * 4 * (size_t)g.HW + 4 * (size_t)g.C + 64) * sizeof(float);
+}
+
+/* dy of one plane; with a fused ReLU, zero where the output is not positive.
+ * dys must be a private buffer then. */
+static const float *load_dy(const ampc__op_call *c, int64_t off, size_t n, float *dys, float *ys) {
+  if (!c->attr.relu) return cpu_load(&c->dout, off, n, dys);
+  const float *y = cpu_load(&c->out, off, n, ys);
+  const float *d = cpu_load(&c->dout, off, n, dys);
+  for (size_t i = 0; i < n; i++) dys[i] = y[i] > 0.0f ? d[i] : 0.0f;
+  return dys;
 }
 
 static float param_at(const ampc_tensor *t, int64_t i) {
@@ -40,7 +50,7 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
   if (c->training && count < 2) return ampc__error(AMPC_EINVAL, "batchnorm2d: training needs more than one value per channel (got %lld)", (long long)count);
 #pragma omp parallel for num_threads(c->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
-    float *xs = cpu_ws_slice(c, omp_get_thread_num(), 3 * (size_t)g.HW, shared), *ys = xs + 2 * g.HW;
+    float *xs = cpu_ws_slice(c, omp_get_thread_num(), 4 * (size_t)g.HW, shared), *ys = xs + 2 * g.HW;
     float mean, invstd;
     if (c->training) {
       double sum = 0.0;
@@ -76,6 +86,8 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
     for (int64_t n = 0; n < g.N; n++) {
       const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, xs);
       for (int64_t i = 0; i < g.HW; i++) ys[i] = xp[i] * scale + shift;
+      if (c->attr.relu)
+        for (int64_t i = 0; i < g.HW; i++) ys[i] = ys[i] <= 0.0f ? 0.0f : ys[i];
       cpu_store(y, (n * g.C + ch) * g.HW, ys, (size_t)g.HW, 0, NULL);
     }
   }
@@ -85,7 +97,7 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
 
 ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
   bn_geom g = bn_geometry(c);
-  const ampc_tensor *x = &c->in[0], *gamma = &c->in[1], *dy = &c->dout;
+  const ampc_tensor *x = &c->in[0], *gamma = &c->in[1];
   const ampc_tensor *dx = &c->din[0], *dgamma = &c->din[1], *dbeta = &c->din[2];
   const float *mean_s = c->aux, *invstd_s = c->aux + g.C;
   float *dg = (float *)c->ws, *dbt = dg + g.C; /* shared: per-channel parameter gradients */
@@ -93,13 +105,14 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
   int64_t count = g.N * g.HW;
 #pragma omp parallel for num_threads(c->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
-    float *xs = cpu_ws_slice(c, omp_get_thread_num(), 3 * (size_t)g.HW, shared), *dys = xs + g.HW, *out = dys + g.HW;
+    float *xs = cpu_ws_slice(c, omp_get_thread_num(), 4 * (size_t)g.HW, shared), *dys = xs + g.HW, *out = dys + g.HW;
+    float *ys = out + g.HW;
     float mean = mean_s[ch], invstd = invstd_s[ch];
     double sdy = 0.0, sdyx = 0.0;
     for (int64_t n = 0; n < g.N; n++) {
       int64_t off = (n * g.C + ch) * g.HW;
       const float *xp = cpu_load(x, off, (size_t)g.HW, xs);
-      const float *dp = cpu_load(dy, off, (size_t)g.HW, dys);
+      const float *dp = load_dy(c, off, (size_t)g.HW, dys, ys);
       float a = 0.0f, b = 0.0f;
       for (int64_t i = 0; i < g.HW; i++) {
         a += dp[i];
@@ -117,7 +130,7 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
       for (int64_t n = 0; n < g.N; n++) {
         int64_t off = (n * g.C + ch) * g.HW;
         const float *xp = cpu_load(x, off, (size_t)g.HW, xs);
-        const float *dp = cpu_load(dy, off, (size_t)g.HW, dys);
+        const float *dp = load_dy(c, off, (size_t)g.HW, dys, ys);
         for (int64_t i = 0; i < g.HW; i++) {
           float xhat = (xp[i] - mean) * invstd;
           out[i] = k * ((float)count * dp[i] - dbeta_c - xhat * dgamma_c);
