@@ -182,9 +182,25 @@ ampc_value ampc_graph_labels(ampc_graph *g, const char *name, int64_t n) {
   return r;
 }
 
+/* Appends to the list of parameters or buffers, kept in recording order. */
+static int list_push(ampc_value **list, size_t *n, size_t *cap, ampc_value v) {
+  if (*n == *cap) {
+    size_t c = *cap ? *cap * 2 : 64;
+    ampc_value *l = realloc(*list, c * sizeof *l);
+    if (!l) return -1;
+    *list = l;
+    *cap = c;
+  }
+  (*list)[(*n)++] = v;
+  return 0;
+}
+
 static ampc_value leaf_with_init(ampc_graph *g, ampc_op_kind op, const char *name, ampc_shape shape, const float *init) {
   ampc_value r = add_leaf(g, op, name, shape);
   if (r < 0) return r;
+  int pushed = op == AMPC_OP_PARAM ? list_push(&g->params, &g->nparams, &g->cap_params, r)
+                                   : list_push(&g->buffers, &g->nbuffers, &g->cap_buffers, r);
+  if (pushed < 0) return fail(g, AMPC_ENOMEM, "out of memory for '%s'", name);
   size_t n = (size_t)ampc_shape_numel(&shape);
   float *p = calloc(n, sizeof *p);
   if (!p) return fail(g, AMPC_ENOMEM, "out of memory for '%s'", name);
@@ -505,20 +521,11 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
   free(uses);
 
   /* params and buffers in recording order; flat element offsets */
-  g->params = calloc(g->nv, sizeof *g->params);
-  g->buffers = calloc(g->nv, sizeof *g->buffers);
-  if (!g->params || !g->buffers) return ampc__error(AMPC_ENOMEM, "graph: out of memory");
   memset(g->bytes_by_type, 0, sizeof g->bytes_by_type);
   size_t pb = 0, ab = 0, agb = 0, ws = 0;
   for (size_t i = 0; i < g->nv; i++) {
     ampc__value *v = &g->v[i];
-    if (v->op == AMPC_OP_PARAM) {
-      g->params[g->nparams++] = (ampc_value)i;
-      pb += align64(value_bytes(v));
-    } else if (v->op == AMPC_OP_BUFFER) {
-      g->buffers[g->nbuffers++] = (ampc_value)i;
-      pb += align64(value_bytes(v));
-    }
+    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER) pb += align64(value_bytes(v));
   }
   /* activations: every op output except aliases; inputs and labels too */
   for (size_t i = 0; i < g->nv; i++) {

@@ -35,7 +35,7 @@ struct ampc_graph {
   ampc_value *order;     /* execution order of op values */
   size_t norder;
   ampc_value *params, *buffers;
-  size_t nparams, nbuffers, param_numel;
+  size_t nparams, nbuffers, param_numel, cap_params, cap_buffers;
   int64_t max_batch, batch;
   int nthreads;
   int profiling;
