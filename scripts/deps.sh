@@ -5,7 +5,7 @@
 # passwordless sudo); otherwise prints the exact command to run and fails.
 set -euo pipefail
 
-pkgs=(cmake make gcc pkg-config libopenblas-openmp-dev zlib1g-dev libjansson-dev dataset-fashion-mnist)
+pkgs=(cmake make gcc clang pkg-config python3 valgrind libclang-rt-14-dev libopenblas-openmp-dev zlib1g-dev libjansson-dev dataset-fashion-mnist)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -461,7 +461,12 @@ static ampc_status assign_types(ampc_graph *g, size_t n_recorded) {
       v->dtype = p->act_type;
     }
     if (g->err) break;
-    g->v[id].batched = g->v[id].op != AMPC_OP_CROSS_ENTROPY;
+    /* an op's output follows the batch when one of its inputs does (a cast of a
+     * weight does not); the loss is a scalar */
+    int batched = 0;
+    for (int j = 0; j < g->v[id].n_in; j++)
+      if (g->v[id].in[j] >= 0 && g->v[g->v[id].in[j]].batched) batched = 1;
+    g->v[id].batched = batched && g->v[id].op != AMPC_OP_CROSS_ENTROPY;
     g->order[g->norder++] = id;
   }
   free(cache);

@@ -1,12 +1,16 @@
 /* Convolution on the CPU as cache-sized matrix products.
  *
- * The batch is cut into chunks of nb samples whose im2col matrix
- * cols (K = C*k*k rows, nb*OH*OW columns) stays small; each thread takes
- * whole chunks and runs single-threaded sgemm on them (the OpenMP build of
- * OpenBLAS runs on the calling thread inside a parallel region), so there is
- * one pool of threads and no oversubscription. Half storage is converted to
- * f32 while a sample is staged for im2col, and the f32 product is rounded to
- * the output type as it is stored, so 16-bit storage adds no separate pass.
+ * Work is cut into blocks whose im2col matrix (K = C*k*k rows, `cols`
+ * columns) stays in cache: several whole samples when a sample's output is
+ * small (deep layers), or a band of output rows of one sample when it is large
+ * (early layers). The block width is about the number of output channels, so
+ * that streaming the weight matrix and building the columns cost about the
+ * same. Each thread takes whole samples (or groups) and runs single-threaded
+ * sgemm on its blocks: the OpenMP build of OpenBLAS runs on the calling thread
+ * inside a parallel region, so there is one pool of threads and no
+ * oversubscription. Half storage is converted to f32 while a sample is staged
+ * for im2col, and the f32 product is rounded to the output type as it is
+ * stored, so 16-bit storage adds no separate pass over memory.
  *
  *   forward:          Y (O, cols)  = W (O, K) * cols (K, cols)
  *   backward weights: dW (O, K)   += dY (O, cols) * cols^T
@@ -19,12 +23,15 @@
 
 typedef struct {
   int64_t N, C, H, W, O, k, s, p, OH, OW, OHW, K, CHW;
-  int64_t nb;       /* samples per chunk */
-  int nt;           /* threads the workspace is laid out for */
+  int64_t nb;   /* samples per group (1 when a sample is cut into row bands) */
+  int64_t rb;   /* output rows per band (OH when whole samples are grouped) */
+  int64_t ncmax; /* widest block */
+  int nt;       /* threads the workspace is laid out for */
   size_t per_thread, shared; /* floats */
+  size_t off_y, off_dcols, off_dw, off_db, off_xs, off_dxs;
 } conv_geom;
 
-enum { CONV_TARGET_COLS = 3072 };
+enum { CONV_MIN_COLS = 256, CONV_MAX_COL_BYTES = 4 << 20 };
 
 static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
   conv_geom g;
@@ -34,19 +41,30 @@ static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
   g.OH = y->d[2]; g.OW = y->d[3]; g.OHW = g.OH * g.OW;
   g.K = g.C * g.k * g.k; g.CHW = g.C * g.H * g.W;
   g.nt = nthreads < 1 ? 1 : nthreads;
-  int64_t nb = (CONV_TARGET_COLS + g.OHW - 1) / g.OHW;
-  int64_t per_thread_samples = (g.N + g.nt - 1) / g.nt;
-  if (nb > per_thread_samples) nb = per_thread_samples;
-  if (nb < 1) nb = 1;
-  g.nb = nb;
-  size_t ncols = (size_t)(nb * g.OHW);
-  g.per_thread = (size_t)g.K * ncols   /* cols */
-                 + (size_t)g.O * ncols /* Y or dY */
-                 + (size_t)g.K * ncols /* dcols */
-                 + (size_t)g.O * g.K   /* dW partial */
-                 + (size_t)g.O         /* db partial */
-                 + 2 * (size_t)g.CHW   /* staged sample, dx sample */
-                 + 16;
+  int64_t target = g.O > CONV_MIN_COLS ? g.O : CONV_MIN_COLS;
+  int64_t cap = CONV_MAX_COL_BYTES / (4 * g.K);
+  if (target > cap) target = cap > g.OW ? cap : g.OW;
+  if (g.OHW >= target) {
+    g.nb = 1;
+    g.rb = target / g.OW;
+    if (g.rb < 1) g.rb = 1;
+    if (g.rb > g.OH) g.rb = g.OH;
+  } else {
+    g.rb = g.OH;
+    g.nb = target / g.OHW;
+    int64_t per_thread_samples = (g.N + g.nt - 1) / g.nt;
+    if (g.nb > per_thread_samples) g.nb = per_thread_samples;
+    if (g.nb < 1) g.nb = 1;
+  }
+  g.ncmax = g.nb * g.rb * g.OW;
+  size_t nc = (size_t)g.ncmax;
+  g.off_y = (size_t)g.K * nc;
+  g.off_dcols = g.off_y + (size_t)g.O * nc;
+  g.off_dw = g.off_dcols + (size_t)g.K * nc;
+  g.off_db = g.off_dw + (size_t)(g.O * g.K);
+  g.off_xs = g.off_db + (size_t)g.O;
+  g.off_dxs = g.off_xs + (size_t)g.CHW;
+  g.per_thread = g.off_dxs + (size_t)g.CHW + 16;
   g.shared = (size_t)g.O * g.K + 16; /* f32 copy of the weight */
   return g;
 }
@@ -56,8 +74,9 @@ size_t ampc__cpu_conv2d_ws(const ampc__op_call *c, int nthreads) {
   return (g.shared + g.per_thread * (size_t)g.nt) * sizeof(float);
 }
 
-/* cols[row][col0 + oy*OW + ox] for one staged sample x (C, H, W), ld = ncols. */
-static void im2col(const conv_geom *g, const float *x, float *cols, int64_t ld, int64_t col0) {
+/* cols[row][col0 + (oy-oy0)*OW + ox] for output rows [oy0, oy1) of one staged
+ * sample x (C, H, W); ld = the block's width. */
+static void im2col(const conv_geom *g, const float *x, float *cols, int64_t ld, int64_t col0, int64_t oy0, int64_t oy1) {
   for (int64_t ch = 0; ch < g->C; ch++)
     for (int64_t ky = 0; ky < g->k; ky++)
       for (int64_t kx = 0; kx < g->k; kx++) {
@@ -68,8 +87,8 @@ static void im2col(const conv_geom *g, const float *x, float *cols, int64_t ld, 
         int64_t hi = (g->W - 1 + g->p - kx) / g->s + 1;
         if (hi > g->OW) hi = g->OW;
         if (lo > hi) lo = hi;
-        for (int64_t oy = 0; oy < g->OH; oy++) {
-          float *d = dst + oy * g->OW;
+        for (int64_t oy = oy0; oy < oy1; oy++) {
+          float *d = dst + (oy - oy0) * g->OW;
           int64_t iy = oy * g->s - g->p + ky;
           if (iy < 0 || iy >= g->H) {
             memset(d, 0, (size_t)g->OW * sizeof(float));
@@ -87,8 +106,8 @@ static void im2col(const conv_geom *g, const float *x, float *cols, int64_t ld, 
       }
 }
 
-/* dx (C, H, W) += the columns of one sample. */
-static void col2im(const conv_geom *g, const float *cols, int64_t ld, int64_t col0, float *dx) {
+/* dx (C, H, W) += the columns of output rows [oy0, oy1) of one sample. */
+static void col2im(const conv_geom *g, const float *cols, int64_t ld, int64_t col0, int64_t oy0, int64_t oy1, float *dx) {
   for (int64_t ch = 0; ch < g->C; ch++)
     for (int64_t ky = 0; ky < g->k; ky++)
       for (int64_t kx = 0; kx < g->k; kx++) {
@@ -97,15 +116,15 @@ static void col2im(const conv_geom *g, const float *cols, int64_t ld, int64_t co
         int64_t lo = g->p - kx > 0 ? (g->p - kx + g->s - 1) / g->s : 0;
         int64_t hi = (g->W - 1 + g->p - kx) / g->s + 1;
         if (hi > g->OW) hi = g->OW;
-        for (int64_t oy = 0; oy < g->OH; oy++) {
+        for (int64_t oy = oy0; oy < oy1; oy++) {
           int64_t iy = oy * g->s - g->p + ky;
           if (iy < 0 || iy >= g->H) continue;
           float *row = plane + iy * g->W - g->p + kx;
-          const float *s = src + oy * g->OW;
+          const float *sp = src + (oy - oy0) * g->OW;
           if (g->s == 1)
-            for (int64_t ox = lo; ox < hi; ox++) row[ox] += s[ox];
+            for (int64_t ox = lo; ox < hi; ox++) row[ox] += sp[ox];
           else
-            for (int64_t ox = lo; ox < hi; ox++) row[ox * g->s] += s[ox];
+            for (int64_t ox = lo; ox < hi; ox++) row[ox * g->s] += sp[ox];
         }
       }
 }
@@ -116,36 +135,55 @@ static const float *weight_f32(const ampc__op_call *c, const conv_geom *g) {
   return cpu_load(&c->in[1], 0, (size_t)(g->O * g->K), wf);
 }
 
+/* Groups of samples [n0, n0 + nbe), numbered 0..ngroups-1. */
+static int64_t ngroups(const conv_geom *g) { return (g->N + g->nb - 1) / g->nb; }
+static void group_of(const conv_geom *g, int64_t gi, int64_t *n0, int64_t *nbe) {
+  *n0 = gi * g->nb;
+  *nbe = g->N - *n0 < g->nb ? g->N - *n0 : g->nb;
+}
+
+/* dY of a block as (O, nbe * band) f32 */
+static void gather_dy(const conv_geom *g, const ampc_tensor *dy, int64_t n0, int64_t nbe, int64_t oy0, int64_t oy1, float *dyc) {
+  int64_t band = (oy1 - oy0) * g->OW, ld = nbe * band;
+  for (int64_t s = 0; s < nbe; s++)
+    for (int64_t m = 0; m < g->O; m++) {
+      float *dst = dyc + m * ld + s * band;
+      const float *src = cpu_load(dy, ((n0 + s) * g->O + m) * g->OHW + oy0 * g->OW, (size_t)band, dst);
+      if (src != dst) memcpy(dst, src, (size_t)band * sizeof(float));
+    }
+}
+
 ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
   conv_geom g = conv_geometry(c, c->nthreads);
   const float *wf = weight_f32(c, &g);
-  int64_t nchunks = (g.N + g.nb - 1) / g.nb;
   const ampc_tensor *x = &c->in[0], *y = &c->out;
   const ampc_tensor *b = c->n_in > 2 ? &c->in[2] : NULL;
+  int64_t ng = ngroups(&g);
 #pragma omp parallel num_threads(g.nt)
   {
     int tid = omp_get_thread_num(), nth = omp_get_num_threads();
     float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
-    float *cols = ws, *yc = cols + (size_t)g.K * g.nb * g.OHW;
-    float *xs = yc + (size_t)g.O * g.nb * g.OHW + (size_t)g.K * g.nb * g.OHW + (size_t)g.O * g.K + g.O;
-    float bias[1024];
-    for (int64_t ch = tid; ch < nchunks; ch += nth) {
-      int64_t n0 = ch * g.nb, nbe = g.N - n0 < g.nb ? g.N - n0 : g.nb, ld = nbe * g.OHW;
-      for (int64_t s = 0; s < nbe; s++) {
-        const float *xp = cpu_load(x, (n0 + s) * g.CHW, (size_t)g.CHW, xs);
-        im2col(&g, xp, cols, ld, s * g.OHW);
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g.O, (int)ld, (int)g.K, 1.0f, wf,
-                  (int)g.K, cols, (int)ld, 0.0f, yc, (int)ld);
-      for (int64_t m0 = 0; m0 < g.O; m0 += 1024) {
-        int64_t mn = g.O - m0 < 1024 ? g.O - m0 : 1024;
-        if (b) ampc_load_f32(bias, b->dtype, cpu_at(b, m0), (size_t)mn);
-        for (int64_t m = m0; m < m0 + mn; m++)
+    float *cols = ws, *yc = ws + g.off_y, *xs = ws + g.off_xs, *bias = ws + g.off_db;
+    if (b) ampc_load_f32(bias, b->dtype, b->data, (size_t)g.O);
+    for (int64_t gi = tid; gi < ng; gi += nth) {
+      int64_t n0, nbe;
+      group_of(&g, gi, &n0, &nbe);
+      for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {
+        int64_t oy1 = oy0 + g.rb < g.OH ? oy0 + g.rb : g.OH, band = (oy1 - oy0) * g.OW, ld = nbe * band;
+        for (int64_t s = 0; s < nbe; s++) {
+          /* stage (and convert) the sample once, on its first band */
+          const float *xp = x->dtype == AMPC_DTYPE_F32 ? (const float *)x->data + (n0 + s) * g.CHW : xs;
+          if (x->dtype != AMPC_DTYPE_F32 && (nbe > 1 || oy0 == 0)) ampc_load_f32(xs, x->dtype, cpu_at(x, (n0 + s) * g.CHW), (size_t)g.CHW);
+          im2col(&g, xp, cols, ld, s * band, oy0, oy1);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g.O, (int)ld, (int)g.K, 1.0f, wf, (int)g.K, cols,
+                    (int)ld, 0.0f, yc, (int)ld);
+        for (int64_t m = 0; m < g.O; m++)
           for (int64_t s = 0; s < nbe; s++) {
-            float *row = yc + m * ld + s * g.OHW;
+            float *row = yc + m * ld + s * band;
             if (b)
-              for (int64_t i = 0; i < g.OHW; i++) row[i] += bias[m - m0];
-            cpu_store(y, ((n0 + s) * g.O + m) * g.OHW, row, (size_t)g.OHW, 0, NULL);
+              for (int64_t i = 0; i < band; i++) row[i] += bias[m];
+            cpu_store(y, ((n0 + s) * g.O + m) * g.OHW + oy0 * g.OW, row, (size_t)band, 0, NULL);
           }
       }
     }
@@ -153,28 +191,14 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
   return AMPC_OK;
 }
 
-/* dY of one chunk as (O, nbe*OHW) f32 */
-static void gather_dy(const conv_geom *g, const ampc_tensor *dy, int64_t n0, int64_t nbe, float *dyc) {
-  int64_t ld = nbe * g->OHW;
-  for (int64_t s = 0; s < nbe; s++)
-    for (int64_t m = 0; m < g->O; m++) {
-      float *dst = dyc + m * ld + s * g->OHW;
-      const float *src = cpu_load(dy, ((n0 + s) * g->O + m) * g->OHW, (size_t)g->OHW, dst);
-      if (src != dst) memcpy(dst, src, (size_t)g->OHW * sizeof(float));
-    }
-}
-
-/* Backward in two passes, each parallel over chunks: the weight (and bias)
+/* Backward in two passes, each parallel over groups: the weight (and bias)
  * gradient, then the input gradient. */
 ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
   conv_geom g = conv_geometry(c, c->nthreads);
-  int64_t nchunks = (g.N + g.nb - 1) / g.nb;
   const ampc_tensor *x = &c->in[0], *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
   int need_dx = dx->data != NULL, need_dw = dw->data != NULL, need_db = db && db->data;
-  size_t ncmax = (size_t)(g.nb * g.OHW);
-  size_t off_dyc = (size_t)g.K * ncmax, off_dcols = off_dyc + (size_t)g.O * ncmax;
-  size_t off_dw = off_dcols + (size_t)g.K * ncmax, off_db = off_dw + (size_t)(g.O * g.K), off_xs = off_db + (size_t)g.O;
+  int64_t ng = ngroups(&g);
   double t0 = c->timers ? omp_get_wtime() : 0.0;
   if (need_dw || need_db) {
     int nth_used = 1;
@@ -184,32 +208,37 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
 #pragma omp single
       nth_used = nth;
       float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
-      float *cols = ws, *dyc = ws + off_dyc, *dwt = ws + off_dw, *dbt = ws + off_db, *xs = ws + off_xs;
+      float *cols = ws, *dyc = ws + g.off_y, *dwt = ws + g.off_dw, *dbt = ws + g.off_db, *xs = ws + g.off_xs;
       memset(dwt, 0, (size_t)(g.O * g.K + g.O) * sizeof(float));
-      for (int64_t ch = tid; ch < nchunks; ch += nth) {
-        int64_t n0 = ch * g.nb, nbe = g.N - n0 < g.nb ? g.N - n0 : g.nb, ld = nbe * g.OHW;
-        gather_dy(&g, dy, n0, nbe, dyc);
-        if (need_dw) {
-          for (int64_t s = 0; s < nbe; s++) {
-            const float *xp = cpu_load(x, (n0 + s) * g.CHW, (size_t)g.CHW, xs);
-            im2col(&g, xp, cols, ld, s * g.OHW);
+      for (int64_t gi = tid; gi < ng; gi += nth) {
+        int64_t n0, nbe;
+        group_of(&g, gi, &n0, &nbe);
+        for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {
+          int64_t oy1 = oy0 + g.rb < g.OH ? oy0 + g.rb : g.OH, band = (oy1 - oy0) * g.OW, ld = nbe * band;
+          gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc);
+          if (need_dw) {
+            for (int64_t s = 0; s < nbe; s++) {
+              const float *xp = x->dtype == AMPC_DTYPE_F32 ? (const float *)x->data + (n0 + s) * g.CHW : xs;
+              if (x->dtype != AMPC_DTYPE_F32 && (nbe > 1 || oy0 == 0)) ampc_load_f32(xs, x->dtype, cpu_at(x, (n0 + s) * g.CHW), (size_t)g.CHW);
+              im2col(&g, xp, cols, ld, s * band, oy0, oy1);
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.O, (int)g.K, (int)ld, 1.0f, dyc, (int)ld, cols,
+                        (int)ld, 1.0f, dwt, (int)g.K);
           }
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.O, (int)g.K, (int)ld, 1.0f, dyc, (int)ld, cols,
-                      (int)ld, 1.0f, dwt, (int)g.K);
+          if (need_db)
+            for (int64_t m = 0; m < g.O; m++) {
+              float acc = 0.0f;
+              const float *row = dyc + m * ld;
+              for (int64_t i = 0; i < ld; i++) acc += row[i];
+              dbt[m] += acc;
+            }
         }
-        if (need_db)
-          for (int64_t m = 0; m < g.O; m++) {
-            float acc = 0.0f;
-            const float *row = dyc + m * ld;
-            for (int64_t i = 0; i < ld; i++) acc += row[i];
-            dbt[m] += acc;
-          }
       }
     }
     /* fixed-order reduction of the per-thread partials: deterministic for a thread count */
-    float *sum = cpu_ws_slice(c, 0, g.per_thread, g.shared) + off_dw;
+    float *sum = cpu_ws_slice(c, 0, g.per_thread, g.shared) + g.off_dw;
     for (int t = 1; t < nth_used; t++) {
-      const float *part = cpu_ws_slice(c, t, g.per_thread, g.shared) + off_dw;
+      const float *part = cpu_ws_slice(c, t, g.per_thread, g.shared) + g.off_dw;
       for (int64_t i = 0; i < g.O * g.K + g.O; i++) sum[i] += part[i];
     }
     float *tmp = (float *)c->ws; /* the shared weight copy is not made yet */
@@ -223,16 +252,27 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
     {
       int tid = omp_get_thread_num(), nth = omp_get_num_threads();
       float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
-      float *dyc = ws + off_dyc, *dcols = ws + off_dcols, *xs = ws + off_xs, *dxs = xs + g.CHW;
-      for (int64_t ch = tid; ch < nchunks; ch += nth) {
-        int64_t n0 = ch * g.nb, nbe = g.N - n0 < g.nb ? g.N - n0 : g.nb, ld = nbe * g.OHW;
-        gather_dy(&g, dy, n0, nbe, dyc);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)g.K, (int)ld, (int)g.O, 1.0f, wf, (int)g.K, dyc,
-                    (int)ld, 0.0f, dcols, (int)ld);
-        for (int64_t s = 0; s < nbe; s++) {
-          memset(dxs, 0, (size_t)g.CHW * sizeof(float));
-          col2im(&g, dcols, ld, s * g.OHW, dxs);
-          cpu_store(dx, (n0 + s) * g.CHW, dxs, (size_t)g.CHW, c->din_acc[0], xs);
+      float *dyc = ws + g.off_y, *dcols = ws + g.off_dcols, *xs = ws + g.off_xs, *dxs = ws + g.off_dxs;
+      for (int64_t gi = tid; gi < ng; gi += nth) {
+        int64_t n0, nbe;
+        group_of(&g, gi, &n0, &nbe);
+        for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {
+          int64_t oy1 = oy0 + g.rb < g.OH ? oy0 + g.rb : g.OH, band = (oy1 - oy0) * g.OW, ld = nbe * band;
+          gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc);
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)g.K, (int)ld, (int)g.O, 1.0f, wf, (int)g.K, dyc,
+                      (int)ld, 0.0f, dcols, (int)ld);
+          if (nbe == 1) {
+            /* one sample in row bands: accumulate all bands, store after the last */
+            if (oy0 == 0) memset(dxs, 0, (size_t)g.CHW * sizeof(float));
+            col2im(&g, dcols, ld, 0, oy0, oy1, dxs);
+            if (oy1 == g.OH) cpu_store(dx, n0 * g.CHW, dxs, (size_t)g.CHW, c->din_acc[0], xs);
+          } else {
+            for (int64_t s = 0; s < nbe; s++) {
+              memset(dxs, 0, (size_t)g.CHW * sizeof(float));
+              col2im(&g, dcols, ld, s * band, 0, g.OH, dxs);
+              cpu_store(dx, (n0 + s) * g.CHW, dxs, (size_t)g.CHW, c->din_acc[0], xs);
+            }
+          }
         }
       }
     }

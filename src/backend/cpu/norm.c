@@ -81,6 +81,8 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
     } else {
       mean = rm[ch];
       invstd = 1.0f / sqrtf(rv[ch] + eps);
+      mean_s[ch] = mean;
+      invstd_s[ch] = invstd;
     }
     float scale = param_at(gamma, ch) * invstd, shift = param_at(beta, ch) - mean * scale;
     for (int64_t n = 0; n < g.N; n++) {
@@ -91,6 +93,7 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
       cpu_store(y, (n * g.C + ch) * g.HW, ys, (size_t)g.HW, 0, NULL);
     }
   }
+  c->aux[2 * g.C] = c->training ? 1.0f : 0.0f; /* which statistics backward differentiates */
   if (c->training && c->n_in > 5 && c->in[5].data) ((int64_t *)c->in[5].data)[0] += 1;
   return AMPC_OK;
 }
@@ -103,6 +106,8 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
   float *dg = (float *)c->ws, *dbt = dg + g.C; /* shared: per-channel parameter gradients */
   size_t shared = 64 + 4 * (size_t)g.C;
   int64_t count = g.N * g.HW;
+  /* after an eval-mode forward the statistics are constants: dx = dy * gamma * invstd */
+  int batch_stats = c->aux[2 * g.C] != 0.0f;
 #pragma omp parallel for num_threads(c->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), 4 * (size_t)g.HW, shared), *dys = xs + g.HW, *out = dys + g.HW;
@@ -131,9 +136,13 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
         int64_t off = (n * g.C + ch) * g.HW;
         const float *xp = cpu_load(x, off, (size_t)g.HW, xs);
         const float *dp = load_dy(c, off, (size_t)g.HW, dys, ys);
-        for (int64_t i = 0; i < g.HW; i++) {
-          float xhat = (xp[i] - mean) * invstd;
-          out[i] = k * ((float)count * dp[i] - dbeta_c - xhat * dgamma_c);
+        if (batch_stats) {
+          for (int64_t i = 0; i < g.HW; i++) {
+            float xhat = (xp[i] - mean) * invstd;
+            out[i] = k * ((float)count * dp[i] - dbeta_c - xhat * dgamma_c);
+          }
+        } else {
+          for (int64_t i = 0; i < g.HW; i++) out[i] = gm * invstd * dp[i];
         }
         cpu_store(dx, off, out, (size_t)g.HW, c->din_acc[0], xs);
       }

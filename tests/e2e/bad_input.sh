@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# The CLI on bad input: every case in bad_input_cases.txt must fail cleanly --
+# a non-zero exit status that is not a signal (< 128), the one it lists, and
+# on stderr exactly one line, "ampc: error: ...", containing the listed text.
+#
+#   bash tests/e2e/bad_input.sh <path-to-ampc> <scratch-dir>
+#
+# The bad files the cases read are made here, in the scratch folder, from
+# nothing but bash: a small valid Fashion-MNIST-like set (IDX), broken copies
+# of it, broken CIFAR batches, broken safetensors headers, and weights of the
+# mlp and cnn models saved by a short training run on the small set.
+set -uo pipefail
+
+if [ $# -ne 2 ]; then
+  echo "usage: $0 <path-to-ampc> <scratch-dir>" >&2
+  exit 2
+fi
+AMPC=$1
+D=$2
+CASES="$(cd "$(dirname "$0")" && pwd)/bad_input_cases.txt"
+[ -x "$AMPC" ] || { echo "bad_input: $AMPC is not executable" >&2; exit 2; }
+rm -rf "$D"
+mkdir -p "$D"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+start=$SECONDS
+
+# ---- byte writers (escape text for printf, so no NUL passes through $(...)) --
+
+be32() { printf '\\x%02x\\x%02x\\x%02x\\x%02x' $(($1 >> 24 & 255)) $(($1 >> 16 & 255)) $(($1 >> 8 & 255)) $(($1 & 255)); }
+le64() {
+  local i s=""
+  for i in 0 1 2 3 4 5 6 7; do s+=$(printf '\\x%02x' $(($1 >> (8 * i) & 255))); done
+  printf '%s' "$s"
+}
+# n bytes of one value (octal escape for tr)
+bytes() { head -c "$1" /dev/zero | tr '\0' "${2:-\\0}"; }
+# labels 0..9 repeating, n of them
+labels() { local i; for ((i = 0; i < $1; i++)); do printf "\\x$(printf %02x $((i % 10)))"; done; }
+
+# idx_images FILE N H W [MAGIC]: header, then N*H*W pixels of 0x40
+idx_images() {
+  { printf "$(be32 "${5:-2051}")$(be32 "$2")$(be32 "$3")$(be32 "$4")"; bytes $(($2 * $3 * $4)) '\100'; } >"$1"
+}
+# idx_labels FILE N [MAGIC]: header, then labels 0..9 repeating
+idx_labels() { { printf "$(be32 "${3:-2049}")$(be32 "$2")"; labels "$2"; } >"$1"; }
+
+# fmnist DIR NTRAIN NTEST: a valid small Fashion-MNIST-like folder
+fmnist() {
+  mkdir -p "$1"
+  idx_images "$1/train-images-idx3-ubyte" "$2" 28 28
+  idx_labels "$1/train-labels-idx1-ubyte" "$2"
+  idx_images "$1/t10k-images-idx3-ubyte" "$3" 28 28
+  idx_labels "$1/t10k-labels-idx1-ubyte" "$3"
+}
+
+# st FILE JSON [DATA_BYTES [HEADER_LEN]]: a safetensors file with this header
+# and DATA_BYTES zero bytes of data; HEADER_LEN overrides the length field.
+st() {
+  { printf "$(le64 "${4:-${#2}}")"; printf '%s' "$2"; bytes "${3:-0}"; } >"$1"
+}
+
+# cifar_record LABEL [COARSE]: one CIFAR-10 (or, with COARSE, CIFAR-100) record
+cifar_record() {
+  [ $# -gt 1 ] && printf "\\x$(printf %02x "$2")"
+  printf "\\x$(printf %02x "$1")"
+  bytes 3072 '\100'
+}
+
+# ---- the files the cases use ------------------------------------------------
+
+fmnist "$D/fm" 16 8
+
+# IDX, each broken in one place (a copy of the small set otherwise)
+for b in trunc magic lmagic label mismatch nolabels zerodim gz trailing; do fmnist "$D/idx_$b" 16 8; done
+head -c 5000 "$D/fm/train-images-idx3-ubyte" >"$D/idx_trunc/train-images-idx3-ubyte"
+idx_images "$D/idx_magic/train-images-idx3-ubyte" 16 28 28 2052
+idx_labels "$D/idx_lmagic/train-labels-idx1-ubyte" 16 2051
+{ printf "$(be32 2049)$(be32 16)"; labels 15; printf '\x0a'; } >"$D/idx_label/train-labels-idx1-ubyte"
+idx_labels "$D/idx_mismatch/train-labels-idx1-ubyte" 15
+rm "$D/idx_nolabels/train-labels-idx1-ubyte"
+idx_images "$D/idx_zerodim/train-images-idx3-ubyte" 16 0 28
+{ cat "$D/fm/train-images-idx3-ubyte"; printf 'x'; } >"$D/idx_trailing/train-images-idx3-ubyte"
+# a gzip stream whose data is cut off (plain name removed so the .gz is read)
+rm "$D/idx_gz/train-images-idx3-ubyte"
+printf '\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\x01\x10\x00\xef\xff\x00\x00\x08\x03' \
+  >"$D/idx_gz/train-images-idx3-ubyte.gz"
+
+# CIFAR-10 / CIFAR-100 test sets (the cases use the test split through eval)
+mkdir -p "$D/c10_partial" "$D/c10_label" "$D/c100_coarse" "$D/c10_empty" "$D/c10_train_missing"
+{ cifar_record 1; cifar_record 2; cifar_record 3 | head -c 1000; } >"$D/c10_partial/test_batch.bin"
+{ cifar_record 1; cifar_record 10; } >"$D/c10_label/test_batch.bin"
+{ cifar_record 5 20; } >"$D/c100_coarse/test.bin"
+: >"$D/c10_empty/test_batch.bin"
+cifar_record 4 >"$D/c10_train_missing/data_batch_1.bin"
+
+# safetensors, broken headers
+st "$D/st_past_end.safetensors" '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}' 4 4096
+st "$D/st_bad_json.safetensors" '{"a":{"dtype":"F32","shape":[1],' 4
+st "$D/st_dtype.safetensors" '{"a":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}}' 4
+st "$D/st_overlap.safetensors" \
+  '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}' 12
+st "$D/st_gap.safetensors" '{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}' 8
+st "$D/st_size.safetensors" '{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}' 8
+st "$D/st_missing.safetensors" '{"foo":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}' 4
+printf 'abc' >"$D/st_short.safetensors"
+
+# weights saved by ampc itself, for the model-mismatch cases
+"$AMPC" train --model mlp --data "$D/fm" --epochs 1 --batch-size 8 --quiet \
+  --save "$D/mlp.safetensors" >"$D/mlp.log" 2>&1 || { echo "bad_input: training mlp failed:" >&2; cat "$D/mlp.log" >&2; exit 1; }
+"$AMPC" train --model cnn --data "$D/fm" --epochs 1 --batch-size 8 --quiet \
+  --save "$D/cnn.safetensors" >"$D/cnn.log" 2>&1 || { echo "bad_input: training cnn failed:" >&2; cat "$D/cnn.log" >&2; exit 1; }
+
+# st_edit IN OUT SED_EXPR [EXTRA_DATA_BYTES]: OUT is IN with its JSON header
+# rewritten by sed and EXTRA_DATA_BYTES zero bytes appended to its data.
+st_edit() {
+  local hlen json
+  hlen=$(od -An -t u8 -N 8 "$1" | tr -d ' ')
+  json=$(head -c $((8 + hlen)) "$1" | tail -c "$hlen" | sed -e 's/ *$//' -e "$3")
+  { printf "$(le64 "${#json}")"; printf '%s' "$json"; tail -c +$((9 + hlen)) "$1"; bytes "${4:-0}"; } >"$2"
+}
+dlen=$(($(stat -c %s "$D/mlp.safetensors") - 8 - $(od -An -t u8 -N 8 "$D/mlp.safetensors" | tr -d ' ')))
+# a tensor the mlp does not have, after all of its own
+st_edit "$D/mlp.safetensors" "$D/mlp_extra.safetensors" \
+  "s/^{/{\"zz.extra\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[$dlen,$((dlen + 4))]},/" 4
+# the first layer's weight transposed: the same bytes, the wrong shape
+st_edit "$D/mlp.safetensors" "$D/mlp_shape.safetensors" 's/"shape":\[256,784\]/"shape":[784,256]/'
+# a dtype ampc knows but cannot hold
+st_edit "$D/mlp.safetensors" "$D/mlp_u32.safetensors" 's/"dtype":"F32"/"dtype":"U32"/'
+
+# grad's batch files: x without y, and x of the wrong rank
+st "$D/batch_noy.safetensors" '{"x":{"dtype":"F32","shape":[2,1,28,28],"data_offsets":[0,6272]}}' 6272
+st "$D/batch_rank.safetensors" \
+  '{"x":{"dtype":"F32","shape":[2,784],"data_offsets":[0,6272]},"y":{"dtype":"I64","shape":[2],"data_offsets":[6272,6288]}}' 6288
+gen_secs=$((SECONDS - start))
+
+# ---- the cases --------------------------------------------------------------
+
+pass=0
+fail=0
+n=0
+while IFS= read -r line || [ -n "$line" ]; do
+  [[ -z "${line// /}" || $line == \#* ]] && continue
+  IFS='|' read -r name want text cmd <<<"$line"
+  name=$(echo "$name" | xargs)
+  want=$(echo "$want" | xargs)
+  text=$(echo "$text" | sed -e 's/^ *//' -e 's/ *$//')
+  n=$((n + 1))
+  # the command may use $D, and quotes for empty or spaced arguments
+  eval "args=($cmd)"
+  timeout 60 "$AMPC" "${args[@]}" >"$D/out.txt" 2>"$D/err.txt" </dev/null
+  rc=$?
+  lines=$(wc -l <"$D/err.txt")
+  first=$(head -n 1 "$D/err.txt")
+  why=""
+  if [ $rc -eq 0 ]; then why="succeeded (exit 0)"
+  elif [ $rc -eq 124 ]; then why="timed out after 60 s"
+  elif [ $rc -ge 128 ]; then why="killed by signal $((rc - 128))"
+  elif [ "$want" != "$rc" ]; then why="exit status $rc, expected $want"
+  elif [ "$lines" -ne 1 ] || [ -n "$(tail -c 1 "$D/err.txt")" ]; then why="stderr is $lines lines, expected exactly one"
+  elif [[ $first != "ampc: error: "* ]]; then why="stderr does not start with 'ampc: error: '"
+  elif [[ $first != *"$text"* ]]; then why="error does not contain '$text'"
+  fi
+  if [ -z "$why" ]; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL $name: $why" >&2
+    echo "  command: ampc ${args[*]}" >&2
+    sed 's/^/  stderr: /' "$D/err.txt" | head -n 5 >&2
+  fi
+done <"$CASES"
+
+echo "bad_input: $n cases in $((SECONDS - start)) s (files made in $gen_secs s)"
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ] && [ $n -ge 30 ]
