@@ -72,6 +72,9 @@ fmnist "$D/fm" 16 8
 
 # IDX, each broken in one place (a copy of the small set otherwise)
 for b in trunc magic lmagic label mismatch nolabels zerodim gz trailing; do fmnist "$D/idx_$b" 16 8; done
+fmnist "$D/idx_huge" 16 8
+# 65536 x 65536 pixels per image: over the reader's 2 GiB sanity limit
+printf "$(be32 2051)$(be32 1)$(be32 65536)$(be32 65536)" >"$D/idx_huge/train-images-idx3-ubyte"
 head -c 5000 "$D/fm/train-images-idx3-ubyte" >"$D/idx_trunc/train-images-idx3-ubyte"
 idx_images "$D/idx_magic/train-images-idx3-ubyte" 16 28 28 2052
 idx_labels "$D/idx_lmagic/train-labels-idx1-ubyte" 16 2051
@@ -131,6 +134,14 @@ st_edit "$D/mlp.safetensors" "$D/mlp_u32.safetensors" 's/"dtype":"F32"/"dtype":"
 st "$D/batch_noy.safetensors" '{"x":{"dtype":"F32","shape":[2,1,28,28],"data_offsets":[0,6272]}}' 6272
 st "$D/batch_rank.safetensors" \
   '{"x":{"dtype":"F32","shape":[2,784],"data_offsets":[0,6272]},"y":{"dtype":"I64","shape":[2],"data_offsets":[6272,6288]}}' 6288
+st "$D/batch_empty.safetensors" \
+  '{"x":{"dtype":"F32","shape":[0,1,28,28],"data_offsets":[0,0]},"y":{"dtype":"I64","shape":[0],"data_offsets":[0,0]}}'
+st "$D/batch_yfloat.safetensors" \
+  '{"x":{"dtype":"F32","shape":[2,1,28,28],"data_offsets":[0,6272]},"y":{"dtype":"F32","shape":[2],"data_offsets":[6272,6280]}}' 6280
+# labels 50 and -3 for a 10-class model
+st "$D/batch_label.safetensors" \
+  '{"x":{"dtype":"F32","shape":[2,1,28,28],"data_offsets":[0,6272]},"y":{"dtype":"I64","shape":[2],"data_offsets":[6272,6288]}}' 6272
+printf '\x32\0\0\0\0\0\0\0\xfd\xff\xff\xff\xff\xff\xff\xff' >>"$D/batch_label.safetensors"
 gen_secs=$((SECONDS - start))
 
 # ---- the cases --------------------------------------------------------------
