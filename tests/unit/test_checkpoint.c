@@ -1,0 +1,140 @@
+/* Checkpoints: save/load round trip of everything, refusal of files from
+ * another model, opt level or format version, and a failed write (as on a full
+ * disk) that leaves the previous checkpoint loadable. */
+#include "ampc/checkpoint.h"
+#include "ampc/rng.h"
+#include "ampc/safetensors.h"
+#include "io/fsutil_internal.h"
+#include "test.h"
+
+typedef struct {
+  ampc_model *m;
+  ampc_optim *opt;
+  ampc_amp *amp;
+} rig;
+
+static void rig_make(rig *r, const char *model, ampc_opt_level lvl) {
+  ampc_model_opts o = {.batch = 8, .channels = 1, .height = 8, .width = 8, .classes = 4, .seed = 11};
+  CHECK_OK(ampc_model_create(&r->m, model, &o));
+  ampc_graph *g = ampc_model_graph(r->m);
+  ampc_optim_config oc;
+  ampc_optim_config_default(&oc, AMPC_OPTIM_ADAM);
+  CHECK_OK(ampc_optim_create(&r->opt, &oc, ampc_graph_param_numel(g)));
+  ampc_amp_config ac;
+  CHECK_OK(ampc_amp_config_init(&ac, lvl, AMPC_DTYPE_F16));
+  CHECK_OK(ampc_amp_initialize(&r->amp, g, r->opt, &ac));
+}
+
+static void rig_free(rig *r) {
+  ampc_amp_free(r->amp);
+  ampc_optim_free(r->opt);
+  ampc_model_free(r->m);
+}
+
+static void train_steps(rig *r, int n, uint64_t seed) {
+  ampc_graph *g = ampc_model_graph(r->m);
+  ampc_rng rng = ampc_rng_make(seed, AMPC_RNG_STREAM_USER);
+  for (int s = 0; s < n; s++) {
+    ampc_tensor x = ampc_graph_tensor(g, ampc_model_input(r->m)), y = ampc_graph_tensor(g, ampc_model_labels(r->m));
+    float buf[8 * 64];
+    for (int i = 0; i < 8 * 64; i++) buf[i] = ampc_rng_normal(&rng);
+    ampc_store_f32(x.dtype, x.data, buf, 8 * 64);
+    for (int i = 0; i < 8; i++) ((int32_t *)y.data)[i] = (int32_t)ampc_rng_below(&rng, 4);
+    CHECK_OK(ampc_amp_forward(r->amp, 1));
+    CHECK_OK(ampc_amp_backward(r->amp, ampc_model_loss(r->m), 0, 0));
+    CHECK_OK(ampc_amp_step(r->amp, 1e-2f, NULL));
+  }
+}
+
+static float *params_of(rig *r) {
+  size_t n = ampc_graph_param_numel(ampc_model_graph(r->m));
+  float *v = malloc(n * sizeof *v);
+  ampc_amp_param_values(r->amp, v);
+  return v;
+}
+
+static const char *tmp(const char *name) {
+  static char buf[4][512];
+  static int k;
+  k = (k + 1) % 4;
+  snprintf(buf[k], sizeof buf[k], "%s/%s", AMPC_TEST_TMPDIR, name);
+  return buf[k];
+}
+
+TEST(roundtrip_continues_exactly) {
+  for (int lvl = AMPC_OPT_O0; lvl <= AMPC_OPT_O3; lvl += 2) {
+    rig a, b;
+    rig_make(&a, "cnn", (ampc_opt_level)lvl);
+    train_steps(&a, 3, 1);
+    ampc_train_state ts = {.seed = 5, .epoch = 2, .batch = 7, .step = 3, .loss_sum = 1.25, .seen = 24};
+    CHECK_OK(ampc_checkpoint_save(tmp("rt.safetensors"), a.m, a.amp, a.opt, &ts));
+    rig_make(&b, "cnn", (ampc_opt_level)lvl);
+    ampc_train_state back;
+    CHECK_OK(ampc_checkpoint_load(tmp("rt.safetensors"), b.m, b.amp, b.opt, &back));
+    CHECK(back.epoch == 2 && back.batch == 7 && back.step == 3 && back.loss_sum == 1.25 && back.seen == 24 && back.seed == 5);
+    CHECK(ampc_optim_step_count(b.opt) == ampc_optim_step_count(a.opt));
+    CHECK(ampc_scaler_scale(ampc_amp_scaler(b.amp, 0)) == ampc_scaler_scale(ampc_amp_scaler(a.amp, 0)));
+    train_steps(&a, 2, 9);
+    train_steps(&b, 2, 9);
+    float *pa = params_of(&a), *pb = params_of(&b);
+    size_t n = ampc_graph_param_numel(ampc_model_graph(a.m));
+    CHECK_MSG(memcmp(pa, pb, n * sizeof(float)) == 0, "opt level %d: weights differ after resuming", lvl);
+    free(pa);
+    free(pb);
+    rig_free(&a);
+    rig_free(&b);
+  }
+}
+
+TEST(refuses_other_model_level_version) {
+  rig a, b, c;
+  rig_make(&a, "cnn", AMPC_OPT_O2);
+  ampc_train_state ts = {0};
+  CHECK_OK(ampc_checkpoint_save(tmp("cnn.safetensors"), a.m, a.amp, a.opt, &ts));
+  rig_make(&b, "mlp", AMPC_OPT_O2);
+  CHECK_ERR(ampc_checkpoint_load(tmp("cnn.safetensors"), b.m, b.amp, b.opt, &ts), AMPC_EINVAL, "saved from model cnn, not mlp");
+  rig_make(&c, "cnn", AMPC_OPT_O0);
+  CHECK_ERR(ampc_checkpoint_load(tmp("cnn.safetensors"), c.m, c.amp, c.opt, &ts), AMPC_EINVAL, "saved at opt level O2");
+  /* a plain weights file, and a future format version */
+  float one = 1.0f;
+  ampc_st_tensor t = {.name = "x", .dtype = AMPC_DTYPE_F32, .ndim = 1, .shape = {1}, .data = &one, .nbytes = 4};
+  CHECK_OK(ampc_st_write(tmp("plain.safetensors"), &t, 1, NULL));
+  CHECK_ERR(ampc_checkpoint_load(tmp("plain.safetensors"), a.m, a.amp, a.opt, &ts), AMPC_EFORMAT, "not an ampc checkpoint");
+  const char *meta[] = {"format", AMPC_CHECKPOINT_FORMAT, "format_version", "99", "ampc", "{}", NULL};
+  CHECK_OK(ampc_st_write(tmp("v99.safetensors"), &t, 1, meta));
+  CHECK_ERR(ampc_checkpoint_load(tmp("v99.safetensors"), a.m, a.amp, a.opt, &ts), AMPC_EUNSUPPORTED, "format version 99");
+  rig_free(&a);
+  rig_free(&b);
+  rig_free(&c);
+}
+
+TEST(failed_write_keeps_previous_checkpoint) {
+  rig a, b;
+  rig_make(&a, "cnn", AMPC_OPT_O2);
+  train_steps(&a, 2, 3);
+  ampc_train_state ts = {.step = 2};
+  const char *path = tmp("full_disk.safetensors");
+  CHECK_OK(ampc_checkpoint_save(path, a.m, a.amp, a.opt, &ts));
+  float *saved = params_of(&a);
+  train_steps(&a, 2, 4);
+  ts.step = 4;
+  for (long long cut = 0; cut < 300000; cut = cut * 4 + 1000) {
+    ampc__fsutil_fail_after(cut); /* the cut-th byte written fails, as on a full disk */
+    ampc_status s = ampc_checkpoint_save(path, a.m, a.amp, a.opt, &ts);
+    CHECK_MSG(s < 0 && strstr(ampc_last_error(), "was not changed"), "cut at %lld: status %d, '%s'", cut, s, ampc_last_error());
+  }
+  ampc__fsutil_fail_after(-1);
+  rig_make(&b, "cnn", AMPC_OPT_O2);
+  ampc_train_state back;
+  CHECK_OK(ampc_checkpoint_load(path, b.m, b.amp, b.opt, &back));
+  CHECK(back.step == 2);
+  float *loaded = params_of(&b);
+  CHECK(memcmp(saved, loaded, ampc_graph_param_numel(ampc_model_graph(b.m)) * sizeof(float)) == 0);
+  free(saved);
+  free(loaded);
+  rig_free(&a);
+  rig_free(&b);
+}
+
+TEST_MAIN(TEST_ENTRY(roundtrip_continues_exactly), TEST_ENTRY(refuses_other_model_level_version),
+          TEST_ENTRY(failed_write_keeps_previous_checkpoint))
