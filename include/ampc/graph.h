@@ -138,6 +138,12 @@ typedef struct {
 /* Fusion of a ReLU into the batch norm or add before it (default on; off
  * gives the plain one-kernel-per-op graph the fused one is tested against). */
 ampc_status ampc_graph_set_fusion(ampc_graph *g, int on);
+/* Keep every activation's gradient readable after backward (like PyTorch's
+ * retain_grad on every tensor). Off by default: gradient buffers whose
+ * lifetimes do not overlap then share memory, and ampc_graph_grad() of an
+ * activation is meaningful only during backward. Parameter gradients are
+ * always kept. Before compile. */
+ampc_status ampc_graph_set_retain_grads(ampc_graph *g, int on);
 /* Must be called before compile; the default is all f32. */
 ampc_status ampc_graph_set_precision(ampc_graph *g, const ampc_graph_precision *p);
 ampc_status ampc_graph_compile(ampc_graph *g);

@@ -69,11 +69,11 @@ ampc_status ampc_amp_initialize(ampc_amp **out, ampc_graph *g, ampc_optim *opt, 
       .autocast = cfg->autocast,
       .half_type = cfg->half_type,
   };
-  AMPC_TRY(ampc_graph_set_precision(g, &p));
-  AMPC_TRY(ampc_graph_compile(g));
   size_t numel = ampc_graph_param_numel(g);
   if (opt && ampc_optim_numel(opt) != numel)
     return ampc__error(AMPC_EINVAL, "amp: optimizer holds %zu values, the model has %zu parameters", ampc_optim_numel(opt), numel);
+  AMPC_TRY(ampc_graph_set_precision(g, &p));
+  AMPC_TRY(ampc_graph_compile(g));
 
   ampc_amp *a = calloc(1, sizeof *a);
   if (!a) return ampc__error(AMPC_ENOMEM, "amp: out of memory");

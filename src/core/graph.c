@@ -75,6 +75,8 @@ void ampc_graph_free(ampc_graph *g) {
     g->be->free(g->ws);
   }
   free(g->v);
+  free(g->bw_reach);
+  free(g->bw_written);
   free(g->order);
   free(g->params);
   free(g->buffers);
@@ -487,6 +489,121 @@ static ampc_value root_of(const ampc_graph *g, ampc_value x) {
 
 static ampc__op_call make_call(const ampc_graph *g, const ampc__value *v, int64_t batch);
 
+/* A first-fit allocator over one arena's offsets, for planning. */
+typedef struct {
+  size_t *off, *len;
+  size_t n, cap, top;
+} plan_arena;
+
+static size_t plan_alloc(plan_arena *a, size_t len) {
+  for (size_t i = 0; i < a->n; i++)
+    if (a->len[i] >= len) {
+      size_t o = a->off[i];
+      a->off[i] += len;
+      a->len[i] -= len;
+      if (a->len[i] == 0) {
+        memmove(a->off + i, a->off + i + 1, (a->n - i - 1) * sizeof *a->off);
+        memmove(a->len + i, a->len + i + 1, (a->n - i - 1) * sizeof *a->len);
+        a->n--;
+      }
+      return o;
+    }
+  size_t o = a->top;
+  a->top += len;
+  return o;
+}
+
+static int plan_free(plan_arena *a, size_t off, size_t len) {
+  if (a->n == a->cap) {
+    size_t cap = a->cap ? a->cap * 2 : 64;
+    size_t *no = realloc(a->off, cap * sizeof *no);
+    if (!no) return -1;
+    a->off = no;
+    size_t *nl = realloc(a->len, cap * sizeof *nl);
+    if (!nl) return -1;
+    a->len = nl;
+    a->cap = cap;
+  }
+  size_t i = 0;
+  while (i < a->n && a->off[i] < off) i++;
+  memmove(a->off + i + 1, a->off + i, (a->n - i) * sizeof *a->off);
+  memmove(a->len + i + 1, a->len + i, (a->n - i) * sizeof *a->len);
+  a->off[i] = off;
+  a->len[i] = len;
+  a->n++;
+  /* coalesce with the neighbours */
+  if (i + 1 < a->n && a->off[i] + a->len[i] == a->off[i + 1]) {
+    a->len[i] += a->len[i + 1];
+    memmove(a->off + i + 1, a->off + i + 2, (a->n - i - 2) * sizeof *a->off);
+    memmove(a->len + i + 1, a->len + i + 2, (a->n - i - 2) * sizeof *a->len);
+    a->n--;
+  }
+  if (i > 0 && a->off[i - 1] + a->len[i - 1] == a->off[i]) {
+    a->len[i - 1] += a->len[i];
+    memmove(a->off + i, a->off + i + 1, (a->n - i - 1) * sizeof *a->off);
+    memmove(a->len + i, a->len + i + 1, (a->n - i - 1) * sizeof *a->len);
+    a->n--;
+  }
+  /* give the top back */
+  if (a->n && a->off[a->n - 1] + a->len[a->n - 1] == a->top) {
+    a->top = a->off[a->n - 1];
+    a->n--;
+  }
+  return 0;
+}
+
+/* Plans the activation-gradient arena. The gradient of a value lives from its
+ * last consumer's backward (which writes it first) to its own op's backward
+ * (which reads it last); buffers whose lifetimes do not overlap share memory.
+ * Sets v->grad_off (SIZE_MAX: no gradient buffer) and returns the arena size. */
+static ampc_status plan_activation_grads(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
+  size_t nv = g->nv;
+  int64_t *pos = malloc(nv * sizeof *pos), *last_use = malloc(nv * sizeof *last_use);
+  size_t *live_by_type = calloc(AMPC_DTYPE_COUNT, sizeof *live_by_type);
+  plan_arena a = {0};
+  ampc_status st = AMPC_OK;
+  if (!pos || !last_use || !live_by_type) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
+  for (size_t i = 0; st == 0 && i < nv; i++) {
+    pos[i] = last_use[i] = -1;
+    g->v[i].grad_off = SIZE_MAX;
+  }
+  for (size_t k = 0; st == 0 && k < g->norder; k++) {
+    ampc__value *v = &g->v[g->order[k]];
+    pos[g->order[k]] = (int64_t)k;
+    if (v->alias != AMPC_VALUE_NONE) continue;
+    for (int j = 0; j < v->n_in; j++)
+      if (v->in[j] >= 0) last_use[root_of(g, v->in[j])] = (int64_t)k;
+  }
+  size_t peak = 0;
+  for (int64_t t = (int64_t)g->norder - 1; st == 0 && t >= 0; t--) {
+    ampc__value *v = &g->v[g->order[t]];
+    for (int j = 0; j < v->n_in && v->alias == AMPC_VALUE_NONE; j++) {
+      if (v->in[j] < 0) continue;
+      ampc_value r = root_of(g, v->in[j]);
+      ampc__value *rv = &g->v[r];
+      if (!rv->requires_grad || rv->op <= AMPC_OP_BUFFER || rv->grad_off != SIZE_MAX || last_use[r] != t) continue;
+      rv->grad_off = plan_alloc(&a, align64(value_bytes(rv)));
+      live_by_type[rv->dtype] += value_bytes(rv);
+      if (a.top > peak) {
+        peak = a.top;
+        memcpy(peak_by_type, live_by_type, AMPC_DTYPE_COUNT * sizeof *live_by_type);
+      }
+    }
+    /* after this op's backward its own output gradient is dead */
+    if (v->alias == AMPC_VALUE_NONE && v->grad_off != SIZE_MAX && !g->retain_grads) {
+      live_by_type[v->dtype] -= value_bytes(v);
+      if (plan_free(&a, v->grad_off, align64(value_bytes(v))) < 0) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
+    }
+  }
+  *arena = peak;
+  free(pos);
+  free(last_use);
+  free(live_by_type);
+  free(a.off);
+  free(a.len);
+  return st;
+}
+
 ampc_status ampc_graph_compile(ampc_graph *g) {
   if (g->err) return g->err;
   if (g->compiled) return AMPC_OK;
@@ -537,8 +654,10 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
     ampc__value *v = &g->v[i];
     if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE) continue;
     ab += align64(value_bytes(v));
-    if (v->requires_grad) agb += align64(value_bytes(v));
   }
+  size_t agb_by_type[AMPC_DTYPE_COUNT] = {0};
+  AMPC_TRY(plan_activation_grads(g, &agb, agb_by_type));
+  for (int t = 0; t < AMPC_DTYPE_COUNT; t++) g->bytes_by_type[3][t] = agb_by_type[t];
   /* saved state and workspace per op */
   for (size_t k = 0; k < g->norder; k++) {
     ampc__value *v = &g->v[g->order[k]];
@@ -583,11 +702,7 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
       v->data = ap;
       ap += align64(nb);
       g->bytes_by_type[2][v->dtype] += nb;
-      if (v->requires_grad) {
-        v->grad = agp;
-        agp += align64(nb);
-        g->bytes_by_type[3][v->dtype] += nb;
-      }
+      if (v->grad_off != SIZE_MAX) v->grad = agp + v->grad_off;
     }
   }
   for (size_t k = 0; k < g->norder; k++) {
@@ -607,28 +722,9 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
     }
   }
 
-  /* backward schedule: walking the ops in reverse, the first op to produce a
-   * gradient for a value overwrites it, later ones add to it */
-  char *written = calloc(g->nv, 1);
-  if (!written) return ampc__error(AMPC_ENOMEM, "graph: out of memory");
-  for (size_t k = g->norder; k-- > 0;) {
-    ampc__value *v = &g->v[g->order[k]];
-    for (int j = 0; j < v->n_in; j++) {
-      v->din_acc[j] = 0;
-      if (v->in[j] < 0) continue;
-      ampc_value r = root_of(g, v->in[j]);
-      if (!g->v[r].requires_grad || g->v[r].op == AMPC_OP_BUFFER) continue;
-      if (v->alias != AMPC_VALUE_NONE) continue; /* a view shares its input's gradient */
-      if (g->v[r].op == AMPC_OP_PARAM) {
-        if (!written[r]) g->v[r].grad_first = 1;
-        v->din_acc[j] = written[r] ? 1 : -1; /* -1: the caller's accumulate flag decides */
-      } else {
-        v->din_acc[j] = written[r] ? 1 : 0;
-      }
-      written[r] = 1;
-    }
-  }
-  free(written);
+  g->bw_reach = calloc(g->nv, 1);
+  g->bw_written = calloc(g->nv, 1);
+  if (!g->bw_reach || !g->bw_written) return ampc__error(AMPC_ENOMEM, "graph: out of memory");
   g->batch = g->max_batch;
   g->ws_threads = g->nthreads;
   g->compiled = 1;
@@ -703,13 +799,35 @@ ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int 
   if (!g->compiled) return ampc__error(AMPC_ESTATE, "graph: backward before forward");
   if (!valid(g, loss) || g->v[loss].op != AMPC_OP_CROSS_ENTROPY)
     return ampc__error(AMPC_EINVAL, "graph: backward needs a loss value");
+  /* only the ops this loss depends on run; the first to produce a value's
+   * gradient overwrites it (a parameter's: unless accumulating), later ones add */
+  unsigned char *reach = g->bw_reach, *written = g->bw_written;
+  memset(reach, 0, g->nv);
+  memset(written, 0, g->nv);
+  reach[loss] = 1;
   for (size_t k = g->norder; k-- > 0;) {
-    ampc__value *v = &g->v[g->order[k]];
-    if (v->alias != AMPC_VALUE_NONE || !v->requires_grad) continue;
+    ampc_value id = g->order[k];
+    ampc__value *v = &g->v[id];
+    if (!reach[id]) continue;
+    if (v->alias != AMPC_VALUE_NONE) reach[v->alias] = 1;
+    for (int j = 0; j < v->n_in; j++)
+      if (v->in[j] >= 0) reach[v->in[j]] = 1;
+  }
+  for (size_t k = g->norder; k-- > 0;) {
+    ampc_value id = g->order[k];
+    ampc__value *v = &g->v[id];
+    if (!reach[id] || v->alias != AMPC_VALUE_NONE || !v->requires_grad) continue;
+    /* an output nothing differentiates (not the loss, which is seeded) has no gradient */
+    if (!v->grad && v->op != AMPC_OP_CROSS_ENTROPY) continue;
     ampc__op_call c = make_call(g, v, g->batch);
     c.training = 1;
     c.seed = seed;
-    for (int j = 0; j < v->n_in; j++) c.din_acc[j] = v->din_acc[j] < 0 ? accumulate : v->din_acc[j];
+    for (int j = 0; j < v->n_in; j++) {
+      if (v->in[j] < 0 || !c.din[j].data) continue;
+      ampc_value r = root_of(g, v->in[j]);
+      c.din_acc[j] = written[r] ? 1 : (g->v[r].op == AMPC_OP_PARAM ? accumulate : 0);
+      written[r] = 1;
+    }
     c.timers = g->profiling ? g->t_conv_split : NULL;
     ampc__kernel_fn f = g->be->bwd[v->op];
     AMPC_ASSERT(f != NULL);
@@ -723,6 +841,12 @@ ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int 
 
 void ampc_graph_zero_grad(ampc_graph *g) {
   if (g->grad_arena) memset(g->grad_arena, 0, g->grad_bytes);
+}
+
+ampc_status ampc_graph_set_retain_grads(ampc_graph *g, int on) {
+  if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: retain_grads must be chosen before compile");
+  g->retain_grads = on;
+  return AMPC_OK;
 }
 
 ampc_status ampc_graph_set_fusion(ampc_graph *g, int on) {

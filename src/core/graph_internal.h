@@ -22,8 +22,7 @@ typedef struct {
   float *aux;
   size_t aux_floats;
   size_t param_offset;   /* params: offset in the flat element numbering */
-  int din_acc[AMPC__MAX_INPUTS]; /* backward: add (1) or overwrite (0) each input's grad */
-  int grad_first;        /* params: first writer in backward */
+  size_t grad_off;       /* activations: offset in the planned gradient arena */
 } ampc__value;
 
 struct ampc_graph {
@@ -40,6 +39,8 @@ struct ampc_graph {
   int nthreads;
   int profiling;
   int fuse;              /* fuse ReLUs into batch norm / add (default on) */
+  int retain_grads;      /* every activation gradient its own buffer */
+  unsigned char *bw_reach, *bw_written; /* per backward: ops that reach the loss, gradients written */
   double t_fwd[AMPC_OP_COUNT], t_bwd[AMPC_OP_COUNT];
   double t_conv_split[2];
   int ws_threads;        /* threads the workspace was sized for */

@@ -9,6 +9,8 @@
 # nothing but bash: a small valid Fashion-MNIST-like set (IDX), broken copies
 # of it, broken CIFAR batches, broken safetensors headers, and weights of the
 # mlp and cnn models saved by a short training run on the small set.
+# The byte writers below build printf formats out of \xHH escapes on purpose.
+# shellcheck disable=SC2059
 set -uo pipefail
 
 if [ $# -ne 2 ]; then
@@ -17,6 +19,7 @@ if [ $# -ne 2 ]; then
 fi
 AMPC=$1
 D=$2
+case $D in "" | / | . | "$HOME") echo "bad_input: refusing scratch dir '$D'" >&2; exit 2 ;; esac
 CASES="$(cd "$(dirname "$0")" && pwd)/bad_input_cases.txt"
 [ -x "$AMPC" ] || { echo "bad_input: $AMPC is not executable" >&2; exit 2; }
 rm -rf "$D"
@@ -157,6 +160,7 @@ while IFS= read -r line || [ -n "$line" ]; do
   text=$(echo "$text" | sed -e 's/^ *//' -e 's/ *$//')
   n=$((n + 1))
   # the command may use $D, and quotes for empty or spaced arguments
+  args=()
   eval "args=($cmd)"
   timeout 60 "$AMPC" "${args[@]}" >"$D/out.txt" 2>"$D/err.txt" </dev/null
   rc=$?

@@ -11,7 +11,8 @@
 # a crashing input is written to build-fuzz/artifacts/ and its path printed.
 # Replay one with: build-fuzz/tests/fuzz/fuzz_<target> <file>
 # Environment: FUZZ_TARGETS (default "idx cifar safetensors cli"),
-# AMPC_FUZZ_BUILD (default <repo>/build-fuzz), AMPC_FUZZ_SRC (default the repo).
+# AMPC_FUZZ_BUILD (default <repo>/build-fuzz), AMPC_FUZZ_SRC (default the repo),
+# FUZZ_RSS_MB (libFuzzer's -rss_limit_mb, default 2560).
 set -uo pipefail
 
 if [ $# -ne 1 ] || ! [[ $1 =~ ^[0-9]+$ ]] || [ "$1" -lt 1 ]; then
@@ -59,7 +60,7 @@ for t in $targets; do
   mkdir -p "$corpus"
   log="$build/fuzz_$t.log"
   echo "run.sh: fuzz_$t for ${secs}s (log $log)" >&2
-  "$bin" -max_total_time="$secs" -max_len="${max_len[$t]:-4096}" -timeout=10 -rss_limit_mb=${FUZZ_RSS_MB:-2560} \
+  "$bin" -max_total_time="$secs" -max_len="${max_len[$t]:-4096}" -timeout=10 -rss_limit_mb="${FUZZ_RSS_MB:-2560}" \
     -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" "$corpus" "$here/corpus/$t" \
     >"$log" 2>&1
   rc=$?
@@ -67,7 +68,7 @@ for t in $targets; do
   [ -n "$execs" ] || execs=$(sed -n 's/^Done \([0-9]*\) runs.*/\1/p' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
   if [ $rc -eq 0 ]; then
-    summary+=("fuzz_$t: ${execs:-?} executions, ${cov:-cov: ?}, corpus $(ls "$corpus" | wc -l) files: ok")
+    summary+=("fuzz_$t: ${execs:-?} executions, ${cov:-cov: ?}, corpus $(find "$corpus" -type f | wc -l) files: ok")
   else
     status=1
     artifact=$(grep -o "Test unit written to .*" "$log" | tail -1 | sed 's/Test unit written to //')

@@ -309,6 +309,7 @@ static int build(net *t, const op_case *cs, const ampc_graph_precision *pr, int6
     t->classes = HEAD_CLASSES;
   }
   CHECK_OK(ampc_graph_set_precision(g, pr));
+  ampc_graph_set_retain_grads(g, 1); /* the checks read activation gradients */
   ampc_status s = ampc_graph_compile(g);
   CHECK_OK(s);
   if (s < 0) return -1;
@@ -920,6 +921,7 @@ TEST(value_used_twice) {
       ampc_value hw = ampc_graph_param(g, "head.weight", ampc_shape2(3, 75), 0, rand_vec(S_HEAD, 225, -0.2f, 0.2f));
       ampc_value loss = ampc_graph_cross_entropy(g, ampc_graph_linear(g, f, hw, AMPC_VALUE_NONE), lab, 0.0f);
       CHECK_OK(ampc_graph_set_precision(g, pr));
+      ampc_graph_set_retain_grads(g, 1); /* the checks read activation gradients */
       CHECK_OK(ampc_graph_compile(g));
       if (ampc_graph_is_compiled(g)) {
         ampc_tensor xt = ampc_graph_tensor(g, x);
@@ -966,6 +968,7 @@ TEST(shared_weight_and_accumulate) {
     ampc_value hw = ampc_graph_param(g, "head.weight", ampc_shape2(3, 75), 0, rand_vec(S_HEAD, 225, -0.2f, 0.2f));
     ampc_value loss = ampc_graph_cross_entropy(g, ampc_graph_linear(g, f, hw, AMPC_VALUE_NONE), lab, 0.0f);
     CHECK_OK(ampc_graph_set_precision(g, pr));
+    ampc_graph_set_retain_grads(g, 1); /* the checks read activation gradients */
     CHECK_OK(ampc_graph_compile(g));
     if (ampc_graph_is_compiled(g)) {
       ampc_tensor xt = ampc_graph_tensor(g, x);
@@ -1117,6 +1120,7 @@ TEST(batchnorm_needs_two_values) {
   ampc_value rv = ampc_graph_buffer(g, "rv", AMPC_DTYPE_F32, ampc_shape1(1), &one);
   ampc_value y = ampc_graph_batchnorm2d(g, x, gm, bt, rm, rv, AMPC_VALUE_NONE, 0.1f, 1e-5f);
   CHECK(y >= 0);
+  ampc_graph_set_retain_grads(g, 1); /* the checks read activation gradients */
   CHECK_OK(ampc_graph_compile(g));
   CHECK_ERR(ampc_graph_forward(g, 1), AMPC_EINVAL, "batchnorm2d");
   CHECK_OK(ampc_graph_forward(g, 0));
@@ -1133,6 +1137,7 @@ TEST(cross_entropy_label_out_of_range) {
     ampc_value lab = ampc_graph_labels(g, "y", 3);
     ampc_value loss = ampc_graph_cross_entropy(g, x, lab, 0.1f);
     CHECK(loss >= 0);
+    ampc_graph_set_retain_grads(g, 1); /* the checks read activation gradients */
     CHECK_OK(ampc_graph_compile(g));
     int32_t *l = ampc_graph_tensor(g, lab).data;
     l[0] = 0;
@@ -1154,6 +1159,7 @@ TEST(cross_entropy_values) {
   ampc_value lab = ampc_graph_labels(g, "y", 2);
   ampc_value l0 = ampc_graph_cross_entropy(g, x, lab, 0.0f);
   ampc_value l1 = ampc_graph_cross_entropy(g, x, lab, 0.1f);
+  ampc_graph_set_retain_grads(g, 1); /* the checks read activation gradients */
   CHECK_OK(ampc_graph_compile(g));
   float *xv = ampc_graph_tensor(g, x).data;
   for (int i = 0; i < 10; i++) xv[i] = 0.25f;
@@ -1201,6 +1207,7 @@ static ampc_status record_and_compile(int which) {
                               ampc_graph_param(g, "b3", ampc_shape1(5), 0, NULL), 1, 1); break; /* bias (5) for 4 */
     default: break;
   }
+  ampc_graph_set_retain_grads(g, 1); /* the checks read activation gradients */
   s = ampc_graph_compile(g);
   ampc_graph_free(g);
   return s;
@@ -1230,6 +1237,7 @@ TEST(backward_errors) {
   ampc_value x = ampc_graph_input(g, "x", ampc_shape2(2, 3));
   ampc_value loss = ampc_graph_cross_entropy(g, x, ampc_graph_labels(g, "y", 2), 0.0f);
   CHECK_ERR(ampc_graph_backward(g, loss, 1.0f, 0), AMPC_ESTATE, "before");
+  ampc_graph_set_retain_grads(g, 1); /* the checks read activation gradients */
   CHECK_OK(ampc_graph_compile(g));
   CHECK_ERR(ampc_graph_set_precision(g, &PRECS[1].p), AMPC_ESTATE, "before compile");
   ampc_graph_free(g);
@@ -1250,6 +1258,7 @@ TEST(cast_of_param) {
   ampc_value y = ampc_graph_conv2d(g, x, wc, AMPC_VALUE_NONE, 1, 1);
   ampc_value lab = ampc_graph_labels(g, "y", 3);
   ampc_graph_cross_entropy(g, ampc_graph_global_avgpool(g, y), lab, 0.0f);
+  ampc_graph_set_retain_grads(g, 1); /* the checks read activation gradients */
   CHECK_OK(ampc_graph_compile(g));
   if (ampc_graph_is_compiled(g)) {
     ampc_tensor xt = ampc_graph_tensor(g, x);
