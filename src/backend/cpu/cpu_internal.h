@@ -38,6 +38,56 @@ static inline void cpu_store(const ampc_tensor *t, int64_t i, float *src, size_t
   ampc_store_f32(t->dtype, cpu_at(t, i), src, n);
 }
 
+/* Where to compute n f32 results bound for element i: the tensor's own
+ * memory when it is f32, else tmp; cpu_commit() then stores them. */
+static inline float *cpu_out(const ampc_tensor *t, int64_t i, float *tmp) {
+  return t->dtype == AMPC_DTYPE_F32 ? (float *)t->data + i : tmp;
+}
+static inline void cpu_commit(const ampc_tensor *t, int64_t i, const float *src, size_t n) {
+  if (t->dtype != AMPC_DTYPE_F32) ampc_store_f32(t->dtype, cpu_at(t, i), src, n);
+}
+
+/* Reductions with eight independent partial sums, so that they pipeline and
+ * vectorise; the order is fixed, so results are reproducible. */
+static inline float cpu_sum(const float *x, size_t n) {
+  float acc[8] = {0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++) acc[k] += x[i + k];
+  for (; i < n; i++) acc[0] += x[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+static inline float cpu_sum_sq_dev(const float *x, float mean, size_t n) {
+  float acc[8] = {0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++) {
+      float d = x[i + k] - mean;
+      acc[k] += d * d;
+    }
+  for (; i < n; i++) {
+    float d = x[i] - mean;
+    acc[0] += d * d;
+  }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+/* sum(dy) and sum(dy * (x - mean)) in one pass */
+static inline void cpu_sum_dy_dyx(const float *dy, const float *x, float mean, size_t n, float *sdy, float *sdyx) {
+  float a[8] = {0}, b[8] = {0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++) {
+      a[k] += dy[i + k];
+      b[k] += dy[i + k] * (x[i + k] - mean);
+    }
+  for (; i < n; i++) {
+    a[0] += dy[i];
+    b[0] += dy[i] * (x[i] - mean);
+  }
+  *sdy = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  *sdyx = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+}
+
 /* Per-thread slice of the call's workspace, in floats. */
 static inline float *cpu_ws_slice(const ampc__op_call *c, int tid, size_t floats_per_thread, size_t shared_floats) {
   return (float *)c->ws + shared_floats + (size_t)tid * floats_per_thread;

@@ -23,8 +23,9 @@ ampc_status ampc__cpu_relu_fwd(const ampc__op_call *c) {
   int64_t total = ampc_tensor_numel(&c->out);
   FOR_BLOCKS(c, total, {
     const float *x = cpu_load(&c->in[0], i0, n, t0);
-    for (size_t i = 0; i < n; i++) t1[i] = x[i] <= 0.0f ? 0.0f : x[i]; /* NaN stays NaN */
-    cpu_store(&c->out, i0, t1, n, 0, NULL);
+    float *y = cpu_out(&c->out, i0, t1);
+    for (size_t i = 0; i < n; i++) y[i] = x[i] <= 0.0f ? 0.0f : x[i]; /* NaN stays NaN */
+    cpu_commit(&c->out, i0, y, n);
   });
   return AMPC_OK;
 }
@@ -48,10 +49,11 @@ ampc_status ampc__cpu_add_fwd(const ampc__op_call *c) {
   FOR_BLOCKS(c, total, {
     const float *a = cpu_load(&c->in[0], i0, n, t0);
     const float *b = cpu_load(&c->in[1], i0, n, t1);
-    for (size_t i = 0; i < n; i++) t2[i] = a[i] + b[i];
+    float *y = cpu_out(&c->out, i0, t2);
+    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
     if (c->attr.relu)
-      for (size_t i = 0; i < n; i++) t2[i] = t2[i] <= 0.0f ? 0.0f : t2[i];
-    cpu_store(&c->out, i0, t2, n, 0, NULL);
+      for (size_t i = 0; i < n; i++) y[i] = y[i] <= 0.0f ? 0.0f : y[i];
+    cpu_commit(&c->out, i0, y, n);
   });
   return AMPC_OK;
 }
@@ -168,6 +170,26 @@ ampc_status ampc__cpu_pool_bwd(const ampc__op_call *c) {
     const float *x = is_max ? cpu_load(&c->in[0], pl * H * W, (size_t)(H * W), xb) : NULL;
     const float *dy = cpu_load(&c->dout, pl * OH * OW, (size_t)(OH * OW), dyb);
     memset(dx, 0, (size_t)(H * W) * sizeof(float));
+    if (is_max && k == 2 && s == 2 && p == 0) {
+      /* the first maximum of each 2x2 window, as the general path below picks it */
+      for (int64_t oy = 0; oy < OH; oy++) {
+        const float *r0 = x + 2 * oy * W, *r1 = r0 + W;
+        for (int64_t ox = 0; ox < OW; ox++) {
+          int64_t i0 = 2 * oy * W + 2 * ox, best = i0;
+          float bv = r0[2 * ox];
+          const float cand[3] = {r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1]};
+          const int64_t at[3] = {i0 + 1, i0 + W, i0 + W + 1};
+          for (int q = 0; q < 3; q++)
+            if (cand[q] > bv || (isnan(cand[q]) && !isnan(bv))) {
+              bv = cand[q];
+              best = at[q];
+            }
+          dx[best] += dy[oy * OW + ox];
+        }
+      }
+      cpu_store(&c->din[0], pl * H * W, dx, (size_t)(H * W), c->din_acc[0], tmp);
+      continue;
+    }
     for (int64_t oy = 0; oy < OH; oy++)
       for (int64_t ox = 0; ox < OW; ox++) {
         float g = dy[oy * OW + ox];

@@ -23,14 +23,18 @@ size_t ampc__cpu_bn_ws(const ampc__op_call *c, int nthreads) {
   return ((size_t)nthreads * 4 * (size_t)g.HW + 4 * (size_t)g.C + 64) * sizeof(float);
 }
 
-/* dy of one plane; with a fused ReLU, zero where the output is not positive.
- * dys must be a private buffer then. */
-static const float *load_dy(const ampc__op_call *c, int64_t off, size_t n, float *dys, float *ys) {
-  if (!c->attr.relu) return cpu_load(&c->dout, off, n, dys);
+/* dy of one plane. With a fused ReLU it is masked where the output is not
+ * positive, in place: the output's gradient is dead after this backward, so
+ * the first pass leaves the masked values for the second. Masking is exact in
+ * every storage type. */
+static const float *load_dy(const ampc__op_call *c, int64_t off, size_t n, float *dys, float *ys, int mask) {
+  if (!c->attr.relu || !mask) return cpu_load(&c->dout, off, n, dys);
   const float *y = cpu_load(&c->out, off, n, ys);
-  const float *d = cpu_load(&c->dout, off, n, dys);
-  for (size_t i = 0; i < n; i++) dys[i] = y[i] > 0.0f ? d[i] : 0.0f;
-  return dys;
+  float *d = c->dout.dtype == AMPC_DTYPE_F32 ? (float *)c->dout.data + off : dys;
+  if (d == dys) ampc_load_f32(dys, c->dout.dtype, cpu_at(&c->dout, off), n);
+  for (size_t i = 0; i < n; i++) d[i] = y[i] > 0.0f ? d[i] : 0.0f;
+  if (d == dys) ampc_store_f32(c->dout.dtype, cpu_at(&c->dout, off), dys, n);
+  return d;
 }
 
 static float param_at(const ampc_tensor *t, int64_t i) {
@@ -56,20 +60,13 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
       double sum = 0.0;
       for (int64_t n = 0; n < g.N; n++) {
         const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, xs);
-        float s = 0.0f;
-        for (int64_t i = 0; i < g.HW; i++) s += xp[i];
-        sum += s;
+        sum += cpu_sum(xp, (size_t)g.HW);
       }
       mean = (float)(sum / (double)count);
       double sq = 0.0;
       for (int64_t n = 0; n < g.N; n++) {
         const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, xs);
-        float s = 0.0f;
-        for (int64_t i = 0; i < g.HW; i++) {
-          float d = xp[i] - mean;
-          s += d * d;
-        }
-        sq += s;
+        sq += cpu_sum_sq_dev(xp, mean, (size_t)g.HW);
       }
       float var = (float)(sq / (double)count);
       invstd = 1.0f / sqrtf(var + eps);
@@ -86,11 +83,13 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
     }
     float scale = param_at(gamma, ch) * invstd, shift = param_at(beta, ch) - mean * scale;
     for (int64_t n = 0; n < g.N; n++) {
-      const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, xs);
-      for (int64_t i = 0; i < g.HW; i++) ys[i] = xp[i] * scale + shift;
+      int64_t off = (n * g.C + ch) * g.HW;
+      const float *xp = cpu_load(x, off, (size_t)g.HW, xs);
+      float *yp = cpu_out(y, off, ys);
+      for (int64_t i = 0; i < g.HW; i++) yp[i] = xp[i] * scale + shift;
       if (c->attr.relu)
-        for (int64_t i = 0; i < g.HW; i++) ys[i] = ys[i] <= 0.0f ? 0.0f : ys[i];
-      cpu_store(y, (n * g.C + ch) * g.HW, ys, (size_t)g.HW, 0, NULL);
+        for (int64_t i = 0; i < g.HW; i++) yp[i] = yp[i] <= 0.0f ? 0.0f : yp[i];
+      cpu_commit(y, off, yp, (size_t)g.HW);
     }
   }
   c->aux[2 * g.C] = c->training ? 1.0f : 0.0f; /* which statistics backward differentiates */
@@ -117,12 +116,9 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
     for (int64_t n = 0; n < g.N; n++) {
       int64_t off = (n * g.C + ch) * g.HW;
       const float *xp = cpu_load(x, off, (size_t)g.HW, xs);
-      const float *dp = load_dy(c, off, (size_t)g.HW, dys, ys);
-      float a = 0.0f, b = 0.0f;
-      for (int64_t i = 0; i < g.HW; i++) {
-        a += dp[i];
-        b += dp[i] * (xp[i] - mean);
-      }
+      const float *dp = load_dy(c, off, (size_t)g.HW, dys, ys, 1);
+      float a, b;
+      cpu_sum_dy_dyx(dp, xp, mean, (size_t)g.HW, &a, &b);
       sdy += a;
       sdyx += b;
     }
@@ -135,16 +131,20 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
       for (int64_t n = 0; n < g.N; n++) {
         int64_t off = (n * g.C + ch) * g.HW;
         const float *xp = cpu_load(x, off, (size_t)g.HW, xs);
-        const float *dp = load_dy(c, off, (size_t)g.HW, dys, ys);
+        const float *dp = load_dy(c, off, (size_t)g.HW, dys, ys, 0);
+        float *o = c->din_acc[0] ? out : cpu_out(dx, off, out);
         if (batch_stats) {
           for (int64_t i = 0; i < g.HW; i++) {
             float xhat = (xp[i] - mean) * invstd;
-            out[i] = k * ((float)count * dp[i] - dbeta_c - xhat * dgamma_c);
+            o[i] = k * ((float)count * dp[i] - dbeta_c - xhat * dgamma_c);
           }
         } else {
-          for (int64_t i = 0; i < g.HW; i++) out[i] = gm * invstd * dp[i];
+          for (int64_t i = 0; i < g.HW; i++) o[i] = gm * invstd * dp[i];
         }
-        cpu_store(dx, off, out, (size_t)g.HW, c->din_acc[0], xs);
+        if (c->din_acc[0])
+          cpu_store(dx, off, o, (size_t)g.HW, 1, xs);
+        else
+          cpu_commit(dx, off, o, (size_t)g.HW);
       }
     }
   }
