@@ -10,8 +10,8 @@ fi
 data=/usr/share/datasets/fashion-mnist
 [ -e "$data/train-images-idx3-ubyte.gz" ] || { echo "skipped: no Fashion-MNIST"; echo "0 passed, 0 failed"; exit 0; }
 OMP_NUM_THREADS=1 valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
-  --log-file="$dir/memcheck.log" "$ampc" train --model cnn --epochs 1 --train-limit 256 --test-limit 64 \
-  --batch-size 64 --opt-level O2 --threads 1 --quiet > "$dir/out.txt" 2>&1
+  --log-file="$dir/memcheck.log" "$ampc" train --model cnn --epochs 1 --train-limit 64 --test-limit 32 \
+  --batch-size 32 --opt-level O2 --threads 1 --quiet > "$dir/out.txt" 2>&1
 rc=$?
 grep -E "ERROR SUMMARY|definitely lost" "$dir/memcheck.log"
 if [ $rc = 0 ]; then echo "ok   memcheck clean"; echo "1 passed, 0 failed"; exit 0; fi
