@@ -142,15 +142,23 @@ static void group_of(const conv_geom *g, int64_t gi, int64_t *n0, int64_t *nbe) 
   *nbe = g->N - *n0 < g->nb ? g->N - *n0 : g->nb;
 }
 
-/* dY of a block as (O, nbe * band) f32 */
-static void gather_dy(const conv_geom *g, const ampc_tensor *dy, int64_t n0, int64_t nbe, int64_t oy0, int64_t oy1, float *dyc) {
+/* dY of a block as (O, nbe * band) f32, rows *ld apart: the gradient itself
+ * when it is one sample in f32, else gathered into dyc. */
+static const float *gather_dy(const conv_geom *g, const ampc_tensor *dy, int64_t n0, int64_t nbe, int64_t oy0, int64_t oy1,
+                              float *dyc, int64_t *ld_out) {
   int64_t band = (oy1 - oy0) * g->OW, ld = nbe * band;
+  if (nbe == 1 && dy->dtype == AMPC_DTYPE_F32) {
+    *ld_out = g->OHW;
+    return (const float *)dy->data + n0 * g->O * g->OHW + oy0 * g->OW;
+  }
   for (int64_t s = 0; s < nbe; s++)
     for (int64_t m = 0; m < g->O; m++) {
       float *dst = dyc + m * ld + s * band;
       const float *src = cpu_load(dy, ((n0 + s) * g->O + m) * g->OHW + oy0 * g->OW, (size_t)band, dst);
       if (src != dst) memcpy(dst, src, (size_t)band * sizeof(float));
     }
+  *ld_out = ld;
+  return dyc;
 }
 
 ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
@@ -175,6 +183,16 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
           const float *xp = x->dtype == AMPC_DTYPE_F32 ? (const float *)x->data + (n0 + s) * g.CHW : xs;
           if (x->dtype != AMPC_DTYPE_F32 && (nbe > 1 || oy0 == 0)) ampc_load_f32(xs, x->dtype, cpu_at(x, (n0 + s) * g.CHW), (size_t)g.CHW);
           im2col(&g, xp, cols, ld, s * band, oy0, oy1);
+        }
+        if (nbe == 1 && y->dtype == AMPC_DTYPE_F32) {
+          /* one sample into f32: the product lands in place, rows OHW apart */
+          float *yp = (float *)y->data + n0 * g.O * g.OHW + oy0 * g.OW;
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g.O, (int)band, (int)g.K, 1.0f, wf, (int)g.K,
+                      cols, (int)band, 0.0f, yp, (int)g.OHW);
+          if (b)
+            for (int64_t m = 0; m < g.O; m++)
+              for (int64_t i = 0; i < band; i++) yp[m * g.OHW + i] += bias[m];
+          continue;
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g.O, (int)ld, (int)g.K, 1.0f, wf, (int)g.K, cols,
                     (int)ld, 0.0f, yc, (int)ld);
@@ -215,23 +233,19 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
         group_of(&g, gi, &n0, &nbe);
         for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {
           int64_t oy1 = oy0 + g.rb < g.OH ? oy0 + g.rb : g.OH, band = (oy1 - oy0) * g.OW, ld = nbe * band;
-          gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc);
+          int64_t ldd;
+          const float *dyp = gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc, &ldd);
           if (need_dw) {
             for (int64_t s = 0; s < nbe; s++) {
               const float *xp = x->dtype == AMPC_DTYPE_F32 ? (const float *)x->data + (n0 + s) * g.CHW : xs;
               if (x->dtype != AMPC_DTYPE_F32 && (nbe > 1 || oy0 == 0)) ampc_load_f32(xs, x->dtype, cpu_at(x, (n0 + s) * g.CHW), (size_t)g.CHW);
               im2col(&g, xp, cols, ld, s * band, oy0, oy1);
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.O, (int)g.K, (int)ld, 1.0f, dyc, (int)ld, cols,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.O, (int)g.K, (int)ld, 1.0f, dyp, (int)ldd, cols,
                         (int)ld, 1.0f, dwt, (int)g.K);
           }
           if (need_db)
-            for (int64_t m = 0; m < g.O; m++) {
-              float acc = 0.0f;
-              const float *row = dyc + m * ld;
-              for (int64_t i = 0; i < ld; i++) acc += row[i];
-              dbt[m] += acc;
-            }
+            for (int64_t m = 0; m < g.O; m++) dbt[m] += cpu_sum(dyp + m * ldd, (size_t)ld);
         }
       }
     }
@@ -258,9 +272,10 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
         group_of(&g, gi, &n0, &nbe);
         for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {
           int64_t oy1 = oy0 + g.rb < g.OH ? oy0 + g.rb : g.OH, band = (oy1 - oy0) * g.OW, ld = nbe * band;
-          gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc);
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)g.K, (int)ld, (int)g.O, 1.0f, wf, (int)g.K, dyc,
-                      (int)ld, 0.0f, dcols, (int)ld);
+          int64_t ldd;
+          const float *dyp = gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc, &ldd);
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)g.K, (int)ld, (int)g.O, 1.0f, wf, (int)g.K, dyp,
+                      (int)ldd, 0.0f, dcols, (int)ld);
           if (nbe == 1) {
             /* one sample in row bands: accumulate all bands, store after the last */
             if (oy0 == 0) memset(dxs, 0, (size_t)g.CHW * sizeof(float));
