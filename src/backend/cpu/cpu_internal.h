@@ -71,6 +71,25 @@ static inline float cpu_sum_sq_dev(const float *x, float mean, size_t n) {
   }
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
+/* sum(x - k) and sum((x - k)^2) in one pass */
+static inline void cpu_sum_dev_sq(const float *x, float k, size_t n, float *s1, float *s2) {
+  float a[8] = {0}, b[8] = {0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) {
+      float d = x[i + j] - k;
+      a[j] += d;
+      b[j] += d * d;
+    }
+  for (; i < n; i++) {
+    float d = x[i] - k;
+    a[0] += d;
+    b[0] += d * d;
+  }
+  *s1 = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  *s2 = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+}
+
 /* sum(dy) and sum(dy * (x - mean)) in one pass */
 static inline void cpu_sum_dy_dyx(const float *dy, const float *x, float mean, size_t n, float *sdy, float *sdyx) {
   float a[8] = {0}, b[8] = {0};

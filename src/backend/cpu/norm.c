@@ -57,17 +57,22 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), 4 * (size_t)g.HW, shared), *ys = xs + 2 * g.HW;
     float mean, invstd;
     if (c->training) {
-      double sum = 0.0;
+      /* one pass: sums of (x - k) and (x - k)^2 around k, the channel's first
+       * value, which keeps the variance accurate without a second pass */
+      float k0;
+      ampc_load_f32(&k0, x->dtype, cpu_at(x, ch * g.HW), 1);
+      double sum = 0.0, sq = 0.0;
       for (int64_t n = 0; n < g.N; n++) {
         const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, xs);
-        sum += cpu_sum(xp, (size_t)g.HW);
+        float a, b;
+        cpu_sum_dev_sq(xp, k0, (size_t)g.HW, &a, &b);
+        sum += a;
+        sq += b;
       }
-      mean = (float)(sum / (double)count);
-      double sq = 0.0;
-      for (int64_t n = 0; n < g.N; n++) {
-        const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, xs);
-        sq += cpu_sum_sq_dev(xp, mean, (size_t)g.HW);
-      }
+      double md = sum / (double)count;
+      mean = (float)(k0 + md);
+      sq -= md * sum; /* sum of squared deviations from the mean */
+      if (sq < 0) sq = 0;
       float var = (float)(sq / (double)count);
       invstd = 1.0f / sqrtf(var + eps);
       mean_s[ch] = mean;
