@@ -778,6 +778,16 @@ void ampc_graph_set_threads(ampc_graph *g, int n) {
   g->nthreads = n;
 }
 
+/* Runs one kernel, timing it into times[op] when profiling. */
+static ampc_status run_kernel(ampc_graph *g, ampc__kernel_fn f, const ampc__op_call *c, double *times, const char *pass) {
+  AMPC_ASSERT(f != NULL);
+  double t0 = g->profiling ? omp_get_wtime() : 0.0;
+  ampc_status s = f(c);
+  if (g->profiling) times[c->op] += omp_get_wtime() - t0;
+  if (s < 0) return ampc__error_prefix(s, "%s %s", ampc_op_name(c->op), pass);
+  return AMPC_OK;
+}
+
 ampc_status ampc_graph_forward(ampc_graph *g, int training) {
   AMPC_TRY(ampc_graph_compile(g));
   for (size_t k = 0; k < g->norder; k++) {
@@ -785,12 +795,7 @@ ampc_status ampc_graph_forward(ampc_graph *g, int training) {
     if (v->alias != AMPC_VALUE_NONE) continue; /* views: flatten, fused relu */
     ampc__op_call c = make_call(g, v, g->batch);
     c.training = training;
-    ampc__kernel_fn f = g->be->fwd[v->op];
-    AMPC_ASSERT(f != NULL);
-    double t0 = g->profiling ? omp_get_wtime() : 0.0;
-    ampc_status s = f(&c);
-    if (g->profiling) g->t_fwd[v->op] += omp_get_wtime() - t0;
-    if (s < 0) return ampc__error_prefix(s, "%s forward", ampc_op_name(v->op));
+    AMPC_TRY(run_kernel(g, g->be->fwd[v->op], &c, g->t_fwd, "forward"));
   }
   return AMPC_OK;
 }
@@ -829,12 +834,7 @@ ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int 
       written[r] = 1;
     }
     c.timers = g->profiling ? g->t_conv_split : NULL;
-    ampc__kernel_fn f = g->be->bwd[v->op];
-    AMPC_ASSERT(f != NULL);
-    double t0 = g->profiling ? omp_get_wtime() : 0.0;
-    ampc_status s = f(&c);
-    if (g->profiling) g->t_bwd[v->op] += omp_get_wtime() - t0;
-    if (s < 0) return ampc__error_prefix(s, "%s backward", ampc_op_name(v->op));
+    AMPC_TRY(run_kernel(g, g->be->bwd[v->op], &c, g->t_bwd, "backward"));
   }
   return AMPC_OK;
 }
