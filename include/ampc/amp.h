@@ -51,8 +51,8 @@ typedef struct {
 
 /* Gradient statistics since the last reset (for --amp-report). */
 typedef struct {
-  int64_t values;          /* gradient values seen in the model's storage type */
-  int64_t underflow;       /* of those, zero or subnormal */
+  int64_t values;          /* non-zero gradient values (computed in f32) stored into 16-bit tensors */
+  int64_t underflow;       /* of those, the ones that became zero or subnormal there */
   float max_abs;           /* largest unscaled gradient magnitude */
 } ampc_amp_grad_stats;
 

@@ -44,18 +44,11 @@ struct ampc_amp {
   float loss_weight;
   int sr;
   uint64_t sr_seed;
-  int64_t st_values, st_underflow;
   float st_max;
 };
 
 static int is_half(ampc_dtype t) { return t == AMPC_DTYPE_F16 || t == AMPC_DTYPE_BF16; }
 
-static int half_tiny(ampc_dtype t, float v) {
-  /* zero or subnormal in the storage type */
-  float a = fabsf(v);
-  if (t == AMPC_DTYPE_F16) return a < 6.103515625e-05f;
-  return a < 1.17549435e-38f;
-}
 
 ampc_status ampc_amp_initialize(ampc_amp **out, ampc_graph *g, ampc_optim *opt, const ampc_amp_config *cfg) {
   *out = NULL;
@@ -170,9 +163,8 @@ ampc_status ampc_amp_backward(ampc_amp *a, ampc_value loss, int loss_id, int acc
    * unscaled by its own scale now; with one, the unscale waits for step(). */
   float f = a->cfg.num_losses > 1 ? 1.0f / scale : 1.0f;
   int any_inf = 0;
-  int64_t values = 0, under = 0;
   float mx = 0.0f;
-#pragma omp parallel for schedule(static) reduction(| : any_inf) reduction(+ : values, under) reduction(max : mx)
+#pragma omp parallel for schedule(static) reduction(| : any_inf) reduction(max : mx)
   for (size_t ci = 0; ci < a->nchunks; ci++) {
     const amp_chunk *c = &a->chunks[ci];
     const amp_param *p = &a->params[c->p];
@@ -182,20 +174,16 @@ ampc_status ampc_amp_backward(ampc_amp *a, ampc_value loss, int loss_id, int acc
     for (size_t i = 0; i < c->n; i++) {
       float v = gsrc[i];
       if (!isfinite(v)) bad = 1;
-      under += half_tiny(p->dtype, v);
       float m = fabsf(v);
       if (m > mx) mx = m;
       dst[i] = accumulate ? dst[i] + v * f : v * f;
     }
-    values += (int64_t)c->n;
     if (bad) {
       a->param_inf[c->p] = 1;
       any_inf = 1;
     }
   }
   if (any_inf) a->loss_inf[loss_id] = 1;
-  a->st_values += values;
-  a->st_underflow += under;
   if (isfinite(mx) && mx / scale > a->st_max) a->st_max = mx / scale;
   return AMPC_OK;
 }
@@ -222,9 +210,8 @@ static uint16_t round_stochastic(ampc_dtype t, float w, uint64_t r) {
  * folding) the statistics. Returns found_inf. */
 static int check_pass(ampc_amp *a, float gmul, double *sumsq, int with_stats) {
   int any_inf = 0;
-  int64_t values = 0, under = 0;
   float mx = 0.0f;
-#pragma omp parallel for schedule(static) reduction(| : any_inf) reduction(+ : values, under) reduction(max : mx)
+#pragma omp parallel for schedule(static) reduction(| : any_inf) reduction(max : mx)
   for (size_t ci = 0; ci < a->nchunks; ci++) {
     const amp_chunk *c = &a->chunks[ci];
     const amp_param *p = &a->params[c->p];
@@ -236,13 +223,11 @@ static int check_pass(ampc_amp *a, float gmul, double *sumsq, int with_stats) {
       if (!isfinite(v)) bad = 1;
       s += (double)v * v;
       if (with_stats) {
-        under += half_tiny(p->dtype, gv[i]);
         float m = fabsf(v);
         if (m > mx) mx = m;
       }
     }
     a->partial[ci] = s;
-    if (with_stats) values += (int64_t)c->n;
     if (bad) {
       a->param_inf[c->p] = 1;
       any_inf = 1;
@@ -251,11 +236,7 @@ static int check_pass(ampc_amp *a, float gmul, double *sumsq, int with_stats) {
   double t = 0.0;
   for (size_t ci = 0; ci < a->nchunks; ci++) t += a->partial[ci]; /* fixed order */
   *sumsq = t;
-  if (with_stats) {
-    a->st_values += values;
-    a->st_underflow += under;
-    if (isfinite(mx) && mx > a->st_max) a->st_max = mx;
-  }
+  if (with_stats && isfinite(mx) && mx > a->st_max) a->st_max = mx;
   return any_inf;
 }
 
@@ -367,13 +348,11 @@ ampc_status ampc_amp_load_params(ampc_amp *a, const float *values) {
 }
 
 void ampc_amp_get_grad_stats(ampc_amp *a, ampc_amp_grad_stats *st, int reset) {
-  st->values = a->st_values;
-  st->underflow = a->st_underflow;
+  /* the underflow count comes from the kernels, which see each weight gradient
+   * in f32 before it is rounded to its storage type */
+  ampc_graph_grad_underflow(a->g, &st->values, &st->underflow, reset);
   st->max_abs = a->st_max;
-  if (reset) {
-    a->st_values = a->st_underflow = 0;
-    a->st_max = 0.0f;
-  }
+  if (reset) a->st_max = 0.0f;
 }
 
 void ampc_amp_memory(const ampc_amp *a, ampc_mem_report *r) {

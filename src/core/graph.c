@@ -834,6 +834,7 @@ ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int 
       written[r] = 1;
     }
     c.timers = g->profiling ? g->t_conv_split : NULL;
+    c.grad_stats = g->grad_stats;
     AMPC_TRY(run_kernel(g, g->be->bwd[v->op], &c, g->t_bwd, "backward"));
   }
   return AMPC_OK;
@@ -860,6 +861,12 @@ void ampc_graph_set_profiling(ampc_graph *g, int on) {
   memset(g->t_fwd, 0, sizeof g->t_fwd);
   memset(g->t_bwd, 0, sizeof g->t_bwd);
   memset(g->t_conv_split, 0, sizeof g->t_conv_split);
+}
+
+void ampc_graph_grad_underflow(ampc_graph *g, int64_t *values, int64_t *underflow, int reset) {
+  *values = g->grad_stats[0];
+  *underflow = g->grad_stats[1];
+  if (reset) g->grad_stats[0] = g->grad_stats[1] = 0;
 }
 
 void ampc_graph_conv_backward_times(const ampc_graph *g, double *data, double *weights) {

@@ -419,7 +419,7 @@ int cmd_train(int argc, char **argv) {
       json_object_set_new(o, "memory", cli_memory_json(&mem));
       if (a.c.amp_report) {
         ampc_amp_get_grad_stats(s.amp, &st, 1);
-        json_object_set_new(o, "grad_values", json_integer(st.values));
+        json_object_set_new(o, "grad_half_values", json_integer(st.values));
         json_object_set_new(o, "grad_underflow_fraction", json_real(st.values ? (double)st.underflow / (double)st.values : 0.0));
         json_object_set_new(o, "grad_max_abs", json_real(st.max_abs));
       }

@@ -256,8 +256,8 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
       for (int64_t i = 0; i < g.O * g.K + g.O; i++) sum[i] += part[i];
     }
     float *tmp = (float *)c->ws; /* the shared weight copy is not made yet */
-    if (need_dw) cpu_store(dw, 0, sum, (size_t)(g.O * g.K), c->din_acc[1], tmp);
-    if (need_db) cpu_store(db, 0, sum + g.O * g.K, (size_t)g.O, c->din_acc[2], tmp);
+    if (need_dw) cpu_store_grad(c, dw, 0, sum, (size_t)(g.O * g.K), c->din_acc[1], tmp);
+    if (need_db) cpu_store_grad(c, db, 0, sum + g.O * g.K, (size_t)g.O, c->din_acc[2], tmp);
   }
   double t1 = c->timers ? omp_get_wtime() : 0.0;
   if (need_dx) {
@@ -280,12 +280,12 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
             /* one sample in row bands: accumulate all bands, store after the last */
             if (oy0 == 0) memset(dxs, 0, (size_t)g.CHW * sizeof(float));
             col2im(&g, dcols, ld, 0, oy0, oy1, dxs);
-            if (oy1 == g.OH) cpu_store(dx, n0 * g.CHW, dxs, (size_t)g.CHW, c->din_acc[0], xs);
+            if (oy1 == g.OH) cpu_store_grad(c, dx, n0 * g.CHW, dxs, (size_t)g.CHW, c->din_acc[0], xs);
           } else {
             for (int64_t s = 0; s < nbe; s++) {
               memset(dxs, 0, (size_t)g.CHW * sizeof(float));
               col2im(&g, dcols, ld, s * band, 0, g.OH, dxs);
-              cpu_store(dx, (n0 + s) * g.CHW, dxs, (size_t)g.CHW, c->din_acc[0], xs);
+              cpu_store_grad(c, dx, (n0 + s) * g.CHW, dxs, (size_t)g.CHW, c->din_acc[0], xs);
             }
           }
         }

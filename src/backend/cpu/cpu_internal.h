@@ -2,6 +2,7 @@
 #ifndef AMPC_CPU_INTERNAL_H
 #define AMPC_CPU_INTERNAL_H
 
+#include <math.h>
 #include <string.h>
 
 #include "backend/backend.h"
@@ -36,6 +37,27 @@ static inline void cpu_store(const ampc_tensor *t, int64_t i, float *src, size_t
     for (size_t k = 0; k < n; k++) src[k] += tmp[k];
   }
   ampc_store_f32(t->dtype, cpu_at(t, i), src, n);
+}
+
+/* Stores n gradient values at element i like cpu_store and, for --amp-report,
+ * counts the non-zero f32 values going into a 16-bit tensor and how many of
+ * them become zero or subnormal there: the gradient half precision loses
+ * without (enough) loss scaling. Safe inside parallel regions. */
+static inline void cpu_store_grad(const ampc__op_call *c, const ampc_tensor *t, int64_t i, float *src, size_t n, int acc,
+                                  float *tmp) {
+  if (c->grad_stats && (t->dtype == AMPC_DTYPE_F16 || t->dtype == AMPC_DTYPE_BF16)) {
+    float tiny = t->dtype == AMPC_DTYPE_F16 ? 6.103515625e-05f : 1.17549435e-38f; /* smallest normal */
+    int64_t nonzero = 0, lost = 0;
+    for (size_t k = 0; k < n; k++) {
+      nonzero += src[k] != 0.0f;
+      lost += src[k] != 0.0f && fabsf(src[k]) < tiny;
+    }
+#pragma omp atomic
+    c->grad_stats[0] += nonzero;
+#pragma omp atomic
+    c->grad_stats[1] += lost;
+  }
+  cpu_store(t, i, src, n, acc, tmp);
 }
 
 /* Where to compute n f32 results bound for element i: the tensor's own

@@ -39,7 +39,7 @@ ampc_status ampc__cpu_relu_bwd(const ampc__op_call *c) {
     const float *y = cpu_load(&c->out, i0, n, t0);
     const float *dy = cpu_load(&c->dout, i0, n, t1);
     for (size_t i = 0; i < n; i++) t2[i] = y[i] > 0.0f ? dy[i] : 0.0f;
-    cpu_store(&c->din[0], i0, t2, n, c->din_acc[0], t3);
+    cpu_store_grad(c, &c->din[0], i0, t2, n, c->din_acc[0], t3);
   });
   return AMPC_OK;
 }
@@ -70,7 +70,7 @@ ampc_status ampc__cpu_add_bwd(const ampc__op_call *c) {
     for (int j = 0; j < 2; j++) {
       if (!c->din[j].data) continue;
       for (size_t i = 0; i < n; i++) t1[i] = dy[i];
-      cpu_store(&c->din[j], i0, t1, n, c->din_acc[j], t2);
+      cpu_store_grad(c, &c->din[j], i0, t1, n, c->din_acc[j], t2);
     }
   });
   return AMPC_OK;
@@ -92,7 +92,7 @@ ampc_status ampc__cpu_cast_bwd(const ampc__op_call *c) {
   FOR_BLOCKS(c, total, {
     const float *dy = cpu_load(&c->dout, i0, n, t0);
     for (size_t i = 0; i < n; i++) t1[i] = dy[i];
-    cpu_store(&c->din[0], i0, t1, n, c->din_acc[0], t2);
+    cpu_store_grad(c, &c->din[0], i0, t1, n, c->din_acc[0], t2);
   });
   return AMPC_OK;
 }
@@ -187,7 +187,7 @@ ampc_status ampc__cpu_pool_bwd(const ampc__op_call *c) {
           dx[best] += dy[oy * OW + ox];
         }
       }
-      cpu_store(&c->din[0], pl * H * W, dx, (size_t)(H * W), c->din_acc[0], tmp);
+      cpu_store_grad(c, &c->din[0], pl * H * W, dx, (size_t)(H * W), c->din_acc[0], tmp);
       continue;
     }
     for (int64_t oy = 0; oy < OH; oy++)
@@ -222,7 +222,7 @@ ampc_status ampc__cpu_pool_bwd(const ampc__op_call *c) {
           }
         }
       }
-    cpu_store(&c->din[0], pl * H * W, dx, (size_t)(H * W), c->din_acc[0], tmp);
+    cpu_store_grad(c, &c->din[0], pl * H * W, dx, (size_t)(H * W), c->din_acc[0], tmp);
   }
   return AMPC_OK;
 }
@@ -255,7 +255,7 @@ ampc_status ampc__cpu_gap_bwd(const ampc__op_call *c) {
     ampc_load_f32(&g, c->dout.dtype, cpu_at(&c->dout, pl), 1);
     g /= (float)HW;
     for (int64_t i = 0; i < HW; i++) buf[i] = g;
-    cpu_store(&c->din[0], pl * HW, buf, (size_t)HW, c->din_acc[0], tmp);
+    cpu_store_grad(c, &c->din[0], pl * HW, buf, (size_t)HW, c->din_acc[0], tmp);
   }
   return AMPC_OK;
 }
@@ -312,7 +312,7 @@ ampc_status ampc__cpu_softmax_bwd(const ampc__op_call *c) {
       for (int64_t j = 0; j < K; j++) s += (double)dy[j] * y[j];
       for (int64_t j = 0; j < K; j++) o[j] = y[j] * (dy[j] - (float)s);
     }
-    cpu_store(&c->din[0], n * K, o, (size_t)K, c->din_acc[0], tmp);
+    cpu_store_grad(c, &c->din[0], n * K, o, (size_t)K, c->din_acc[0], tmp);
   }
   return AMPC_OK;
 }
@@ -362,7 +362,7 @@ ampc_status ampc__cpu_ce_bwd(const ampc__op_call *c) {
       float t = sm / (float)K + (j == lab[n] ? 1.0f - sm : 0.0f);
       o[j] = scale * (expf(o[j]) - t);
     }
-    cpu_store(&c->din[0], n * K, o, (size_t)K, c->din_acc[0], tmp);
+    cpu_store_grad(c, &c->din[0], n * K, o, (size_t)K, c->din_acc[0], tmp);
   }
   return AMPC_OK;
 }

@@ -47,20 +47,20 @@ ampc_status ampc__cpu_linear_bwd(const ampc__op_call *c) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g.N, (int)g.K, (int)g.M, 1.0f, dyf, (int)g.M, wf,
                 (int)g.K, 0.0f, dxb, (int)g.K);
     /* xb is not loaded yet: it stages the old gradient when accumulating */
-    cpu_store(&c->din[0], 0, dxb, (size_t)(g.N * g.K), c->din_acc[0], xb);
+    cpu_store_grad(c, &c->din[0], 0, dxb, (size_t)(g.N * g.K), c->din_acc[0], xb);
   }
   if (c->din[1].data) {
     const float *xf = cpu_load(&c->in[0], 0, (size_t)(g.N * g.K), xb);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)g.M, (int)g.K, (int)g.N, 1.0f, dyf, (int)g.M, xf,
                 (int)g.K, 0.0f, dwb, (int)g.K);
-    cpu_store(&c->din[1], 0, dwb, (size_t)(g.M * g.K), c->din_acc[1], wb);
+    cpu_store_grad(c, &c->din[1], 0, dwb, (size_t)(g.M * g.K), c->din_acc[1], wb);
   }
   if (c->n_in > 2 && c->din[2].data) {
     float *db = dxb; /* free now */
     for (int64_t m = 0; m < g.M; m++) db[m] = 0.0f;
     for (int64_t n = 0; n < g.N; n++)
       for (int64_t m = 0; m < g.M; m++) db[m] += dyf[n * g.M + m];
-    cpu_store(&c->din[2], 0, db, (size_t)g.M, c->din_acc[2], tmp);
+    cpu_store_grad(c, &c->din[2], 0, db, (size_t)g.M, c->din_acc[2], tmp);
   }
   return AMPC_OK;
 }

@@ -146,15 +146,12 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
         } else {
           for (int64_t i = 0; i < g.HW; i++) o[i] = gm * invstd * dp[i];
         }
-        if (c->din_acc[0])
-          cpu_store(dx, off, o, (size_t)g.HW, 1, xs);
-        else
-          cpu_commit(dx, off, o, (size_t)g.HW);
+        cpu_store_grad(c, dx, off, o, (size_t)g.HW, c->din_acc[0], xs);
       }
     }
   }
   float *tmp = dbt + g.C;
-  if (dgamma->data) cpu_store(dgamma, 0, dg, (size_t)g.C, c->din_acc[1], tmp);
-  if (dbeta->data) cpu_store(dbeta, 0, dbt, (size_t)g.C, c->din_acc[2], tmp);
+  if (dgamma->data) cpu_store_grad(c, dgamma, 0, dg, (size_t)g.C, c->din_acc[1], tmp);
+  if (dbeta->data) cpu_store_grad(c, dbeta, 0, dbt, (size_t)g.C, c->din_acc[2], tmp);
   return AMPC_OK;
 }
