@@ -1,12 +1,45 @@
-/* Fully connected layer: y (N, M) = x (N, K) w^T + b, through OpenBLAS. The
- * products run outside our parallel regions, so OpenBLAS threads them. */
+/* Fully connected layer: y (N, M) = x (N, K) w^T + b, through OpenBLAS.
+ * Each product is split over our own threads along one of its output
+ * dimensions, every part a single-threaded sgemm: the same pool as every
+ * other kernel, a fixed partition (so results do not depend on scheduling),
+ * and no allocation inside OpenBLAS's threaded driver. */
 #include <cblas.h>
+#include <omp.h>
 
 #include "backend/cpu/cpu_internal.h"
 
 typedef struct {
   int64_t N, K, M;
 } lin_geom;
+
+/* C (rows, cols) = op(A) op(B), row-major, split into nthreads bands of
+ * rows (split_rows) or of columns. A, B, C are addressed for the whole product;
+ * ta/tb: A is stored transposed (K x rows) / B is stored as (cols x K). */
+static void par_sgemm(int nthreads, int split_rows, int ta, int tb, int64_t rows, int64_t cols, int64_t k,
+                      const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
+  int64_t total = split_rows ? rows : cols;
+  int parts = nthreads < 1 ? 1 : nthreads;
+  if (total < 2 * parts || rows * cols * k < (1 << 18)) parts = 1;
+#pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
+  for (int p = 0; p < parts; p++) {
+    int64_t lo = total * p / parts, hi = total * (p + 1) / parts;
+    if (hi <= lo) continue;
+    const float *ap = a, *bp = b;
+    float *cp = c;
+    int64_t r = rows, q = cols;
+    if (split_rows) {
+      ap = ta ? a + lo : a + lo * lda;
+      cp = c + lo * ldc;
+      r = hi - lo;
+    } else {
+      bp = tb ? b + lo * ldb : b + lo;
+      cp = c + lo;
+      q = hi - lo;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)r, (int)q, (int)k, 1.0f,
+                ap, (int)lda, bp, (int)ldb, 0.0f, cp, (int)ldc);
+  }
+}
 
 static lin_geom lin_geometry(const ampc__op_call *c) {
   lin_geom g = {c->in[0].shape.d[0], c->in[0].shape.d[1], c->in[1].shape.d[0]};
@@ -25,8 +58,7 @@ ampc_status ampc__cpu_linear_fwd(const ampc__op_call *c) {
   const float *xf = cpu_load(&c->in[0], 0, (size_t)(g.N * g.K), xb);
   const float *wf = cpu_load(&c->in[1], 0, (size_t)(g.M * g.K), wb);
   float *yf = c->out.dtype == AMPC_DTYPE_F32 ? (float *)c->out.data : yb;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.N, (int)g.M, (int)g.K, 1.0f, xf, (int)g.K, wf,
-              (int)g.K, 0.0f, yf, (int)g.M);
+  par_sgemm(c->nthreads, g.N >= g.M, 0, 1, g.N, g.M, g.K, xf, g.K, wf, g.K, yf, g.M);
   if (c->n_in > 2) {
     float *bias = yb + g.N * g.M;
     const float *bf = cpu_load(&c->in[2], 0, (size_t)g.M, bias);
@@ -44,15 +76,13 @@ ampc_status ampc__cpu_linear_bwd(const ampc__op_call *c) {
   const float *dyf = cpu_load(&c->dout, 0, (size_t)(g.N * g.M), dyb);
   if (c->din[0].data) {
     const float *wf = cpu_load(&c->in[1], 0, (size_t)(g.M * g.K), wb);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g.N, (int)g.K, (int)g.M, 1.0f, dyf, (int)g.M, wf,
-                (int)g.K, 0.0f, dxb, (int)g.K);
+    par_sgemm(c->nthreads, g.N >= g.K, 0, 0, g.N, g.K, g.M, dyf, g.M, wf, g.K, dxb, g.K);
     /* xb is not loaded yet: it stages the old gradient when accumulating */
     cpu_store_grad(c, &c->din[0], 0, dxb, (size_t)(g.N * g.K), c->din_acc[0], xb);
   }
   if (c->din[1].data) {
     const float *xf = cpu_load(&c->in[0], 0, (size_t)(g.N * g.K), xb);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)g.M, (int)g.K, (int)g.N, 1.0f, dyf, (int)g.M, xf,
-                (int)g.K, 0.0f, dwb, (int)g.K);
+    par_sgemm(c->nthreads, g.M >= g.K, 1, 0, g.M, g.K, g.N, dyf, g.M, xf, g.K, dwb, g.K);
     cpu_store_grad(c, &c->din[1], 0, dwb, (size_t)(g.M * g.K), c->din_acc[1], wb);
   }
   if (c->n_in > 2 && c->din[2].data) {
