@@ -156,6 +156,7 @@ void cli_common_defaults(cli_common *c) {
   c->opt_level = "O0";
   c->half = "f16";
   c->grad_accum = 1;
+  c->normalize = 1;
 }
 
 int cli_common_opts(cli_common *c, cli_opt *out, int with_amp) {
@@ -169,6 +170,7 @@ int cli_common_opts(cli_common *c, cli_opt *out, int with_amp) {
   out[n++] = (cli_opt){"--seed", OPT_I64, &c->seed, "N", "seed of every random choice (default 0)", 0, NULL};
   out[n++] = (cli_opt){"--threads", OPT_INT, &c->threads, "N", "threads (default: all cores)", 1, NULL};
   out[n++] = (cli_opt){"--label-smoothing", OPT_FLOAT, &c->label_smoothing, "X", "cross-entropy label smoothing (default 0)", 0, NULL};
+  out[n++] = (cli_opt){"--normalize", OPT_ONOFF, &c->normalize, "on|off", "per-channel mean/std normalisation of the images (default on)", 0, NULL};
   if (!with_amp) return n;
   out[n++] = (cli_opt){"--opt-level", OPT_STRING, &c->opt_level, "O0|O1|O2|O3", "apex opt level (default O0)", 0, NULL};
   out[n++] = (cli_opt){"--half", OPT_STRING, &c->half, "f16|bf16", "the 16-bit type (default f16)", 0, NULL};

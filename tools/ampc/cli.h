@@ -39,6 +39,7 @@ typedef struct {
   uint64_t seed;
   int threads;
   float label_smoothing;
+  int normalize;
   /* amp */
   const char *opt_level, *half, *loss_scale;
   int keep_bn_fp32_given, master_weights_given;

@@ -22,6 +22,7 @@ static int open_dataset(const cli_common *c, int train, ampc_dataset **out) {
 int cli_session_open(cli_session *s, const cli_common *c, int need_train, int need_test, const int *shape,
                      const ampc_optim_config *ocfg, int64_t batch) {
   memset(s, 0, sizeof *s);
+  s->normalize = c->normalize;
   cli_set_threads(c->threads);
   if (cli_amp_config(c, &s->amp_cfg) < 0) return -1;
   if (need_train && open_dataset(c, 1, &s->train) < 0) return -1;
@@ -196,6 +197,7 @@ int cli_evaluate(cli_session *s, const ampc_dataset *d, double *loss, double *ac
   ampc_loader_opts_default(&lo);
   lo.batch_size = (int)ampc_graph_max_batch(s->g);
   lo.shuffle = 0;
+  lo.normalize = s->normalize;
   ampc_value xv = ampc_model_input(s->model), yv = ampc_model_labels(s->model);
   lo.dtype = ampc_graph_tensor(s->g, xv).dtype;
   ampc_loader *l;

@@ -13,6 +13,7 @@ typedef struct {
   ampc_amp *amp;
   ampc_amp_config amp_cfg;
   int channels, height, width, classes;
+  int normalize; /* the loader's per-channel normalisation, the same in training and evaluation */
 } cli_session;
 
 /* Opens the datasets asked for (need_train / need_test), builds the model for

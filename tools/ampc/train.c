@@ -83,7 +83,7 @@ typedef struct {
   int epochs;
   const char *optimizer, *lr_schedule, *metrics, *save;
   float lr, momentum, weight_decay, beta1, beta2, eps, dampening, gamma, eta_min, warmup_start;
-  int nesterov, amsgrad, augment, augment_given, normalize, quiet;
+  int nesterov, amsgrad, augment, augment_given, quiet;
   const char *checkpoint_dir, *resume, *on_nonfinite;
   int64_t save_every;
   int keep;
@@ -111,7 +111,6 @@ int cmd_train(int argc, char **argv) {
   a.epochs = 3;
   a.optimizer = "adam";
   a.lr_schedule = "constant";
-  a.normalize = 1;
   a.gamma = 0.1f;
   a.step_size = 30;
   a.warmup_start = 0.1f;
@@ -135,7 +134,6 @@ int cmd_train(int argc, char **argv) {
   opts[n++] = (cli_opt){"--warmup", OPT_I64, &a.warmup, "N", "linear warm-up epochs (default 0)", 0, NULL};
   opts[n++] = (cli_opt){"--warmup-start", OPT_FLOAT, &a.warmup_start, "X", "warm-up start factor (default 0.1)", 0, NULL};
   opts[n++] = (cli_opt){"--augment", OPT_ONOFF, &a.augment, "on|off", "random crop (pad 4) and flip (default: on for CIFAR)", 0, &a.augment_given};
-  opts[n++] = (cli_opt){"--normalize", OPT_ONOFF, &a.normalize, "on|off", "per-channel mean/std normalisation (default on)", 0, NULL};
   opts[n++] = (cli_opt){"--metrics", OPT_STRING, &a.metrics, "FILE", "write one JSON object per epoch to FILE", 0, NULL};
   opts[n++] = (cli_opt){"--save", OPT_STRING, &a.save, "FILE", "save the trained weights (safetensors)", 0, NULL};
   opts[n++] = (cli_opt){"--checkpoint-dir", OPT_STRING, &a.checkpoint_dir, "DIR", "save a checkpoint at each epoch end (and on SIGINT/SIGTERM) in DIR", 0, NULL};
@@ -227,7 +225,7 @@ int cmd_train(int argc, char **argv) {
   ampc_loader_opts_default(&lo);
   lo.batch_size = (int)a.c.batch_size;
   lo.seed = a.c.seed;
-  lo.normalize = a.normalize;
+  lo.normalize = a.c.normalize;
   lo.random_crop_padding = augment ? 4 : 0;
   lo.hflip = augment;
   ampc_value xv = ampc_model_input(s.model), yv = ampc_model_labels(s.model), lossv = ampc_model_loss(s.model);
