@@ -22,7 +22,7 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* At most this many arguments are passed (train has ~45 options). */
+/* At most this many arguments are passed (train has ~50 options). */
 #define FUZZ_MAX_ARGS 128
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -45,7 +45,10 @@ typedef struct {
   int epochs;
   const char *optimizer, *lr_schedule, *metrics, *save;
   float lr, momentum, weight_decay, beta1, beta2, eps, dampening, gamma, eta_min, warmup_start;
-  int nesterov, amsgrad, augment, augment_given, normalize, quiet;
+  int nesterov, amsgrad, augment, augment_given, quiet;
+  const char *checkpoint_dir, *resume, *on_nonfinite;
+  int64_t save_every;
+  int keep;
   int64_t step_size, warmup;
   int lr_given, wd_given, beta1_given, beta2_given, eps_given;
 } train_args;
@@ -70,9 +73,13 @@ static int build_table(train_args *a, cli_opt *opts) {
   opts[n++] = (cli_opt){"--warmup", OPT_I64, &a->warmup, "N", "warm-up epochs", 0, NULL};
   opts[n++] = (cli_opt){"--warmup-start", OPT_FLOAT, &a->warmup_start, "X", "warm-up start", 0, NULL};
   opts[n++] = (cli_opt){"--augment", OPT_ONOFF, &a->augment, "on|off", "augment", 0, &a->augment_given};
-  opts[n++] = (cli_opt){"--normalize", OPT_ONOFF, &a->normalize, "on|off", "normalize", 0, NULL};
   opts[n++] = (cli_opt){"--metrics", OPT_STRING, &a->metrics, "FILE", "metrics", 0, NULL};
   opts[n++] = (cli_opt){"--save", OPT_STRING, &a->save, "FILE", "save", 0, NULL};
+  opts[n++] = (cli_opt){"--checkpoint-dir", OPT_STRING, &a->checkpoint_dir, "DIR", "checkpoints", 0, NULL};
+  opts[n++] = (cli_opt){"--save-every", OPT_I64, &a->save_every, "N", "save every N steps", 1, NULL};
+  opts[n++] = (cli_opt){"--keep", OPT_INT, &a->keep, "K", "keep K checkpoints", 1, NULL};
+  opts[n++] = (cli_opt){"--resume", OPT_STRING, &a->resume, "FILE|DIR", "resume", 0, NULL};
+  opts[n++] = (cli_opt){"--on-nonfinite", OPT_STRING, &a->on_nonfinite, "stop|skip", "on inf/NaN", 0, NULL};
   opts[n++] = (cli_opt){"--quiet", OPT_FLAG, &a->quiet, NULL, "quiet", 0, NULL};
   opts[n] = (cli_opt){0};
   return n;
@@ -110,6 +117,8 @@ static void check_values(train_args *a) {
   sched.warmup_start_factor = a->warmup_start;
   if (ampc_lr_schedule_validate(&sched) < 0) return;
   for (int e = 0; e < a->epochs && e < 4; e++) (void)ampc_lr_at(&sched, ocfg.lr, e);
+  if (a->on_nonfinite && strcmp(a->on_nonfinite, "skip") != 0 && strcmp(a->on_nonfinite, "stop") != 0)
+    return;
   ampc_dataset_kind dk;
   (void)ampc_dataset_kind_parse(a->c.dataset, &dk);
 }
@@ -134,7 +143,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   a.epochs = 3;
   a.optimizer = "adam";
   a.lr_schedule = "constant";
-  a.normalize = 1;
   a.gamma = 0.1f;
   a.step_size = 30;
   a.warmup_start = 0.1f;
@@ -144,7 +152,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (pr == 0) {
     /* The minimums in the table hold for every accepted value. */
     if (a.epochs < 1 || a.c.batch_size < 1 || a.step_size < 1 || a.c.grad_accum < 1 ||
-        a.lr < 0 || a.warmup < 0) {
+        a.lr < 0 || a.warmup < 0 || a.save_every < 0 || a.keep < 0) {
       /* fd 2, not stderr: that stream is /dev/null here. */
       dprintf(2, "fuzz: cli_parse accepted a value below its minimum\n");
       abort();

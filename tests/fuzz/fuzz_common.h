@@ -3,7 +3,9 @@
  *
  * The readers take folders, not buffers, so each input goes through the file
  * system; the folder lives on for the process (libFuzzer calls the target
- * millions of times) and is removed at exit. */
+ * millions of times) and is removed at a normal exit. A crash, an
+ * out-of-memory or a timeout ends the process without atexit handlers and
+ * leaves $TMPDIR/ampc-fuzz-XXXXXX (a few KB) behind. */
 #ifndef AMPC_FUZZ_COMMON_H
 #define AMPC_FUZZ_COMMON_H
 

@@ -164,6 +164,8 @@ def make_cli():
         "o3_master": ["--opt-level", "O3", "--master-weights", "on", "--stochastic-rounding"],
         "onoff": ["--augment", "off", "--normalize", "1", "--quiet", "--amp-report",
                   "--grad-accum", "4", "--clip-grad-norm", "1.0"],
+        "checkpoints": ["--checkpoint-dir", "ck", "--save-every", "10", "--keep", "2",
+                        "--on-nonfinite", "skip", "--resume", "ck"],
         "help": ["--help"],
         "bad_int": ["--epochs", "abc"],
         "negative": ["--epochs", "-1"],
