@@ -89,6 +89,8 @@ typedef struct ampc_model ampc_model;
 
 /* The built-in model names, comma separated: "mlp, cnn, resnet18". */
 const char *ampc_model_names(void);
+/* 1 if name is a built-in model. */
+int ampc_model_known(const char *name);
 ampc_status ampc_model_create(ampc_model **out, const char *name, const ampc_model_opts *o);
 void ampc_model_free(ampc_model *m);
 const char *ampc_model_name(const ampc_model *m);

@@ -1,6 +1,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <omp.h>
@@ -78,6 +79,10 @@ static int parse_value(const cli_opt *o, const char *v) {
       double x = strtod(v, &end);
       if (!*v || *end || errno || !isfinite(x)) {
         cli_error("%s: expected a number, got '%s'", o->name, v);
+        return -1;
+      }
+      if (fabs(x) > FLT_MAX) {
+        cli_error("%s: %s is too large for a 32-bit float", o->name, v);
         return -1;
       }
       if (x < o->min) {

@@ -7,7 +7,7 @@
 static int open_dataset(const cli_common *c, int train, ampc_dataset **out) {
   ampc_dataset_kind kind;
   if (ampc_dataset_kind_parse(c->dataset, &kind) < 0) {
-    cli_lib_error("--dataset");
+    cli_lib_error(NULL);
     return -1;
   }
   const char *dir = c->data ? c->data : ampc_dataset_default_dir(kind);
@@ -24,7 +24,16 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
   memset(s, 0, sizeof *s);
   s->normalize = c->normalize;
   cli_set_threads(c->threads);
+  /* everything that can be checked without the data is checked before it is read */
   if (cli_amp_config(c, &s->amp_cfg) < 0) return -1;
+  if (!ampc_model_known(c->model)) {
+    cli_error("--model: unknown model '%s' (expected one of: %s)", c->model, ampc_model_names());
+    return -1;
+  }
+  if (!(c->label_smoothing >= 0.0f && c->label_smoothing <= 1.0f)) {
+    cli_error("--label-smoothing: %g is outside [0, 1]", c->label_smoothing);
+    return -1;
+  }
   if (need_train && open_dataset(c, 1, &s->train) < 0) return -1;
   if (need_test && open_dataset(c, 0, &s->test) < 0) return -1;
   const ampc_dataset *d = s->train ? s->train : s->test;

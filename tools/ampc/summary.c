@@ -17,6 +17,11 @@ int cmd_summary(int argc, char **argv) {
   };
   int pr = cli_parse("summary", "--model NAME [options]", opts, argc, argv);
   if (pr) return pr > 0 ? 0 : 2;
+  /* the summary builds the model: keep it to sizes that fit in memory */
+  if (classes > 100000 || size > 4096 || channels > 4096 || batch > 4096) {
+    cli_error("summary: --classes (at most 100000), --size, --channels and --batch-size (at most 4096) are too large");
+    return 2;
+  }
   int is_resnet = strcmp(model, "resnet18") == 0;
   if (!channels) channels = is_resnet ? 3 : 1;
   if (!size) size = is_resnet ? 32 : 28;

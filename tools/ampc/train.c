@@ -207,6 +207,17 @@ int cmd_train(int argc, char **argv) {
       snprintf(resume_path, sizeof resume_path, "%s", a.resume);
     }
   }
+  if (a.save) {
+    /* find out now, not after training, that the weights cannot be written */
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", a.save);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    if (access(slash ? (dir[0] ? dir : "/") : ".", W_OK) != 0) {
+      cli_error("--save: cannot write into the folder of '%s': %s", a.save, strerror(errno));
+      return 1;
+    }
+  }
   FILE *mf = NULL;
   if (a.metrics && !(mf = fopen(a.metrics, a.resume ? "a" : "w"))) {
     cli_error("--metrics: cannot open '%s' for writing", a.metrics);

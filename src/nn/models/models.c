@@ -63,6 +63,12 @@ static const struct {
 
 const char *ampc_model_names(void) { return "mlp, cnn, resnet18"; }
 
+int ampc_model_known(const char *name) {
+  for (size_t i = 0; name && i < sizeof model_table / sizeof model_table[0]; i++)
+    if (strcmp(name, model_table[i].name) == 0) return 1;
+  return 0;
+}
+
 ampc_status ampc_model_create(ampc_model **out, const char *name, const ampc_model_opts *o) {
   *out = NULL;
   size_t which = sizeof model_table / sizeof model_table[0];
