@@ -26,6 +26,8 @@ typedef struct {
   const char *prefix; /* "fashion-mnist" */
   char name[64];      /* the file's name in messages: "train-images-idx3-ubyte.gz" */
   char path[4096];
+  uint64_t size;      /* the most data the file can hold: its size, or for a
+                       * gzip the most its compressed size can expand to */
 } idx_file;
 
 /* Opens dir/base or else dir/base.gz. */
@@ -40,6 +42,13 @@ static ampc_status idx_open(idx_file *x, const char *prefix, const char *dir, co
     struct stat st;
     if (stat(x->path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
     snprintf(x->name, sizeof x->name, "%s%s", base, suffixes[i]);
+    x->size = UINT64_MAX;
+    if (suffixes[i][0] == '\0') {
+      x->size = (uint64_t)st.st_size;
+    } else {
+      /* deflate expands at most about 1032:1, which bounds what a gzip can hold */
+      x->size = (uint64_t)st.st_size * 1032 + 64;
+    }
     x->f = gzopen(x->path, "rb");
     if (!x->f)
       return ampc__error(AMPC_EIO, "%s: cannot open %s: %s", prefix, x->path,
@@ -152,6 +161,14 @@ static ampc_status idx_load(ampc_dataset **out, ampc_dataset_kind kind, const ch
 
   size_t n = idims[0];
   if (limit && limit < n) n = limit;
+  /* refuse a header that claims more than the file holds before allocating for it */
+  uint64_t need_im = 16 + (uint64_t)n * hw, need_lb = 8 + (uint64_t)n;
+  if (im->size != UINT64_MAX && need_im > im->size)
+    return ampc__error(AMPC_EFORMAT, "%s: %s: truncated: expected %llu bytes of image data, got %llu", prefix, im->name,
+                       (unsigned long long)(need_im - 16), (unsigned long long)(im->size > 16 ? im->size - 16 : 0));
+  if (lb->size != UINT64_MAX && need_lb > lb->size)
+    return ampc__error(AMPC_EFORMAT, "%s: %s: truncated: expected %llu bytes of label data, got %llu", prefix, lb->name,
+                       (unsigned long long)(need_lb - 8), (unsigned long long)(lb->size > 8 ? lb->size - 8 : 0));
   ampc_dataset *d;
   AMPC_TRY(ampc__dataset_alloc(&d, kind, n, 1, (int)idims[1], (int)idims[2], IDX_CLASSES));
   ampc_status s = idx_data(im, d->images, n * hw, "image");
