@@ -11,6 +11,8 @@ if ! command -v clang >/dev/null || ! echo 'int LLVMFuzzerTestOneInput(const cha
   echo "skipped: clang with libFuzzer not available (apt-get install clang libclang-rt-14-dev)"
   echo "0 passed, 0 failed"; exit 0
 fi
-AMPC_FUZZ_BUILD="$dir/build-fuzz" bash "$src/tests/fuzz/run.sh" "${AMPC_FUZZ_SECONDS:-30}"; rc=$?
+# the targets' scratch files go in this test's own folder
+mkdir -p "$dir/tmp"
+TMPDIR="$dir/tmp" AMPC_FUZZ_BUILD="$dir/build-fuzz" bash "$src/tests/fuzz/run.sh" "${AMPC_FUZZ_SECONDS:-30}"; rc=$?
 if [ $rc = 0 ]; then echo "1 passed, 0 failed"; else echo "0 passed, 1 failed"; fi
 exit $rc

@@ -11,7 +11,9 @@
 
 #include <dirent.h>
 #include <stdint.h>
+#include <errno.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -52,6 +54,7 @@ static void fuzz_write(const char *name, const uint8_t *p, size_t n) {
   char path[512];
   snprintf(path, sizeof path, "%s/%s", fuzz_dir(), name);
   FILE *f = fopen(path, "wb");
+  if (!f && errno == ENOENT && mkdir(fuzz__dir, 0700) == 0) f = fopen(path, "wb"); /* the folder was removed under us */
   if (!f || (n && fwrite(p, 1, n, f) != n) || fclose(f) != 0) {
     perror("fuzz: writing the input file");
     abort();
