@@ -3,9 +3,9 @@
  * tests/fixtures/resnet18_state_dict_keys.txt), default initialisation,
  * refused options, and a forward/backward that runs.
  *
- * The references: /work/shared/reference/pytorch_resnet18_step.py (the CIFAR
+ * The references: the reference training script (bench/pytorch_resnet18.py is the same model) (the CIFAR
  * ResNet-18, 11,173,962 parameters for 10 classes) and
- * /work/shared/reference/pytorch_fmnist_cnn.py (an nn.Sequential of 12
+ * the reference Fashion-MNIST script (bench/pytorch_fmnist_cnn.py) (an nn.Sequential of 12
  * modules, 421,834 parameters for 1x28x28 inputs and 10 classes).
  */
 #include <math.h>
