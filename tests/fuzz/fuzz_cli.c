@@ -5,8 +5,8 @@
  * data is read and nothing is trained.
  *
  * The input is argv[1..]: the arguments separated by NUL bytes, e.g.
- * "--epochs\0" "3\0" "--lr=0.1". The table below copies train.c's (only
- * their destinations differ); keep it in step when train gains options.
+ * "--epochs\0" "3\0" "--lr=0.1". The table and the checks are train's own
+ * (tools/ampc/train_args.c), so the target follows train's options.
  *
  * The parser prints its errors and --help to stdout/stderr; the target points
  * the stdio streams at /dev/null (libFuzzer and the sanitizers keep writing
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "train_args.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -40,85 +40,17 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
-typedef struct {
-  cli_common c;
-  int epochs;
-  const char *optimizer, *lr_schedule, *metrics, *save;
-  float lr, momentum, weight_decay, beta1, beta2, eps, dampening, gamma, eta_min, warmup_start;
-  int nesterov, amsgrad, augment, augment_given, quiet;
-  const char *checkpoint_dir, *resume, *on_nonfinite;
-  int64_t save_every;
-  int keep;
-  int64_t step_size, warmup;
-  int lr_given, wd_given, beta1_given, beta2_given, eps_given;
-} train_args;
-
-static int build_table(train_args *a, cli_opt *opts) {
-  int n = cli_common_opts(&a->c, opts, 1);
-  opts[n++] = (cli_opt){"--epochs", OPT_INT, &a->epochs, "N", "epochs", 1, NULL};
-  opts[n++] = (cli_opt){"--optimizer", OPT_STRING, &a->optimizer, "NAME", "optimizer", 0, NULL};
-  opts[n++] = (cli_opt){"--lr", OPT_FLOAT, &a->lr, "X", "learning rate", 0, &a->lr_given};
-  opts[n++] = (cli_opt){"--momentum", OPT_FLOAT, &a->momentum, "X", "momentum", 0, NULL};
-  opts[n++] = (cli_opt){"--dampening", OPT_FLOAT, &a->dampening, "X", "dampening", 0, NULL};
-  opts[n++] = (cli_opt){"--nesterov", OPT_FLAG, &a->nesterov, NULL, "nesterov", 0, NULL};
-  opts[n++] = (cli_opt){"--weight-decay", OPT_FLOAT, &a->weight_decay, "X", "weight decay", 0, &a->wd_given};
-  opts[n++] = (cli_opt){"--beta1", OPT_FLOAT, &a->beta1, "X", "beta1", 0, &a->beta1_given};
-  opts[n++] = (cli_opt){"--beta2", OPT_FLOAT, &a->beta2, "X", "beta2", 0, &a->beta2_given};
-  opts[n++] = (cli_opt){"--eps", OPT_FLOAT, &a->eps, "X", "eps", 0, &a->eps_given};
-  opts[n++] = (cli_opt){"--amsgrad", OPT_FLAG, &a->amsgrad, NULL, "amsgrad", 0, NULL};
-  opts[n++] = (cli_opt){"--lr-schedule", OPT_STRING, &a->lr_schedule, "NAME", "schedule", 0, NULL};
-  opts[n++] = (cli_opt){"--step-size", OPT_I64, &a->step_size, "N", "step size", 1, NULL};
-  opts[n++] = (cli_opt){"--gamma", OPT_FLOAT, &a->gamma, "X", "gamma", 0, NULL};
-  opts[n++] = (cli_opt){"--eta-min", OPT_FLOAT, &a->eta_min, "X", "eta min", 0, NULL};
-  opts[n++] = (cli_opt){"--warmup", OPT_I64, &a->warmup, "N", "warm-up epochs", 0, NULL};
-  opts[n++] = (cli_opt){"--warmup-start", OPT_FLOAT, &a->warmup_start, "X", "warm-up start", 0, NULL};
-  opts[n++] = (cli_opt){"--augment", OPT_ONOFF, &a->augment, "on|off", "augment", 0, &a->augment_given};
-  opts[n++] = (cli_opt){"--metrics", OPT_STRING, &a->metrics, "FILE", "metrics", 0, NULL};
-  opts[n++] = (cli_opt){"--save", OPT_STRING, &a->save, "FILE", "save", 0, NULL};
-  opts[n++] = (cli_opt){"--checkpoint-dir", OPT_STRING, &a->checkpoint_dir, "DIR", "checkpoints", 0, NULL};
-  opts[n++] = (cli_opt){"--save-every", OPT_I64, &a->save_every, "N", "save every N steps", 1, NULL};
-  opts[n++] = (cli_opt){"--keep", OPT_INT, &a->keep, "K", "keep K checkpoints", 1, NULL};
-  opts[n++] = (cli_opt){"--resume", OPT_STRING, &a->resume, "FILE|DIR", "resume", 0, NULL};
-  opts[n++] = (cli_opt){"--on-nonfinite", OPT_STRING, &a->on_nonfinite, "stop|skip", "on inf/NaN", 0, NULL};
-  opts[n++] = (cli_opt){"--quiet", OPT_FLAG, &a->quiet, NULL, "quiet", 0, NULL};
-  opts[n] = (cli_opt){0};
-  return n;
-}
-
 /* What cmd_train checks after parsing and before opening the data. */
-static void check_values(train_args *a) {
+static void check_values(const train_args *a) {
   ampc_amp_config acfg;
   if (cli_amp_config(&a->c, &acfg) < 0) return;
   char desc[512];
   ampc_amp_config_describe(&acfg, desc, sizeof desc);
-  ampc_optim_kind kind;
-  if (ampc_optim_kind_parse(a->optimizer, &kind) < 0) return;
   ampc_optim_config ocfg;
-  ampc_optim_config_default(&ocfg, kind);
-  ocfg.lr = a->lr_given ? a->lr : 1e-3f;
-  ocfg.momentum = a->momentum;
-  ocfg.dampening = a->dampening;
-  ocfg.nesterov = a->nesterov;
-  ocfg.amsgrad = a->amsgrad;
-  if (a->wd_given) ocfg.weight_decay = a->weight_decay;
-  if (a->beta1_given) ocfg.beta1 = a->beta1;
-  if (a->beta2_given) ocfg.beta2 = a->beta2;
-  if (a->eps_given) ocfg.eps = a->eps;
-  if (ampc_optim_config_validate(&ocfg) < 0) return;
-  ampc_lr_kind lk;
-  if (ampc_lr_kind_parse(a->lr_schedule, &lk) < 0) return;
   ampc_lr_schedule sched;
-  ampc_lr_schedule_default(&sched, lk);
-  sched.step_size = a->step_size;
-  sched.gamma = a->gamma;
-  sched.t_max = a->epochs - a->warmup > 0 ? a->epochs - a->warmup : 1;
-  sched.eta_min = a->eta_min;
-  sched.warmup = a->warmup;
-  sched.warmup_start_factor = a->warmup_start;
-  if (ampc_lr_schedule_validate(&sched) < 0) return;
+  int skip;
+  if (train_args_check(a, &ocfg, &sched, &skip) < 0) return;
   for (int e = 0; e < a->epochs && e < 4; e++) (void)ampc_lr_at(&sched, ocfg.lr, e);
-  if (a->on_nonfinite && strcmp(a->on_nonfinite, "skip") != 0 && strcmp(a->on_nonfinite, "stop") != 0)
-    return;
   ampc_dataset_kind dk;
   (void)ampc_dataset_kind_parse(a->c.dataset, &dk);
 }
@@ -138,16 +70,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   argv[argc] = NULL;
 
   train_args a;
-  memset(&a, 0, sizeof a);
-  cli_common_defaults(&a.c);
-  a.epochs = 3;
-  a.optimizer = "adam";
-  a.lr_schedule = "constant";
-  a.gamma = 0.1f;
-  a.step_size = 30;
-  a.warmup_start = 0.1f;
+  train_args_init(&a);
   cli_opt opts[64];
-  build_table(&a, opts);
+  train_args_opts(&a, opts);
   int pr = cli_parse("train", "[options]", opts, argc, argv);
   if (pr == 0) {
     /* The minimums in the table hold for every accepted value. */

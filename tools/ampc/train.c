@@ -11,6 +11,7 @@
 
 #include "ampc/checkpoint.h"
 #include "session.h"
+#include "train_args.h"
 
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) { stop_requested = sig; }
@@ -78,18 +79,6 @@ static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc
   return 0;
 }
 
-typedef struct {
-  cli_common c;
-  int epochs;
-  const char *optimizer, *lr_schedule, *metrics, *save;
-  float lr, momentum, weight_decay, beta1, beta2, eps, dampening, gamma, eta_min, warmup_start;
-  int nesterov, amsgrad, augment, augment_given, quiet;
-  const char *checkpoint_dir, *resume, *on_nonfinite;
-  int64_t save_every;
-  int keep;
-  int64_t step_size, warmup;
-  int lr_given, wd_given, beta1_given, beta2_given, eps_given;
-} train_args;
 
 static void progress(int tty, int epoch, int64_t b, int64_t nb, double loss, double ips, double eta) {
   if (tty) {
@@ -106,91 +95,16 @@ static void progress(int tty, int epoch, int64_t b, int64_t nb, double loss, dou
 
 int cmd_train(int argc, char **argv) {
   train_args a;
-  memset(&a, 0, sizeof a);
-  cli_common_defaults(&a.c);
-  a.epochs = 3;
-  a.optimizer = "adam";
-  a.lr_schedule = "constant";
-  a.gamma = 0.1f;
-  a.step_size = 30;
-  a.warmup_start = 0.1f;
+  train_args_init(&a);
   cli_opt opts[64];
-  int n = cli_common_opts(&a.c, opts, 1);
-  opts[n++] = (cli_opt){"--epochs", OPT_INT, &a.epochs, "N", "epochs (default 3)", 1, NULL};
-  opts[n++] = (cli_opt){"--optimizer", OPT_STRING, &a.optimizer, "NAME", "sgd, adam or adamw (default adam)", 0, NULL};
-  opts[n++] = (cli_opt){"--lr", OPT_FLOAT, &a.lr, "X", "learning rate (default 1e-3)", 0, &a.lr_given};
-  opts[n++] = (cli_opt){"--momentum", OPT_FLOAT, &a.momentum, "X", "SGD momentum (default 0)", 0, NULL};
-  opts[n++] = (cli_opt){"--dampening", OPT_FLOAT, &a.dampening, "X", "SGD dampening (default 0)", 0, NULL};
-  opts[n++] = (cli_opt){"--nesterov", OPT_FLAG, &a.nesterov, NULL, "SGD Nesterov momentum", 0, NULL};
-  opts[n++] = (cli_opt){"--weight-decay", OPT_FLOAT, &a.weight_decay, "X", "weight decay (default 0; adamw 1e-2)", 0, &a.wd_given};
-  opts[n++] = (cli_opt){"--beta1", OPT_FLOAT, &a.beta1, "X", "Adam beta1 (default 0.9)", 0, &a.beta1_given};
-  opts[n++] = (cli_opt){"--beta2", OPT_FLOAT, &a.beta2, "X", "Adam beta2 (default 0.999)", 0, &a.beta2_given};
-  opts[n++] = (cli_opt){"--eps", OPT_FLOAT, &a.eps, "X", "Adam eps (default 1e-8)", 0, &a.eps_given};
-  opts[n++] = (cli_opt){"--amsgrad", OPT_FLAG, &a.amsgrad, NULL, "Adam AMSGrad", 0, NULL};
-  opts[n++] = (cli_opt){"--lr-schedule", OPT_STRING, &a.lr_schedule, "NAME", "constant, step or cosine, per epoch (default constant)", 0, NULL};
-  opts[n++] = (cli_opt){"--step-size", OPT_I64, &a.step_size, "N", "step schedule: epochs between decays (default 30)", 1, NULL};
-  opts[n++] = (cli_opt){"--gamma", OPT_FLOAT, &a.gamma, "X", "step schedule: decay factor (default 0.1)", 0, NULL};
-  opts[n++] = (cli_opt){"--eta-min", OPT_FLOAT, &a.eta_min, "X", "cosine schedule: final learning rate (default 0)", 0, NULL};
-  opts[n++] = (cli_opt){"--warmup", OPT_I64, &a.warmup, "N", "linear warm-up epochs (default 0)", 0, NULL};
-  opts[n++] = (cli_opt){"--warmup-start", OPT_FLOAT, &a.warmup_start, "X", "warm-up start factor (default 0.1)", 0, NULL};
-  opts[n++] = (cli_opt){"--augment", OPT_ONOFF, &a.augment, "on|off", "random crop (pad 4) and flip (default: on for CIFAR)", 0, &a.augment_given};
-  opts[n++] = (cli_opt){"--metrics", OPT_STRING, &a.metrics, "FILE", "write one JSON object per epoch to FILE", 0, NULL};
-  opts[n++] = (cli_opt){"--save", OPT_STRING, &a.save, "FILE", "save the trained weights (safetensors)", 0, NULL};
-  opts[n++] = (cli_opt){"--checkpoint-dir", OPT_STRING, &a.checkpoint_dir, "DIR", "save a checkpoint at each epoch end (and on SIGINT/SIGTERM) in DIR", 0, NULL};
-  opts[n++] = (cli_opt){"--save-every", OPT_I64, &a.save_every, "N", "also save every N optimizer steps", 1, NULL};
-  opts[n++] = (cli_opt){"--keep", OPT_INT, &a.keep, "K", "keep only the last K checkpoints (default: all)", 1, NULL};
-  opts[n++] = (cli_opt){"--resume", OPT_STRING, &a.resume, "FILE|DIR", "continue a run from a checkpoint (a folder: its latest)", 0, NULL};
-  opts[n++] = (cli_opt){"--on-nonfinite", OPT_STRING, &a.on_nonfinite, "stop|skip", "without a dynamic loss scale: stop (default) or skip steps with inf/NaN gradients", 0, NULL};
-  opts[n++] = (cli_opt){"--quiet", OPT_FLAG, &a.quiet, NULL, "no progress output", 0, NULL};
-  opts[n] = (cli_opt){0};
+  train_args_opts(&a, opts);
   int pr = cli_parse("train", "[options]", opts, argc, argv);
   if (pr) return pr > 0 ? 0 : 2;
 
   ampc_optim_config ocfg;
-  ampc_optim_kind kind;
-  if (ampc_optim_kind_parse(a.optimizer, &kind) < 0) {
-    cli_lib_error("--optimizer");
-    return 2;
-  }
-  ampc_optim_config_default(&ocfg, kind);
-  ocfg.lr = a.lr_given ? a.lr : 1e-3f;
-  ocfg.momentum = a.momentum;
-  ocfg.dampening = a.dampening;
-  ocfg.nesterov = a.nesterov;
-  ocfg.amsgrad = a.amsgrad;
-  if (a.wd_given) ocfg.weight_decay = a.weight_decay;
-  if (a.beta1_given) ocfg.beta1 = a.beta1;
-  if (a.beta2_given) ocfg.beta2 = a.beta2;
-  if (a.eps_given) ocfg.eps = a.eps;
-  if (ampc_optim_config_validate(&ocfg) < 0) {
-    cli_lib_error(NULL);
-    return 2;
-  }
   ampc_lr_schedule sched;
-  ampc_lr_kind lk;
-  if (ampc_lr_kind_parse(a.lr_schedule, &lk) < 0) {
-    cli_lib_error("--lr-schedule");
-    return 2;
-  }
-  ampc_lr_schedule_default(&sched, lk);
-  sched.step_size = a.step_size;
-  sched.gamma = a.gamma;
-  sched.t_max = a.epochs - a.warmup > 0 ? a.epochs - a.warmup : 1;
-  sched.eta_min = a.eta_min;
-  sched.warmup = a.warmup;
-  sched.warmup_start_factor = a.warmup_start;
-  if (ampc_lr_schedule_validate(&sched) < 0) {
-    cli_lib_error("--lr-schedule");
-    return 2;
-  }
-  int skip_nonfinite = 0;
-  if (a.on_nonfinite) {
-    if (strcmp(a.on_nonfinite, "skip") == 0) skip_nonfinite = 1;
-    else if (strcmp(a.on_nonfinite, "stop") != 0) {
-      cli_error("--on-nonfinite: expected stop or skip, got '%s'", a.on_nonfinite);
-      return 2;
-    }
-  }
+  int skip_nonfinite;
+  if (train_args_check(&a, &ocfg, &sched, &skip_nonfinite) < 0) return 2;
   char resume_path[1024] = "";
   if (a.resume) {
     struct stat sb;
@@ -255,7 +169,7 @@ int cmd_train(int argc, char **argv) {
   if (!a.quiet) {
     fprintf(stderr, "ampc: model %s (%lld parameters), %s %zu train / %zu test images, batch %lld, %s\n",
             ampc_model_name(s.model), (long long)ampc_model_param_count(s.model), a.c.dataset,
-            ampc_dataset_count(s.train), ampc_dataset_count(s.test), (long long)a.c.batch_size, ampc_optim_kind_name(kind));
+            ampc_dataset_count(s.train), ampc_dataset_count(s.test), (long long)a.c.batch_size, ampc_optim_kind_name(ocfg.kind));
     fprintf(stderr, "ampc: amp %s\n", desc);
     fprintf(stderr, "ampc: ");
     cli_print_memory(stderr, &mem);
