@@ -19,6 +19,12 @@ static void on_signal(int sig) { stop_requested = sig; }
 #define CKPT_PREFIX "ckpt-step-"
 #define CKPT_SUFFIX ".safetensors"
 
+/* 1 (and its step) if name is a checkpoint file of ours. */
+static int checkpoint_step(const char *name, long long *step) {
+  char tail[32];
+  return sscanf(name, CKPT_PREFIX "%lld%31s", step, tail) == 2 && strcmp(tail, CKPT_SUFFIX) == 0;
+}
+
 /* The checkpoint of the highest step in dir into out; 0 if found. */
 static int latest_checkpoint(const char *dir, char *out, size_t len) {
   DIR *d = opendir(dir);
@@ -27,8 +33,7 @@ static int latest_checkpoint(const char *dir, char *out, size_t len) {
   struct dirent *e;
   while ((e = readdir(d))) {
     long long st;
-    char tail[32];
-    if (sscanf(e->d_name, CKPT_PREFIX "%lld%31s", &st, tail) == 2 && strcmp(tail, CKPT_SUFFIX) == 0 && st > best) {
+    if (checkpoint_step(e->d_name, &st) && st > best) {
       best = st;
       snprintf(out, len, "%s/%s", dir, e->d_name);
     }
@@ -48,8 +53,7 @@ static void prune_checkpoints(const char *dir, int keep) {
     struct dirent *e;
     while ((e = readdir(d))) {
       long long st;
-      char tail[32];
-      if (sscanf(e->d_name, CKPT_PREFIX "%lld%31s", &st, tail) == 2 && strcmp(tail, CKPT_SUFFIX) == 0) {
+      if (checkpoint_step(e->d_name, &st)) {
         count++;
         if (oldest < 0 || st < oldest) {
           oldest = st;
