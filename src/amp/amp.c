@@ -240,8 +240,14 @@ static int check_pass(ampc_amp *a, float gmul, double *sumsq, int with_stats) {
   return any_inf;
 }
 
+/* What the step multiplies the gradients by to unscale them: with several
+ * losses each was unscaled as it was folded; with one, it happens here. */
+static float step_unscale(const ampc_amp *a) {
+  return a->mgrad && a->cfg.num_losses > 1 ? 1.0f : ampc_scaler_inv_scale(&a->scalers[0]);
+}
+
 int ampc_amp_unscaled_grads(ampc_amp *a, float *out) {
-  float gmul = a->mgrad && a->cfg.num_losses > 1 ? 1.0f : ampc_scaler_inv_scale(&a->scalers[0]);
+  float gmul = step_unscale(a);
   int bad = 0;
   for (size_t ci = 0; ci < a->nchunks; ci++) {
     const amp_chunk *c = &a->chunks[ci];
@@ -269,8 +275,7 @@ ampc_status ampc_amp_step(ampc_amp *a, float lr, ampc_amp_step_info *info) {
   memset(info, 0, sizeof *info);
   if (!a->opt) return ampc__error(AMPC_ESTATE, "amp: step without an optimizer");
   if (!(lr >= 0.0f) || !isfinite(lr)) return ampc__error(AMPC_EINVAL, "amp: learning rate %g", lr);
-  /* with one loss the unscale happens here; several were unscaled when folded */
-  float unscale = a->mgrad && a->cfg.num_losses > 1 ? 1.0f : ampc_scaler_inv_scale(&a->scalers[0]);
+  float unscale = step_unscale(a);
   double sumsq = 0.0;
   int found = check_pass(a, unscale, &sumsq, a->mgrad == NULL);
   for (int k = 0; k < a->cfg.num_losses; k++) found |= a->loss_inf[k];
