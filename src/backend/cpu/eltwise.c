@@ -76,13 +76,10 @@ ampc_status ampc__cpu_add_bwd(const ampc__op_call *c) {
   return AMPC_OK;
 }
 
+/* Straight from one storage type to the other, block by block. */
 ampc_status ampc__cpu_cast_fwd(const ampc__op_call *c) {
   int64_t total = ampc_tensor_numel(&c->out);
-  FOR_BLOCKS(c, total, {
-    const float *x = cpu_load(&c->in[0], i0, n, t0);
-    for (size_t i = 0; i < n; i++) t1[i] = x[i];
-    cpu_store(&c->out, i0, t1, n, 0, NULL);
-  });
+  FOR_BLOCKS(c, total, { ampc_convert(c->out.dtype, cpu_at(&c->out, i0), c->in[0].dtype, cpu_at(&c->in[0], i0), n); });
   return AMPC_OK;
 }
 
