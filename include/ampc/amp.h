@@ -63,6 +63,9 @@ const ampc_amp_config *ampc_amp_get_config(const ampc_amp *a);
 /* Forward pass (training = 1 uses batch statistics). */
 ampc_status ampc_amp_forward(ampc_amp *a, int training);
 /* scale_loss + backward for loss_id: gradients of loss * scale[loss_id].
+ * With f32 gradient buffers (master weights, or several losses) the model's
+ * gradients are folded into them before this returns: what the step reads
+ * then is those f32 gradients, not ampc_graph_grad()'s.
  * accumulate = 0 starts a new step's gradients, 1 adds this micro-batch (or
  * this second loss) to them; the unscale happens once, at step time. */
 ampc_status ampc_amp_backward(ampc_amp *a, ampc_value loss, int loss_id, int accumulate);

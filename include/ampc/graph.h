@@ -161,7 +161,9 @@ ampc_status ampc_graph_forward(ampc_graph *g, int training);
 ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int accumulate);
 /* Sets every parameter gradient to zero. */
 void ampc_graph_zero_grad(ampc_graph *g);
-/* Number of threads the kernels use (default: OpenMP's). */
+/* Number of threads the kernels use (default: OpenMP's). The workspace is
+ * sized at compile for the count then in force; after compile a larger count
+ * is clamped to it. */
 void ampc_graph_set_threads(ampc_graph *g, int n);
 
 /* Per-op-kind wall time of forward and backward kernels, summed since
