@@ -37,6 +37,7 @@ typedef struct {
   float seed;                         /* d(loss) for the loss op's backward */
   double *timers;                     /* profiling: conv backward data [0], weights [1] */
   int64_t *grad_stats;                /* weight gradients stored: [0] values, [1] underflowed */
+  int conv_algo;                      /* ampc_conv_algo the graph asks for */
 } ampc__op_call;
 
 typedef ampc_status (*ampc__kernel_fn)(const ampc__op_call *c);

@@ -760,6 +760,7 @@ static ampc__op_call make_call(const ampc_graph *g, const ampc__value *v, int64_
   c.ws = g->ws;
   c.ws_size = g->ws_bytes;
   c.nthreads = g->nthreads;
+  c.conv_algo = g->conv_algo;
   return c;
 }
 
@@ -842,6 +843,14 @@ ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int 
 
 void ampc_graph_zero_grad(ampc_graph *g) {
   if (g->grad_arena) memset(g->grad_arena, 0, g->grad_bytes);
+}
+
+ampc_status ampc_graph_set_conv_algo(ampc_graph *g, ampc_conv_algo a) {
+  if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: the convolution algorithm must be chosen before compile");
+  if (a != AMPC_CONV_AUTO && a != AMPC_CONV_IM2COL && a != AMPC_CONV_WINOGRAD)
+    return ampc__error(AMPC_EINVAL, "graph: unknown convolution algorithm %d", (int)a);
+  g->conv_algo = a;
+  return AMPC_OK;
 }
 
 ampc_status ampc_graph_set_retain_grads(ampc_graph *g, int on) {

@@ -40,6 +40,7 @@ struct ampc_graph {
   int profiling;
   int fuse;              /* fuse ReLUs into batch norm / add (default on) */
   int retain_grads;      /* every activation gradient its own buffer */
+  int conv_algo;         /* ampc_conv_algo */
   unsigned char *bw_reach, *bw_written; /* per backward: ops that reach the loss, gradients written */
   double t_fwd[AMPC_OP_COUNT], t_bwd[AMPC_OP_COUNT];
   double t_conv_split[2];

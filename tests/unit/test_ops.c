@@ -175,6 +175,9 @@ static const op_case CASES[] = {
      * element-wise ops run in several blocks */
     {.name = "conv3x3_16x16", .k = K_CONV, .n = 4, .c = 8, .h = 16, .w = 16, .o = 8, .ks = 3, .stride = 1, .pad = 1, .bias = 1},
     {.name = "conv1x1_s2", .k = K_CONV, .n = 3, .c = 4, .h = 5, .w = 5, .o = 3, .ks = 1, .stride = 2},
+    {.name = "conv3x3_s1_p2", .k = K_CONV, .n = 2, .c = 3, .h = 4, .w = 5, .o = 2, .ks = 3, .stride = 1, .pad = 2},
+    /* enough channels that the default algorithm is Winograd; odd planes */
+    {.name = "conv3x3_24ch", .k = K_CONV, .n = 3, .c = 24, .h = 9, .w = 11, .o = 20, .ks = 3, .stride = 1, .pad = 1, .bias = 1},
     {.name = "bn_train", .k = K_BN_TRAIN, .n = 3, .c = 3, .h = 5, .w = 5},
     {.name = "bn_train_odd", .k = K_BN_TRAIN, .n = 2, .c = 4, .h = 3, .w = 7},
     {.name = "bn_eval", .k = K_BN_EVAL, .n = 2, .c = 3, .h = 5, .w = 6},
@@ -246,6 +249,11 @@ static void fill_input(net *t, ampc_value v, uint64_t stream, float lo, float hi
   ampc_store_f32(tx.dtype, tx.data, rand_vec(stream, n, lo, hi), n);
 }
 
+/* The convolution algorithm graphs are built with, and the Winograd chunk
+ * size (tiles; 0 = the library's choice), a hook of the CPU backend. */
+static ampc_conv_algo test_conv_algo = AMPC_CONV_AUTO;
+extern int64_t ampc__cpu_wino_tile_target;
+
 /* Records the op graph for batch n, compiles it with precision pr and fills
  * the inputs. threads > 0 is set before compile. Returns 0 when it worked. */
 static int build(net *t, const op_case *cs, const ampc_graph_precision *pr, int64_t n, int threads) {
@@ -256,6 +264,7 @@ static int build(net *t, const op_case *cs, const ampc_graph_precision *pr, int6
   if (!t->g) return -1;
   ampc_graph *g = t->g;
   if (threads > 0) ampc_graph_set_threads(g, threads);
+  CHECK_OK(ampc_graph_set_conv_algo(g, test_conv_algo));
   t->h = op_input(g, "x", "P", in_shape(cs, n), S_P, pr->act_type, &t->x, &t->p);
   t->labels = ampc_graph_labels(g, "y", n);
   int64_t fan_in = cs->c * (cs->k == K_CONV ? cs->ks * cs->ks : 1);
@@ -746,6 +755,25 @@ static void run_kind(kind k) {
 }
 
 TEST(conv2d) { run_kind(K_CONV); }
+/* Every case again with the plain im2col path forced, and with Winograd
+ * forced wherever it applies (stride 1, 3x3): with the default chunks, with
+ * chunks that cut a sample into bands of tile rows, and with chunks of
+ * several samples. */
+TEST(conv2d_im2col) {
+  test_conv_algo = AMPC_CONV_IM2COL;
+  run_kind(K_CONV);
+  test_conv_algo = AMPC_CONV_AUTO;
+}
+TEST(conv2d_winograd) {
+  static const int64_t targets[] = {0, 7, 20};
+  test_conv_algo = AMPC_CONV_WINOGRAD;
+  for (int i = 0; i < 3; i++) {
+    ampc__cpu_wino_tile_target = targets[i];
+    run_kind(K_CONV);
+  }
+  ampc__cpu_wino_tile_target = 0;
+  test_conv_algo = AMPC_CONV_AUTO;
+}
 TEST(batchnorm2d_train) { run_kind(K_BN_TRAIN); }
 /* PyTorch's eval-mode batch norm is differentiable with the running
  * statistics as constants: dx = dy * gamma / sqrt(running_var + eps). */
@@ -1294,7 +1322,7 @@ TEST(op_names_and_policies) {
   CHECK(ampc_op_cast_policy(AMPC_OP_RELU) == AMPC_CAST_POLICY_KEEP);
 }
 
-TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu),
+TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu),
           TEST_ENTRY(maxpool2d), TEST_ENTRY(avgpool2d), TEST_ENTRY(global_avgpool), TEST_ENTRY(linear),
           TEST_ENTRY(add), TEST_ENTRY(flatten), TEST_ENTRY(softmax), TEST_ENTRY(log_softmax),
           TEST_ENTRY(cross_entropy), TEST_ENTRY(cast), TEST_ENTRY(set_batch_matches_smaller_graph),

@@ -40,6 +40,7 @@ typedef struct {
   int threads;
   float label_smoothing;
   int normalize;
+  const char *conv;     /* convolution algorithm: auto, im2col, winograd */
   /* amp */
   const char *opt_level, *half, *loss_scale;
   int keep_bn_fp32_given, master_weights_given;

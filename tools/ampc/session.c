@@ -56,6 +56,14 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
   }
   s->g = ampc_model_graph(s->model);
   if (c->threads > 0) ampc_graph_set_threads(s->g, c->threads);
+  ampc_conv_algo algo = AMPC_CONV_AUTO;
+  if (strcmp(c->conv, "im2col") == 0) algo = AMPC_CONV_IM2COL;
+  else if (strcmp(c->conv, "winograd") == 0) algo = AMPC_CONV_WINOGRAD;
+  else if (strcmp(c->conv, "auto") != 0) {
+    cli_error("--conv: unknown algorithm '%s' (expected auto, im2col or winograd)", c->conv);
+    return -1;
+  }
+  ampc_graph_set_conv_algo(s->g, algo);
   if (ocfg && ampc_optim_create(&s->opt, ocfg, ampc_graph_param_numel(s->g)) < 0) {
     cli_lib_error("optimizer");
     return -1;

@@ -31,7 +31,7 @@ typedef struct {
   size_t off_y, off_dcols, off_dw, off_db, off_xs, off_dxs;
 } conv_geom;
 
-enum { CONV_MIN_COLS = 256, CONV_MAX_COL_BYTES = 4 << 20 };
+enum { CONV_MIN_COLS = 256, CONV_MAX_COL_BYTES = 4 << 20, CONV_WINO_MIN_CHANNELS = 16 };
 
 static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
   conv_geom g;
@@ -69,9 +69,27 @@ static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
   return g;
 }
 
-size_t ampc__cpu_conv2d_ws(const ampc__op_call *c, int nthreads) {
+/* Winograd where the graph asks for it, or (AUTO) where it is faster: with
+ * few channels the transforms cost more than the products they save. */
+static int use_winograd(const ampc__op_call *c) {
+  if (c->conv_algo == AMPC_CONV_IM2COL || !ampc__cpu_wino_applies(c)) return 0;
+  if (c->conv_algo == AMPC_CONV_WINOGRAD) return 1;
+  return c->in[0].shape.d[1] >= CONV_WINO_MIN_CHANNELS && c->in[1].shape.d[0] >= CONV_WINO_MIN_CHANNELS;
+}
+
+/* At run time: Winograd when chosen and the workspace laid out at compile
+ * holds it. */
+static int run_winograd(const ampc__op_call *c) {
+  return use_winograd(c) && c->ws_size >= ampc__cpu_wino_ws(c, c->nthreads);
+}
+
+static size_t im2col_ws(const ampc__op_call *c, int nthreads) {
   conv_geom g = conv_geometry(c, nthreads);
   return (g.shared + g.per_thread * (size_t)g.nt) * sizeof(float);
+}
+
+size_t ampc__cpu_conv2d_ws(const ampc__op_call *c, int nthreads) {
+  return use_winograd(c) ? ampc__cpu_wino_ws(c, nthreads) : im2col_ws(c, nthreads);
 }
 
 /* cols[row][col0 + (oy-oy0)*OW + ox] for output rows [oy0, oy1) of one staged
@@ -162,6 +180,7 @@ static const float *gather_dy(const conv_geom *g, const ampc_tensor *dy, int64_t
 }
 
 ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
+  if (run_winograd(c)) return ampc__cpu_wino_fwd(c);
   conv_geom g = conv_geometry(c, c->nthreads);
   const float *wf = weight_f32(c, &g);
   const ampc_tensor *x = &c->in[0], *y = &c->out;
@@ -212,6 +231,7 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
 /* Backward in two passes, each parallel over groups: the weight (and bias)
  * gradient, then the input gradient. */
 ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
+  if (run_winograd(c)) return ampc__cpu_wino_bwd(c);
   conv_geom g = conv_geometry(c, c->nthreads);
   const ampc_tensor *x = &c->in[0], *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
