@@ -144,17 +144,12 @@ ampc_status ampc_graph_set_fusion(ampc_graph *g, int on);
  * activation is meaningful only during backward. Parameter gradients are
  * always kept. Before compile. */
 ampc_status ampc_graph_set_retain_grads(ampc_graph *g, int on);
-/* How convolutions are computed. AUTO (the default) uses Winograd for
- * stride-1 3x3 kernels where it is faster and im2col matrix products
- * elsewhere; IM2COL forces the plain path (the reference the Winograd ones are
- * tested against); WINOGRAD_2X2 / WINOGRAD_4X4 use F(2x2, 3x3) or F(4x4, 3x3)
- * wherever they apply (stride 1, 3x3, padding 0..2). Before compile. */
-typedef enum {
-  AMPC_CONV_AUTO = 0,
-  AMPC_CONV_IM2COL = 1,
-  AMPC_CONV_WINOGRAD_2X2 = 2,
-  AMPC_CONV_WINOGRAD_4X4 = 3
-} ampc_conv_algo;
+/* How convolutions are computed. AUTO (the default) uses Winograd
+ * F(4x4, 3x3) for stride-1 3x3 kernels where it is faster and im2col matrix
+ * products elsewhere; IM2COL forces the plain path (the reference Winograd is
+ * tested against); WINOGRAD uses it wherever it applies (stride 1, 3x3,
+ * padding 0..2). Before compile. */
+typedef enum { AMPC_CONV_AUTO = 0, AMPC_CONV_IM2COL = 1, AMPC_CONV_WINOGRAD = 2 } ampc_conv_algo;
 ampc_status ampc_graph_set_conv_algo(ampc_graph *g, ampc_conv_algo a);
 /* Must be called before compile; the default is all f32. */
 ampc_status ampc_graph_set_precision(ampc_graph *g, const ampc_graph_precision *p);

@@ -847,7 +847,7 @@ void ampc_graph_zero_grad(ampc_graph *g) {
 
 ampc_status ampc_graph_set_conv_algo(ampc_graph *g, ampc_conv_algo a) {
   if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: the convolution algorithm must be chosen before compile");
-  if (a < AMPC_CONV_AUTO || a > AMPC_CONV_WINOGRAD_4X4)
+  if (a < AMPC_CONV_AUTO || a > AMPC_CONV_WINOGRAD)
     return ampc__error(AMPC_EINVAL, "graph: unknown convolution algorithm %d", (int)a);
   g->conv_algo = a;
   return AMPC_OK;

@@ -58,10 +58,9 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
   if (c->threads > 0) ampc_graph_set_threads(s->g, c->threads);
   ampc_conv_algo algo = AMPC_CONV_AUTO;
   if (strcmp(c->conv, "im2col") == 0) algo = AMPC_CONV_IM2COL;
-  else if (strcmp(c->conv, "winograd2") == 0) algo = AMPC_CONV_WINOGRAD_2X2;
-  else if (strcmp(c->conv, "winograd4") == 0 || strcmp(c->conv, "winograd") == 0) algo = AMPC_CONV_WINOGRAD_4X4;
+  else if (strcmp(c->conv, "winograd") == 0) algo = AMPC_CONV_WINOGRAD;
   else if (strcmp(c->conv, "auto") != 0) {
-    cli_error("--conv: unknown algorithm '%s' (expected auto, im2col, winograd2 or winograd4)", c->conv);
+    cli_error("--conv: unknown algorithm '%s' (expected auto, im2col or winograd)", c->conv);
     return -1;
   }
   ampc_graph_set_conv_algo(s->g, algo);

@@ -72,7 +72,7 @@ static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
 /* Winograd where the graph asks for it, or (AUTO) where it is faster: with
  * few channels the transforms cost more than the products they save. */
 static int use_winograd(const ampc__op_call *c) {
-  if (c->conv_algo == AMPC_CONV_IM2COL || !ampc__cpu_wino_tile(c)) return 0;
+  if (c->conv_algo == AMPC_CONV_IM2COL || !ampc__cpu_wino_applies(c)) return 0;
   if (c->conv_algo != AMPC_CONV_AUTO) return 1;
   return c->in[0].shape.d[1] >= CONV_WINO_MIN_CHANNELS && c->in[1].shape.d[0] >= CONV_WINO_MIN_CHANNELS;
 }

@@ -140,7 +140,7 @@ static inline float *cpu_ws_slice(const ampc__op_call *c, int tid, size_t floats
 ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c);
 size_t ampc__cpu_conv2d_ws(const ampc__op_call *c, int nthreads);
-int ampc__cpu_wino_tile(const ampc__op_call *c);
+int ampc__cpu_wino_applies(const ampc__op_call *c);
 size_t ampc__cpu_wino_ws(const ampc__op_call *c, int nthreads);
 ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c);
