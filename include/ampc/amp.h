@@ -91,6 +91,9 @@ float *ampc_amp_master_weights(ampc_amp *a);
 void ampc_amp_param_values(ampc_amp *a, float *out);
 /* Sets every parameter (masters and the model copy) from f32 values. */
 ampc_status ampc_amp_load_params(ampc_amp *a, const float *values);
+/* Gradient statistics (values, underflow, max_abs) since the last reset; the
+ * underflow counts need ampc_amp_set_grad_stats(a, 1) first. */
+void ampc_amp_set_grad_stats(ampc_amp *a, int on);
 void ampc_amp_get_grad_stats(ampc_amp *a, ampc_amp_grad_stats *st, int reset);
 /* Everything the training step holds: the graph's bytes plus master weights,
  * master gradients and optimizer state. */

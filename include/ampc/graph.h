@@ -180,7 +180,10 @@ void ampc_graph_op_times(const ampc_graph *g, double fwd[AMPC_OP_COUNT], double 
 
 /* Gradient values backward stored into 16-bit tensors since the last reset
  * (those non-zero in f32), and how many of them became zero or subnormal
- * there: what a 16-bit gradient loses without (enough) loss scaling. */
+ * there: what a 16-bit gradient loses without (enough) loss scaling. Counted
+ * only while counting is on (off by default: it costs a pass over every
+ * 16-bit gradient). */
+void ampc_graph_set_grad_underflow_counting(ampc_graph *g, int on);
 void ampc_graph_grad_underflow(ampc_graph *g, int64_t *values, int64_t *underflow, int reset);
 /* Convolution backward split in its two products (seconds, with profiling). */
 void ampc_graph_conv_backward_times(const ampc_graph *g, double *data, double *weights);

@@ -352,6 +352,8 @@ ampc_status ampc_amp_load_params(ampc_amp *a, const float *values) {
   return AMPC_OK;
 }
 
+void ampc_amp_set_grad_stats(ampc_amp *a, int on) { ampc_graph_set_grad_underflow_counting(a->g, on); }
+
 void ampc_amp_get_grad_stats(ampc_amp *a, ampc_amp_grad_stats *st, int reset) {
   /* the underflow count comes from the kernels, which see each weight gradient
    * in f32 before it is rounded to its storage type */

@@ -835,11 +835,13 @@ ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int 
       written[r] = 1;
     }
     c.timers = g->profiling ? g->t_conv_split : NULL;
-    c.grad_stats = g->grad_stats;
+    c.grad_stats = g->count_underflow ? g->grad_stats : NULL;
     AMPC_TRY(run_kernel(g, g->be->bwd[v->op], &c, g->t_bwd, "backward"));
   }
   return AMPC_OK;
 }
+
+void ampc_graph_set_grad_underflow_counting(ampc_graph *g, int on) { g->count_underflow = on != 0; }
 
 void ampc_graph_zero_grad(ampc_graph *g) {
   if (g->grad_arena) memset(g->grad_arena, 0, g->grad_bytes);

@@ -44,6 +44,7 @@ struct ampc_graph {
   unsigned char *bw_reach, *bw_written; /* per backward: ops that reach the loss, gradients written */
   double t_fwd[AMPC_OP_COUNT], t_bwd[AMPC_OP_COUNT];
   double t_conv_split[2];
+  int count_underflow;   /* backward fills grad_stats */
   int64_t grad_stats[2];  /* weight-gradient values stored, and those lost to underflow */
   int ws_threads;        /* threads the workspace was sized for */
   const ampc__backend *be;

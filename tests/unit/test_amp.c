@@ -821,6 +821,7 @@ static int underflow_run(const ampc_amp_config *cfg, int steps, uf_result *res) 
   set_input(&r, x);
   set_labels(&r, y);
   float *w0 = param_values(&r);
+  ampc_amp_set_grad_stats(r.amp, 1);
   for (int s = 0; s < steps; s++) {
     CHECK_OK(ampc_amp_forward(r.amp, 1));
     if (s == 0) res->loss0 = loss_of(&r);

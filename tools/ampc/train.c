@@ -202,6 +202,7 @@ int cmd_train(int argc, char **argv) {
   int64_t last_skip_report = -1, skip_repeats = 0;
   int accum = a.c.grad_accum;
   ampc_amp_set_loss_weight(s.amp, 1.0f / (float)accum);
+  ampc_amp_set_grad_stats(s.amp, a.c.amp_report);
   int is_static = !s.amp_cfg.loss_scale_dynamic;
   for (int epoch = (int)ts.epoch; epoch < a.epochs && rc == 0; epoch++) {
     float lr = ampc_lr_at(&sched, ocfg.lr, epoch);

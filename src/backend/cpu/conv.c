@@ -31,7 +31,7 @@ typedef struct {
   size_t off_y, off_dcols, off_dw, off_db, off_xs, off_dxs;
 } conv_geom;
 
-enum { CONV_MIN_COLS = 256, CONV_MAX_COL_BYTES = 4 << 20, CONV_WINO_MIN_CHANNELS = 16 };
+enum { CONV_MIN_COLS = 256, CONV_MAX_COL_BYTES = 4 << 20, CONV_WINO_MIN_CHANNELS = 8 };
 
 static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
   conv_geom g;

@@ -131,13 +131,7 @@ size_t ampc__cpu_wino_ws(const ampc__op_call *c, int nthreads) {
 
 /* ---- the transforms, one dimension, on 8 channels at once ---- */
 
-/* The tile loops are built twice, for AVX2 and for the baseline, and the
- * loader picks one. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(AMPC_NO_CLONES)
-#define WG_VECTOR __attribute__((target_clones("avx2", "default")))
-#else
-#define WG_VECTOR
-#endif
+#define WG_VECTOR CPU_VECTOR
 
 /* v = B^T d */
 static inline void in1(const v8 d[6], v8 v[6]) {

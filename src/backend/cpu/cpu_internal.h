@@ -134,6 +134,14 @@ static inline float *cpu_ws_slice(const ampc__op_call *c, int tid, size_t floats
   return (float *)c->ws + shared_floats + (size_t)tid * floats_per_thread;
 }
 
+/* Hot loops written to vectorise are built twice, for AVX2 and for the
+ * baseline; the loader picks one at run time. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(AMPC_NO_CLONES)
+#define CPU_VECTOR __attribute__((target_clones("avx2", "default")))
+#else
+#define CPU_VECTOR
+#endif
+
 #define CPU_CHUNK 1024 /* elements per block in element-wise kernels */
 
 /* Kernels, by file. */

@@ -152,6 +152,28 @@ ampc_status ampc__cpu_pool_fwd(const ampc__op_call *c) {
   return AMPC_OK;
 }
 
+/* The gradient of one row of 2x2 windows: each window's dy goes to its
+ * first maximum (a NaN beats any number), the other three get zero. Written
+ * without branches so that it vectorises. */
+CPU_VECTOR static void pool2_bwd_row(const float *r0, const float *r1, const float *dy, int64_t OW, float *d0, float *d1) {
+  for (int64_t ox = 0; ox < OW; ox++) {
+    float a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1], g = dy[ox], bv = a;
+    int w = 0, t;
+    t = b > bv || (b != b && bv == bv);
+    bv = t ? b : bv;
+    w = t ? 1 : w;
+    t = c > bv || (c != c && bv == bv);
+    bv = t ? c : bv;
+    w = t ? 2 : w;
+    t = d > bv || (d != d && bv == bv);
+    w = t ? 3 : w;
+    d0[2 * ox] = w == 0 ? g : 0.0f;
+    d0[2 * ox + 1] = w == 1 ? g : 0.0f;
+    d1[2 * ox] = w == 2 ? g : 0.0f;
+    d1[2 * ox + 1] = w == 3 ? g : 0.0f;
+  }
+}
+
 /* Max pooling's gradient goes to the first maximum of each window (as
  * PyTorch's), found again from the input rather than stored. */
 ampc_status ampc__cpu_pool_bwd(const ampc__op_call *c) {
@@ -166,27 +188,19 @@ ampc_status ampc__cpu_pool_bwd(const ampc__op_call *c) {
     float *dyb = tmp + H * W;
     const float *x = is_max ? cpu_load(&c->in[0], pl * H * W, (size_t)(H * W), xb) : NULL;
     const float *dy = cpu_load(&c->dout, pl * OH * OW, (size_t)(OH * OW), dyb);
-    memset(dx, 0, (size_t)(H * W) * sizeof(float));
     if (is_max && k == 2 && s == 2 && p == 0) {
-      /* the first maximum of each 2x2 window, as the general path below picks it */
+      /* every element of dx written: the windows' winners get dy, the rest
+       * (and a last odd row or column outside every window) zero */
       for (int64_t oy = 0; oy < OH; oy++) {
-        const float *r0 = x + 2 * oy * W, *r1 = r0 + W;
-        for (int64_t ox = 0; ox < OW; ox++) {
-          int64_t i0 = 2 * oy * W + 2 * ox, best = i0;
-          float bv = r0[2 * ox];
-          const float cand[3] = {r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1]};
-          const int64_t at[3] = {i0 + 1, i0 + W, i0 + W + 1};
-          for (int q = 0; q < 3; q++)
-            if (cand[q] > bv || (isnan(cand[q]) && !isnan(bv))) {
-              bv = cand[q];
-              best = at[q];
-            }
-          dx[best] += dy[oy * OW + ox];
-        }
+        float *d0 = dx + 2 * oy * W;
+        pool2_bwd_row(x + 2 * oy * W, x + (2 * oy + 1) * W, dy + oy * OW, OW, d0, d0 + W);
+        if (W & 1) d0[W - 1] = d0[2 * W - 1] = 0.0f;
       }
+      if (H & 1) memset(dx + (H - 1) * W, 0, (size_t)W * sizeof(float));
       cpu_store_grad(c, &c->din[0], pl * H * W, dx, (size_t)(H * W), c->din_acc[0], tmp);
       continue;
     }
+    memset(dx, 0, (size_t)(H * W) * sizeof(float));
     for (int64_t oy = 0; oy < OH; oy++)
       for (int64_t ox = 0; ox < OW; ox++) {
         float g = dy[oy * OW + ox];
