@@ -184,6 +184,8 @@ static const op_case CASES[] = {
     {.name = "relu", .k = K_RELU, .n = 2, .c = 3, .h = 5, .w = 5},
     {.name = "maxpool_k2_s2", .k = K_MAXPOOL, .n = 2, .c = 3, .h = 6, .w = 6, .ks = 2, .stride = 2},
     {.name = "maxpool_k3_s2_p1", .k = K_MAXPOOL, .n = 2, .c = 2, .h = 7, .w = 7, .ks = 3, .stride = 2, .pad = 1},
+    /* wide enough for the vectorised 2x2 path (8 windows at a time) and its tail */
+    {.name = "maxpool_k2_s2_wide", .k = K_MAXPOOL, .n = 2, .c = 2, .h = 4, .w = 35, .ks = 2, .stride = 2},
     {.name = "maxpool_k2_s2_odd", .k = K_MAXPOOL, .n = 3, .c = 2, .h = 5, .w = 7, .ks = 2, .stride = 2},
     {.name = "avgpool_k2_s2", .k = K_AVGPOOL, .n = 2, .c = 3, .h = 6, .w = 6, .ks = 2, .stride = 2},
     {.name = "avgpool_k3_s2_p1", .k = K_AVGPOOL, .n = 2, .c = 2, .h = 7, .w = 5, .ks = 3, .stride = 2, .pad = 1},
@@ -1275,6 +1277,51 @@ TEST(backward_errors) {
 /* An explicit cast of a parameter (a weight kept in f32 and cast by the
  * model itself) is not batched: the convolution must see the whole weight
  * (4 output channels) at the built batch (3) and at a smaller one (2). */
+/* The 2x2 max-pool gradient goes to each window's first maximum, a NaN
+ * beating any number (PyTorch's choice), in the vectorised path (8 windows at
+ * a time) and its scalar tail alike: windows of ties, NaNs in every position,
+ * and plain maxima in every position. */
+TEST(maxpool_backward_ties_and_nan) {
+  enum { W = 2 * 21 }; /* 21 windows: two vectors of 8 and a tail of 5 */
+  float x[2 * W];
+  int winner[21];
+  for (int w = 0; w < 21; w++) {
+    float *r0 = x + 2 * w, *r1 = r0 + W;
+    int kind = w % 7, pos = (w / 7 + w) % 4;
+    r0[0] = r0[1] = r1[0] = r1[1] = 0.5f;
+    winner[w] = 0;                                       /* kind 0: four ties */
+    if (kind == 1) { r0[0] = r0[1] = r1[0] = r1[1] = -1.0f; }
+    float *cell[4] = {&r0[0], &r0[1], &r1[0], &r1[1]};
+    if (kind == 2 || kind == 3) { *cell[pos] = 2.0f; winner[w] = pos; }   /* one maximum */
+    if (kind == 4) { *cell[pos] = NAN; winner[w] = pos; }                 /* one NaN */
+    if (kind == 5) { *cell[3] = NAN; *cell[1] = NAN; winner[w] = 1; }     /* the first NaN */
+    if (kind == 6) { *cell[pos] = 2.0f; *cell[(pos + 1) % 4] = 2.0f; winner[w] = pos < 3 ? pos : 0; } /* a tie of two */
+  }
+  ampc_graph *g;
+  CHECK_OK(ampc_graph_create(&g));
+  ampc_value p = ampc_graph_param(g, "x", ampc_shape4(1, 1, 2, W), 0, x);
+  ampc_value y = ampc_graph_maxpool2d(g, p, 2, 2, 0);
+  float head[2 * 21] = {0};
+  for (int i = 0; i < 21; i++) head[i] = 1.0f; /* logit 0 = sum of the pooled values; logit 1 = 0 */
+  ampc_value hw = ampc_graph_param(g, "head", ampc_shape2(2, 21), 0, head);
+  ampc_value lab = ampc_graph_labels(g, "y", 1);
+  ampc_value loss = ampc_graph_cross_entropy(g, ampc_graph_linear(g, ampc_graph_flatten(g, y), hw, AMPC_VALUE_NONE), lab, 0.0f);
+  CHECK_OK(ampc_graph_compile(g));
+  if (ampc_graph_is_compiled(g)) {
+    ((int32_t *)ampc_graph_tensor(g, lab).data)[0] = 1;
+    CHECK_OK(ampc_graph_forward(g, 1));
+    CHECK_OK(ampc_graph_backward(g, loss, 1.0f, 0));
+    const float *dx = ampc_graph_grad(g, p).data;
+    for (int w = 0; w < 21; w++) {
+      const float *d[4] = {dx + 2 * w, dx + 2 * w + 1, dx + W + 2 * w, dx + W + 2 * w + 1};
+      for (int q = 0; q < 4; q++)
+        CHECK_MSG((*d[q] != 0.0f) == (q == winner[w]), "window %d: gradient %g at position %d, winner %d", w, (double)*d[q], q,
+                  winner[w]);
+    }
+  }
+  ampc_graph_free(g);
+}
+
 TEST(cast_of_param) {
   ctx_case = "conv(x, cast(w))";
   ctx_prec = "f32";
@@ -1322,7 +1369,7 @@ TEST(op_names_and_policies) {
   CHECK(ampc_op_cast_policy(AMPC_OP_RELU) == AMPC_CAST_POLICY_KEEP);
 }
 
-TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu),
+TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(maxpool_backward_ties_and_nan), TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu),
           TEST_ENTRY(maxpool2d), TEST_ENTRY(avgpool2d), TEST_ENTRY(global_avgpool), TEST_ENTRY(linear),
           TEST_ENTRY(add), TEST_ENTRY(flatten), TEST_ENTRY(softmax), TEST_ENTRY(log_softmax),
           TEST_ENTRY(cross_entropy), TEST_ENTRY(cast), TEST_ENTRY(set_batch_matches_smaller_graph),

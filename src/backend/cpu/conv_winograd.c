@@ -40,10 +40,9 @@ enum { WG_M = 4, WG_A = 6, WG_NP = 36, WG_VL = 8, WG_MIN_TILES = 96 };
  * for tests, which use it to exercise chunks of bands and of several samples. */
 int64_t ampc__cpu_wino_tile_target = 0;
 
-/* 8 floats; loads and stores through it may be unaligned and alias floats. */
-typedef float v8 __attribute__((vector_size(32), aligned(4), may_alias));
-#define LD(p) (*(const v8 *)(p))
-#define ST(p, v) (*(v8 *)(p) = (v))
+typedef cpu_v8 v8;
+#define LD(p) CPU_LD8(p)
+#define ST(p, v) CPU_ST8(p, v)
 
 static int64_t up8(int64_t n) { return (n + WG_VL - 1) / WG_VL * WG_VL; }
 

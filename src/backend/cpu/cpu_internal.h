@@ -142,6 +142,14 @@ static inline float *cpu_ws_slice(const ampc__op_call *c, int tid, size_t floats
 #define CPU_VECTOR
 #endif
 
+/* 8 floats (and 8 ints, for masks) as GCC/clang vector types; loads and
+ * stores through them may be unaligned and alias floats. */
+typedef float cpu_v8 __attribute__((vector_size(32), aligned(4), may_alias));
+typedef int cpu_v8i __attribute__((vector_size(32), aligned(4), may_alias));
+#define CPU_LD8(p) (*(const cpu_v8 *)(p))
+#define CPU_ST8(p, v) (*(cpu_v8 *)(p) = (v))
+#define CPU_SEL8(m, x, y) ((cpu_v8)(((cpu_v8i)(x) & (m)) | ((cpu_v8i)(y) & ~(m)))) /* m ? x : y, per lane */
+
 #define CPU_CHUNK 1024 /* elements per block in element-wise kernels */
 
 /* Kernels, by file. */

@@ -156,7 +156,33 @@ ampc_status ampc__cpu_pool_fwd(const ampc__op_call *c) {
  * first maximum (a NaN beats any number), the other three get zero. Written
  * without branches so that it vectorises. */
 CPU_VECTOR static void pool2_bwd_row(const float *r0, const float *r1, const float *dy, int64_t OW, float *d0, float *d1) {
-  for (int64_t ox = 0; ox < OW; ox++) {
+  int64_t ox = 0;
+  for (; ox + 8 <= OW; ox += 8) {
+    /* 8 windows: even and odd columns of both rows */
+    cpu_v8 p = CPU_LD8(r0 + 2 * ox), q = CPU_LD8(r0 + 2 * ox + 8), u = CPU_LD8(r1 + 2 * ox), v = CPU_LD8(r1 + 2 * ox + 8);
+    cpu_v8 a = __builtin_shufflevector(p, q, 0, 2, 4, 6, 8, 10, 12, 14), b = __builtin_shufflevector(p, q, 1, 3, 5, 7, 9, 11, 13, 15);
+    cpu_v8 c = __builtin_shufflevector(u, v, 0, 2, 4, 6, 8, 10, 12, 14), d = __builtin_shufflevector(u, v, 1, 3, 5, 7, 9, 11, 13, 15);
+    cpu_v8 g = CPU_LD8(dy + ox), bv = a;
+    cpu_v8i t = (b > bv) | ((b != b) & (bv == bv)), wb = t, wa = ~t, wc, wd;
+    bv = CPU_SEL8(t, b, bv);
+    t = (c > bv) | ((c != c) & (bv == bv));
+    bv = CPU_SEL8(t, c, bv);
+    wc = t;
+    wa &= ~t;
+    wb &= ~t;
+    t = (d > bv) | ((d != d) & (bv == bv));
+    wd = t;
+    wa &= ~t;
+    wb &= ~t;
+    wc &= ~t;
+    cpu_v8 ga = (cpu_v8)((cpu_v8i)g & wa), gb = (cpu_v8)((cpu_v8i)g & wb);
+    cpu_v8 gc = (cpu_v8)((cpu_v8i)g & wc), gd = (cpu_v8)((cpu_v8i)g & wd);
+    CPU_ST8(d0 + 2 * ox, __builtin_shufflevector(ga, gb, 0, 8, 1, 9, 2, 10, 3, 11));
+    CPU_ST8(d0 + 2 * ox + 8, __builtin_shufflevector(ga, gb, 4, 12, 5, 13, 6, 14, 7, 15));
+    CPU_ST8(d1 + 2 * ox, __builtin_shufflevector(gc, gd, 0, 8, 1, 9, 2, 10, 3, 11));
+    CPU_ST8(d1 + 2 * ox + 8, __builtin_shufflevector(gc, gd, 4, 12, 5, 13, 6, 14, 7, 15));
+  }
+  for (; ox < OW; ox++) {
     float a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1], g = dy[ox], bv = a;
     int w = 0, t;
     t = b > bv || (b != b && bv == bv);
