@@ -17,10 +17,24 @@ static bn_geom bn_geometry(const ampc__op_call *c) {
   return g;
 }
 
-/* per thread: staged x plane, dy plane, output plane */
+/* A channel's x and dy (all samples) are kept in f32 between the two passes
+ * of forward and backward when they fit, so that 16-bit values are converted
+ * once and the ReLU-masked gradient is not written back. */
+enum { BN_CACHE_FLOATS = 1 << 18 };
+
+static int bn_cache(const ampc__op_call *c, const bn_geom *g) {
+  return g->N * g->HW <= BN_CACHE_FLOATS &&
+         (c->in[0].dtype != AMPC_DTYPE_F32 || c->dout.dtype != AMPC_DTYPE_F32 || c->attr.relu);
+}
+
+/* per thread: staged x plane, dy plane, output planes, then the channel cache */
+static size_t bn_per_thread(const ampc__op_call *c, const bn_geom *g) {
+  return 4 * (size_t)g->HW + (bn_cache(c, g) ? 2 * (size_t)(g->N * g->HW) : 0);
+}
+
 size_t ampc__cpu_bn_ws(const ampc__op_call *c, int nthreads) {
   bn_geom g = bn_geometry(c);
-  return ((size_t)nthreads * 4 * (size_t)g.HW + 4 * (size_t)g.C + 64) * sizeof(float);
+  return ((size_t)nthreads * bn_per_thread(c, &g) + 4 * (size_t)g.C + 64) * sizeof(float);
 }
 
 /* dy of one plane. With a fused ReLU it is masked where the output is not
@@ -34,6 +48,16 @@ static const float *load_dy(const ampc__op_call *c, int64_t off, size_t n, float
   if (d == dys) ampc_load_f32(dys, c->dout.dtype, cpu_at(&c->dout, off), n);
   for (size_t i = 0; i < n; i++) d[i] = y[i] > 0.0f ? d[i] : 0.0f;
   if (d == dys) ampc_store_f32(c->dout.dtype, cpu_at(&c->dout, off), dys, n);
+  return d;
+}
+
+/* dy of one plane into the channel cache d, masked by a fused ReLU; the
+ * tensor itself when it is f32 and there is nothing to mask. */
+static const float *cache_dy(const ampc__op_call *c, int64_t off, size_t n, float *d, float *ys) {
+  if (!c->attr.relu) return cpu_load(&c->dout, off, n, d);
+  const float *y = cpu_load(&c->out, off, n, ys);
+  ampc_load_f32(d, c->dout.dtype, cpu_at(&c->dout, off), n);
+  for (size_t i = 0; i < n; i++) d[i] = y[i] > 0.0f ? d[i] : 0.0f;
   return d;
 }
 
@@ -52,9 +76,11 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
   size_t shared = 64;
   int64_t count = g.N * g.HW;
   if (c->training && count < 2) return ampc__error(AMPC_EINVAL, "batchnorm2d: training needs more than one value per channel (got %lld)", (long long)count);
+  size_t per = bn_per_thread(c, &g);
+  int cache = bn_cache(c, &g) && x->dtype != AMPC_DTYPE_F32;
 #pragma omp parallel for num_threads(c->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
-    float *xs = cpu_ws_slice(c, omp_get_thread_num(), 4 * (size_t)g.HW, shared), *ys = xs + 2 * g.HW;
+    float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *ys = xs + 2 * g.HW, *xc = xs + 4 * g.HW;
     float mean, invstd;
     if (c->training) {
       /* one pass: sums of (x - k) and (x - k)^2 around k, the channel's first
@@ -63,7 +89,7 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
       ampc_load_f32(&k0, x->dtype, cpu_at(x, ch * g.HW), 1);
       double sum = 0.0, sq = 0.0;
       for (int64_t n = 0; n < g.N; n++) {
-        const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, xs);
+        const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, cache ? xc + n * g.HW : xs);
         float a, b;
         cpu_sum_dev_sq(xp, k0, (size_t)g.HW, &a, &b);
         sum += a;
@@ -89,7 +115,7 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
     float scale = param_at(gamma, ch) * invstd, shift = param_at(beta, ch) - mean * scale;
     for (int64_t n = 0; n < g.N; n++) {
       int64_t off = (n * g.C + ch) * g.HW;
-      const float *xp = cpu_load(x, off, (size_t)g.HW, xs);
+      const float *xp = cache && c->training ? xc + n * g.HW : cpu_load(x, off, (size_t)g.HW, xs);
       float *yp = cpu_out(y, off, ys);
       for (int64_t i = 0; i < g.HW; i++) yp[i] = xp[i] * scale + shift;
       if (c->attr.relu)
@@ -112,16 +138,19 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
   int64_t count = g.N * g.HW;
   /* after an eval-mode forward the statistics are constants: dx = dy * gamma * invstd */
   int batch_stats = c->aux[2 * g.C] != 0.0f;
+  size_t per = bn_per_thread(c, &g);
+  int cache = bn_cache(c, &g);
+  int64_t NHW = g.N * g.HW;
 #pragma omp parallel for num_threads(c->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
-    float *xs = cpu_ws_slice(c, omp_get_thread_num(), 4 * (size_t)g.HW, shared), *dys = xs + g.HW, *out = dys + g.HW;
-    float *ys = out + g.HW;
+    float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *dys = xs + g.HW, *out = dys + g.HW;
+    float *ys = out + g.HW, *xc = ys + g.HW, *dc = xc + NHW;
     float mean = mean_s[ch], invstd = invstd_s[ch];
     double sdy = 0.0, sdyx = 0.0;
     for (int64_t n = 0; n < g.N; n++) {
       int64_t off = (n * g.C + ch) * g.HW;
-      const float *xp = cpu_load(x, off, (size_t)g.HW, xs);
-      const float *dp = load_dy(c, off, (size_t)g.HW, dys, ys, 1);
+      const float *xp = cpu_load(x, off, (size_t)g.HW, cache ? xc + n * g.HW : xs);
+      const float *dp = cache ? cache_dy(c, off, (size_t)g.HW, dc + n * g.HW, ys) : load_dy(c, off, (size_t)g.HW, dys, ys, 1);
       float a, b;
       cpu_sum_dy_dyx(dp, xp, mean, (size_t)g.HW, &a, &b);
       sdy += a;
@@ -135,8 +164,9 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
       float k = gm * invstd / (float)count;
       for (int64_t n = 0; n < g.N; n++) {
         int64_t off = (n * g.C + ch) * g.HW;
-        const float *xp = cpu_load(x, off, (size_t)g.HW, xs);
-        const float *dp = load_dy(c, off, (size_t)g.HW, dys, ys, 0);
+        const float *xp = cache && x->dtype != AMPC_DTYPE_F32 ? xc + n * g.HW : cpu_load(x, off, (size_t)g.HW, xs);
+        const float *dp = cache && (c->dout.dtype != AMPC_DTYPE_F32 || c->attr.relu) ? dc + n * g.HW
+                                                                                        : load_dy(c, off, (size_t)g.HW, dys, ys, 0);
         float *o = c->din_acc[0] ? out : cpu_out(dx, off, out);
         if (batch_stats) {
           for (int64_t i = 0; i < g.HW; i++) {
