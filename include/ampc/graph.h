@@ -151,6 +151,12 @@ ampc_status ampc_graph_set_retain_grads(ampc_graph *g, int on);
  * padding 0..2). Before compile. */
 typedef enum { AMPC_CONV_AUTO = 0, AMPC_CONV_IM2COL = 1, AMPC_CONV_WINOGRAD = 2 } ampc_conv_algo;
 ampc_status ampc_graph_set_conv_algo(ampc_graph *g, ampc_conv_algo a);
+/* Keeps a value readable after forward. By default the memory of an
+ * intermediate value that backward does not need (a batch norm's output that
+ * only feeds a residual add, a cast's input, ...) is reused once its last
+ * consumer has run; inputs, labels, values nothing consumes and every value
+ * under retain_grads are kept. Before compile. */
+ampc_status ampc_graph_keep(ampc_graph *g, ampc_value v);
 /* Must be called before compile; the default is all f32. */
 ampc_status ampc_graph_set_precision(ampc_graph *g, const ampc_graph_precision *p);
 ampc_status ampc_graph_compile(ampc_graph *g);

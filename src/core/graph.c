@@ -552,6 +552,109 @@ static int plan_free(plan_arena *a, size_t off, size_t len) {
   return 0;
 }
 
+/* Whether op v's backward reads its input j, or its own output. */
+static int bwd_reads_input(const ampc__value *v, int j) {
+  switch (v->op) {
+    case AMPC_OP_CONV2D:
+    case AMPC_OP_LINEAR:
+    case AMPC_OP_BATCHNORM2D:
+    case AMPC_OP_MAXPOOL2D:
+    case AMPC_OP_CROSS_ENTROPY: return 1;
+    default: return j < 0; /* relu, add, pools, softmax, cast: not their inputs */
+  }
+}
+static int bwd_reads_output(const ampc__value *v) {
+  switch (v->op) {
+    case AMPC_OP_RELU:
+    case AMPC_OP_SOFTMAX:
+    case AMPC_OP_LOG_SOFTMAX: return 1;
+    case AMPC_OP_BATCHNORM2D:
+    case AMPC_OP_ADD: return v->attr.relu; /* the fused ReLU's mask */
+    default: return 0;
+  }
+}
+
+/* Plans the activation arena. A value backward reads (or that the user may
+ * read: inputs, labels, values nothing consumes, kept ones, everything under
+ * retain_grads) lives from its op to the end; any other lives only until its
+ * last consumer has run in forward, and its memory is then reused. Sets
+ * v->act_off and returns the arena size and its bytes by type at the peak. */
+static ampc_status plan_activations(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
+  size_t nv = g->nv;
+  int64_t *last_use = malloc(nv * sizeof *last_use);
+  char *needed = calloc(nv, 1), *done = calloc(nv, 1);
+  size_t live_by_type[AMPC_DTYPE_COUNT] = {0};
+  plan_arena a = {0};
+  ampc_status st = AMPC_OK;
+  if (!last_use || !needed || !done) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
+  for (size_t i = 0; st == 0 && i < nv; i++) {
+    last_use[i] = -1;
+    g->v[i].act_off = SIZE_MAX;
+    const ampc__value *v = &g->v[i];
+    if (v->op == AMPC_OP_INPUT || v->op == AMPC_OP_LABELS || v->keep || g->retain_grads) needed[root_of(g, (ampc_value)i)] = 1;
+  }
+  for (size_t k = 0; st == 0 && k < g->norder; k++) {
+    ampc__value *v = &g->v[g->order[k]];
+    if (v->alias != AMPC_VALUE_NONE) continue;
+    for (int j = 0; j < v->n_in; j++) {
+      if (v->in[j] < 0) continue;
+      ampc_value r = root_of(g, v->in[j]);
+      last_use[r] = (int64_t)k;
+      if (bwd_reads_input(v, j)) needed[r] = 1;
+    }
+    if (bwd_reads_output(v)) needed[g->order[k]] = 1;
+  }
+  size_t peak = 0;
+  /* leaves and values outside the order first, for good */
+  for (size_t i = 0; st == 0 && i < nv; i++) {
+    ampc__value *v = &g->v[i];
+    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE) continue;
+    if (v->op != AMPC_OP_INPUT && v->op != AMPC_OP_LABELS) continue;
+    v->act_off = plan_alloc(&a, align64(value_bytes(v)));
+    live_by_type[v->dtype] += value_bytes(v);
+  }
+  for (size_t k = 0; st == 0 && k < g->norder; k++) {
+    ampc_value id = g->order[k];
+    ampc__value *v = &g->v[id];
+    if (v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX || v->op <= AMPC_OP_BUFFER) continue;
+    if (last_use[id] < 0) needed[id] = 1; /* an output: nothing consumes it */
+    v->act_off = plan_alloc(&a, align64(value_bytes(v)));
+    live_by_type[v->dtype] += value_bytes(v);
+    if (a.top > peak) {
+      peak = a.top;
+      memcpy(peak_by_type, live_by_type, sizeof live_by_type);
+    }
+    for (int j = 0; j < v->n_in; j++) {
+      if (v->in[j] < 0) continue;
+      ampc_value r = root_of(g, v->in[j]);
+      ampc__value *rv = &g->v[r];
+      if (needed[r] || done[r] || last_use[r] != (int64_t)k || rv->act_off == SIZE_MAX || rv->op <= AMPC_OP_BUFFER) continue;
+      done[r] = 1;
+      live_by_type[rv->dtype] -= value_bytes(rv);
+      if (plan_free(&a, rv->act_off, align64(value_bytes(rv))) < 0) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
+    }
+  }
+  if (a.top > peak) {
+    peak = a.top;
+    memcpy(peak_by_type, live_by_type, sizeof live_by_type);
+  }
+  /* anything left unplaced (not reached by the order) gets its own space */
+  for (size_t i = 0; st == 0 && i < nv; i++) {
+    ampc__value *v = &g->v[i];
+    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX) continue;
+    v->act_off = peak;
+    peak += align64(value_bytes(v));
+    peak_by_type[v->dtype] += value_bytes(v);
+  }
+  *arena = peak;
+  free(last_use);
+  free(needed);
+  free(done);
+  free(a.off);
+  free(a.len);
+  return st;
+}
+
 /* Plans the activation-gradient arena. The gradient of a value lives from its
  * last consumer's backward (which writes it first) to its own op's backward
  * (which reads it last); buffers whose lifetimes do not overlap share memory.
@@ -649,12 +752,10 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
     ampc__value *v = &g->v[i];
     if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER) pb += align64(value_bytes(v));
   }
-  /* activations: every op output except aliases; inputs and labels too */
-  for (size_t i = 0; i < g->nv; i++) {
-    ampc__value *v = &g->v[i];
-    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE) continue;
-    ab += align64(value_bytes(v));
-  }
+  /* activations: every op output except aliases, inputs and labels, planned */
+  size_t ab_by_type[AMPC_DTYPE_COUNT] = {0};
+  AMPC_TRY(plan_activations(g, &ab, ab_by_type));
+  size_t values_bytes = ab;
   size_t agb_by_type[AMPC_DTYPE_COUNT] = {0};
   AMPC_TRY(plan_activation_grads(g, &agb, agb_by_type));
   for (int t = 0; t < AMPC_DTYPE_COUNT; t++) g->bytes_by_type[3][t] = agb_by_type[t];
@@ -699,12 +800,12 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
         g->bytes_by_type[1][v->dtype] += nb;
       }
     } else if (v->alias == AMPC_VALUE_NONE) {
-      v->data = ap;
-      ap += align64(nb);
-      g->bytes_by_type[2][v->dtype] += nb;
+      v->data = ap + v->act_off;
       if (v->grad_off != SIZE_MAX) v->grad = agp + v->grad_off;
     }
   }
+  for (int t = 0; t < AMPC_DTYPE_COUNT; t++) g->bytes_by_type[2][t] += ab_by_type[t];
+  ap += values_bytes;
   for (size_t k = 0; k < g->norder; k++) {
     ampc__value *v = &g->v[g->order[k]];
     if (v->aux_floats) {
@@ -845,6 +946,13 @@ void ampc_graph_set_grad_underflow_counting(ampc_graph *g, int on) { g->count_un
 
 void ampc_graph_zero_grad(ampc_graph *g) {
   if (g->grad_arena) memset(g->grad_arena, 0, g->grad_bytes);
+}
+
+ampc_status ampc_graph_keep(ampc_graph *g, ampc_value v) {
+  if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: values to keep must be chosen before compile");
+  if (!valid(g, v)) return ampc__error(AMPC_EINVAL, "graph: keep of an invalid value %d", (int)v);
+  g->v[v].keep = 1;
+  return AMPC_OK;
 }
 
 ampc_status ampc_graph_set_conv_algo(ampc_graph *g, ampc_conv_algo a) {

@@ -23,6 +23,8 @@ typedef struct {
   size_t aux_floats;
   size_t param_offset;   /* params: offset in the flat element numbering */
   size_t grad_off;       /* activations: offset in the planned gradient arena */
+  size_t act_off;        /* activations: offset in the planned value arena */
+  int keep;              /* readable after forward even if backward does not need it */
 } ampc__value;
 
 struct ampc_graph {

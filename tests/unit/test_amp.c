@@ -90,6 +90,7 @@ static int rig_chain(rig *r, int64_t n, int64_t d, const int64_t *widths, const 
     in = widths[l];
   }
   r->logits = h;
+  ampc_graph_keep(r->g, h); /* the tests read the logits */
   r->loss = ampc_graph_cross_entropy(r->g, h, r->y, 0.0f);
   r->n = n;
   r->features = d;
@@ -808,6 +809,7 @@ static int underflow_run(const ampc_amp_config *cfg, int steps, uf_result *res) 
   r.y = ampc_graph_labels(r.g, "y", UF_N);
   ampc_value wv = ampc_graph_param(r.g, "fc.weight", ampc_shape2(UF_K, UF_D), 0, w);
   r.logits = ampc_graph_linear(r.g, r.x, wv, AMPC_VALUE_NONE);
+  ampc_graph_keep(r.g, r.logits); /* loss_of reads them */
   r.loss = ampc_graph_cross_entropy(r.g, r.logits, r.y, 0.0f);
   r.n = UF_N;
   r.features = UF_D;

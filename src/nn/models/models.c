@@ -92,6 +92,7 @@ ampc_status ampc_model_create(ampc_model **out, const char *name, const ampc_mod
     m->y = ampc_graph_labels(m->g, "y", o->batch);
     m->logits = model_table[which].build(m->nn, m->x, o->classes);
     m->loss = ampc_graph_cross_entropy(m->g, m->logits, m->y, o->label_smoothing);
+    ampc_graph_keep(m->g, m->logits); /* read for accuracy and by ampc grad */
     s = ampc_graph_status(m->g);
   }
   if (s < 0) {
