@@ -17,8 +17,10 @@
  * parameter and activation (O2: half model, f32 batch norm, input cast to half,
  * logits to f32 before the loss; O1: the per-op cast policy; O3: all half),
  * then compiles it. With master weights the optimizer owns f32 copies of every
- * parameter; backward's half gradients are folded into f32 master gradients,
- * unscaled per loss. step() makes one pass to find inf/NaN and the global norm
+ * parameter. With one backward per step the step reads the half gradients
+ * themselves (converting as it goes); once backward accumulates (micro-batches)
+ * or there are several losses, they are folded into f32 gradients, unscaled
+ * per loss. step() makes one pass to find inf/NaN and the global norm
  * and, when the gradients are finite, one fused pass that runs the optimizer on
  * the f32 masters and writes the half model copy. An overflowing step changes
  * nothing: weights, optimizer moments and step count stay bit-identical, the
@@ -63,9 +65,10 @@ const ampc_amp_config *ampc_amp_get_config(const ampc_amp *a);
 /* Forward pass (training = 1 uses batch statistics). */
 ampc_status ampc_amp_forward(ampc_amp *a, int training);
 /* scale_loss + backward for loss_id: gradients of loss * scale[loss_id].
- * With f32 gradient buffers (master weights, or several losses) the model's
- * gradients are folded into them before this returns: what the step reads
- * then is those f32 gradients, not ampc_graph_grad()'s.
+ * With f32 gradient buffers (several losses, or master weights once a
+ * backward accumulates: the buffer is made by the first such call) the
+ * model's gradients are folded into them before this returns: what the step
+ * reads then is those f32 gradients, not ampc_graph_grad()'s.
  * accumulate = 0 starts a new step's gradients, 1 adds this micro-batch (or
  * this second loss) to them; the unscale happens once, at step time. */
 ampc_status ampc_amp_backward(ampc_amp *a, ampc_value loss, int loss_id, int accumulate);

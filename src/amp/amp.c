@@ -95,7 +95,11 @@ ampc_status ampc_amp_initialize(ampc_amp **out, ampc_graph *g, ampc_optim *opt, 
     a->master = malloc((numel ? numel : 1) * sizeof(float));
     bad = !a->master;
   }
-  if (!bad && (a->master || cfg->num_losses > 1)) {
+  /* f32 gradients to fold into: needed with several losses (each unscaled by
+   * its own scale); with master weights only once backward accumulates
+   * (allocated then, see ampc_amp_backward) -- a single backward per step is
+   * read straight from the model's gradients, converted as the step goes */
+  if (!bad && cfg->num_losses > 1) {
     a->mgrad = calloc(numel ? numel : 1, sizeof(float));
     bad = !a->mgrad;
   }
@@ -153,15 +157,30 @@ static const float *grad_chunk(ampc_amp *a, const amp_param *p, const amp_chunk 
   return tmp;
 }
 
+static void fold(ampc_amp *a, float f, int accumulate, int loss_id, float scale);
+
 ampc_status ampc_amp_backward(ampc_amp *a, ampc_value loss, int loss_id, int accumulate) {
   if (loss_id < 0 || loss_id >= a->cfg.num_losses)
     return ampc__error(AMPC_EINVAL, "amp: loss id %d outside 0..%d (num_losses=%d)", loss_id, a->cfg.num_losses - 1, a->cfg.num_losses);
   float scale = ampc_scaler_scale(&a->scalers[loss_id]);
+  if (!a->mgrad && accumulate && a->master) {
+    /* the first accumulating backward: from now on gradients add up in f32,
+     * starting from the ones the model holds */
+    a->mgrad = calloc(a->numel ? a->numel : 1, sizeof(float));
+    if (!a->mgrad) return ampc__error(AMPC_ENOMEM, "amp: out of memory for %zu f32 gradients", a->numel);
+    fold(a, 1.0f, 0, loss_id, scale);
+  }
   if (!a->mgrad) return ampc_graph_backward(a->g, loss, scale * a->loss_weight, accumulate);
   AMPC_TRY(ampc_graph_backward(a->g, loss, scale * a->loss_weight, 0));
   /* Fold the model's gradients into the f32 ones. With several losses each is
    * unscaled by its own scale now; with one, the unscale waits for step(). */
-  float f = a->cfg.num_losses > 1 ? 1.0f / scale : 1.0f;
+  fold(a, a->cfg.num_losses > 1 ? 1.0f / scale : 1.0f, accumulate, loss_id, scale);
+  return AMPC_OK;
+}
+
+/* mgrad (+)= f * the model's gradients, noting non-finite values and the
+ * largest magnitude. */
+static void fold(ampc_amp *a, float f, int accumulate, int loss_id, float scale) {
   int any_inf = 0;
   float mx = 0.0f;
 #pragma omp parallel for schedule(static) reduction(| : any_inf) reduction(max : mx)
@@ -185,7 +204,6 @@ ampc_status ampc_amp_backward(ampc_amp *a, ampc_value loss, int loss_id, int acc
   }
   if (any_inf) a->loss_inf[loss_id] = 1;
   if (isfinite(mx) && mx / scale > a->st_max) a->st_max = mx / scale;
-  return AMPC_OK;
 }
 
 /* Rounds w to a 16-bit type stochastically: up with probability equal to the
@@ -311,7 +329,8 @@ ampc_status ampc_amp_step(ampc_amp *a, float lr, ampc_amp_step_info *info) {
     void *model = (char *)p->data + c->start * es;
     if (a->master) {
       /* f32 masters: update them and write the model copy in the same pass */
-      ampc_optim_update_at(a->opt, off, c->n, a->master + off, a->mgrad + off, gmul, p->dtype, model);
+      const float *gv = a->mgrad ? a->mgrad + off : grad_chunk(a, p, c, thread_scratch(a));
+      ampc_optim_update_at(a->opt, off, c->n, a->master + off, gv, gmul, p->dtype, model);
     } else if (p->dtype == AMPC_DTYPE_F32) {
       const float *gv = a->mgrad ? a->mgrad + off : (const float *)p->grad + c->start;
       ampc_optim_update_at(a->opt, off, c->n, model, gv, gmul, AMPC_DTYPE_F32, NULL);
