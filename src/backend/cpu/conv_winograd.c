@@ -110,8 +110,11 @@ static wg_layout wg_plan(const ampc__op_call *c) {
   int64_t c8 = up8(C > O ? C : O), tb = L.f.tbmax > L.d.tbmax ? L.f.tbmax : L.d.tbmax;
   L.off_v = (size_t)(WG_NP * c8 * c8);
   L.off_m = L.off_v + (size_t)(WG_NP * c8 * tb);
-  L.off_wf = L.off_m + (size_t)(WG_NP * c8 * tb);
-  L.off_db = L.off_wf + (size_t)(O * C * 9);
+  /* the weight in f32 is needed only while U is made, before any chunk: it
+   * shares V and M's space, growing it when it does not fit */
+  size_t vm = 2 * (size_t)(WG_NP * c8 * tb), wf = (size_t)(O * C * 9);
+  L.off_wf = L.off_v;
+  L.off_db = L.off_v + (vm > wf ? vm : wf);
   L.shared = L.off_db + (size_t)up8(O) + 16;
   size_t st = zmax((size_t)(L.f.srow * L.f.scol), (size_t)(L.d.srow * L.d.scol)) * WG_VL;
   size_t band = zmax((size_t)L.f.band, (size_t)L.d.band), wrow = (size_t)(9 * c8);
