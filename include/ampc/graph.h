@@ -213,8 +213,11 @@ size_t ampc_graph_param_numel(const ampc_graph *g);
 size_t ampc_graph_param_offset(const ampc_graph *g, ampc_value v);
 size_t ampc_graph_buffer_count(const ampc_graph *g);
 ampc_value ampc_graph_buffer_at(const ampc_graph *g, size_t i);
-/* The f32 values a parameter was recorded with (before compile and after). */
+/* The f32 values a parameter was recorded with (before compile and after),
+ * until ampc_graph_release_init() frees them (ampc_amp_initialize does, once
+ * it has made the master weights): NULL then. */
 const float *ampc_graph_param_init(const ampc_graph *g, ampc_value v);
+void ampc_graph_release_init(ampc_graph *g);
 
 /* ---- memory accounting ---- */
 typedef enum {

@@ -111,8 +111,16 @@ ampc_status ampc_amp_initialize(ampc_amp **out, ampc_graph *g, ampc_optim *opt, 
     for (size_t s = 0; s < a->params[i].n; s += AMP_CHUNK)
       a->chunks[a->nchunks++] = (amp_chunk){(int)i, s, a->params[i].n - s < AMP_CHUNK ? a->params[i].n - s : AMP_CHUNK};
   if (a->master)
-    for (size_t i = 0; i < a->nparams; i++)
-      memcpy(a->master + a->params[i].off, ampc_graph_param_init(g, a->params[i].v), a->params[i].n * sizeof(float));
+    for (size_t i = 0; i < a->nparams; i++) {
+      /* the masters start from the recorded f32 values, not their half copy
+       * (from the model itself when those were released already) */
+      const amp_param *p = &a->params[i];
+      const float *w0 = ampc_graph_param_init(g, p->v);
+      if (w0) memcpy(a->master + p->off, w0, p->n * sizeof(float));
+      else ampc_load_f32(a->master + p->off, p->dtype, p->data, p->n);
+    }
+  /* the graph holds its parameters now (and the masters their f32 values) */
+  ampc_graph_release_init(g);
   for (int k = 0; k < cfg->num_losses; k++) ampc_scaler_init(&a->scalers[k], cfg);
   a->sr_seed = 0;
   a->loss_weight = 1.0f;

@@ -1041,6 +1041,14 @@ size_t ampc_graph_buffer_count(const ampc_graph *g) { return g->nbuffers; }
 ampc_value ampc_graph_buffer_at(const ampc_graph *g, size_t i) { return i < g->nbuffers ? g->buffers[i] : AMPC_VALUE_NONE; }
 const float *ampc_graph_param_init(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].init : NULL; }
 
+void ampc_graph_release_init(ampc_graph *g) {
+  if (!g->compiled) return; /* compile still needs them */
+  for (size_t i = 0; i < g->nv; i++) {
+    free(g->v[i].init);
+    g->v[i].init = NULL;
+  }
+}
+
 void ampc_graph_memory(const ampc_graph *g, ampc_mem_report *r) {
   memset(r, 0, sizeof *r);
   for (int t = 0; t < AMPC_DTYPE_COUNT; t++) {

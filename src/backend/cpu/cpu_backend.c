@@ -1,16 +1,41 @@
 /* The CPU backend: the kernel table, memory, and workspace sizing. */
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "backend/cpu/cpu_internal.h"
 
+/* Zeroed, 64-byte aligned memory. Large blocks are fresh anonymous pages:
+ * zero without being written, so that they become resident only as the
+ * kernels first touch them (an arena sized for the largest batch costs what
+ * is used). Two words before the block say how it was made. */
+enum { CPU_MMAP_MIN = 1 << 20, CPU_PAGE = 4096 };
+
 static void *cpu_alloc(size_t bytes) {
   size_t n = (bytes + 63) & ~(size_t)63;
-  void *p = aligned_alloc(64, n ? n : 64);
-  if (p) memset(p, 0, n);
-  return p;
+  if (!n) n = 64;
+  if (n >= CPU_MMAP_MIN) {
+    char *m = mmap(NULL, n + CPU_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    size_t *h = (size_t *)(m + CPU_PAGE) - 2;
+    h[0] = n + CPU_PAGE;
+    h[1] = 1;
+    return m + CPU_PAGE;
+  }
+  char *p = aligned_alloc(64, n + 64);
+  if (!p) return NULL;
+  memset(p + 64, 0, n);
+  size_t *h = (size_t *)(p + 64) - 2;
+  h[0] = 0;
+  h[1] = 0;
+  return p + 64;
 }
 
-static void cpu_free(void *p) { free(p); }
+static void cpu_free(void *q) {
+  if (!q) return;
+  size_t *h = (size_t *)q - 2;
+  if (h[1]) munmap((char *)q - CPU_PAGE, h[0]);
+  else free((char *)q - 64);
+}
 
 static size_t cpu_elt_ws(const ampc__op_call *c, int nthreads) {
   /* element-wise kernels stage blocks of CPU_CHUNK floats, up to 4 per thread */
