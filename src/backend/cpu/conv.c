@@ -44,18 +44,7 @@ static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
   int64_t target = g.O > CONV_MIN_COLS ? g.O : CONV_MIN_COLS;
   int64_t cap = CONV_MAX_COL_BYTES / (4 * g.K);
   if (target > cap) target = cap > g.OW ? cap : g.OW;
-  if (g.OHW >= target) {
-    g.nb = 1;
-    g.rb = target / g.OW;
-    if (g.rb < 1) g.rb = 1;
-    if (g.rb > g.OH) g.rb = g.OH;
-  } else {
-    g.rb = g.OH;
-    g.nb = target / g.OHW;
-    int64_t per_thread_samples = (g.N + g.nt - 1) / g.nt;
-    if (g.nb > per_thread_samples) g.nb = per_thread_samples;
-    if (g.nb < 1) g.nb = 1;
-  }
+  cpu_blocking(target, g.OW, g.OH, (g.N + g.nt - 1) / g.nt, &g.nb, &g.rb);
   g.ncmax = g.nb * g.rb * g.OW;
   size_t nc = (size_t)g.ncmax;
   g.off_y = (size_t)g.K * nc;

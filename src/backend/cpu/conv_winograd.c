@@ -62,21 +62,10 @@ static wg_geom wg_geometry(int64_t N, int64_t ci, int64_t co, int64_t ih, int64_
   g.N = N; g.ci = ci; g.co = co; g.ci8 = up8(ci); g.co8 = up8(co);
   g.ih = ih; g.iw = iw; g.oh = oh; g.ow = ow; g.pad = pad;
   g.th = (oh + WG_M - 1) / WG_M; g.tw = (ow + WG_M - 1) / WG_M;
-  int64_t tps = g.th * g.tw;
   int64_t target = (int64_t)(WG_CHUNK_BYTES / ((size_t)WG_NP * sizeof(float) * (size_t)(g.ci8 + g.co8)));
   if (target < WG_MIN_TILES) target = WG_MIN_TILES;
   if (ampc__cpu_wino_tile_target > 0) target = ampc__cpu_wino_tile_target;
-  if (tps >= target) {
-    g.nb = 1;
-    g.rb = target / g.tw;
-    if (g.rb < 1) g.rb = 1;
-    if (g.rb > g.th) g.rb = g.th;
-  } else {
-    g.rb = g.th;
-    g.nb = target / tps;
-    if (g.nb > N) g.nb = N;
-    if (g.nb < 1) g.nb = 1;
-  }
+  cpu_blocking(target, g.tw, g.th, N, &g.nb, &g.rb);
   g.tbmax = g.nb * g.rb * g.tw;
   g.srow = WG_M * g.rb + 2;
   g.scol = WG_M * g.tw + 2;

@@ -129,6 +129,24 @@ static inline void cpu_sum_dy_dyx(const float *dy, const float *x, float mean, s
   *sdyx = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
 }
 
+/* How a convolution cuts its samples into blocks of about `target` units
+ * (columns, tiles) when a sample has `rows` rows of `row_len` units: a band of
+ * *rb rows of one sample (*nb = 1) when a sample is at least that big, else
+ * *nb whole samples (at most max_samples) with *rb = rows. */
+static inline void cpu_blocking(int64_t target, int64_t row_len, int64_t rows, int64_t max_samples, int64_t *nb, int64_t *rb) {
+  if (row_len * rows >= target) {
+    *nb = 1;
+    *rb = target / row_len;
+    if (*rb < 1) *rb = 1;
+    if (*rb > rows) *rb = rows;
+  } else {
+    *rb = rows;
+    *nb = target / (row_len * rows);
+    if (*nb > max_samples) *nb = max_samples;
+    if (*nb < 1) *nb = 1;
+  }
+}
+
 /* Per-thread slice of the call's workspace, in floats. */
 static inline float *cpu_ws_slice(const ampc__op_call *c, int tid, size_t floats_per_thread, size_t shared_floats) {
   return (float *)c->ws + shared_floats + (size_t)tid * floats_per_thread;
