@@ -133,6 +133,11 @@ ampc_status ampc_loader_start_epoch(ampc_loader *l, int64_t epoch, int64_t start
  * AMPC_ESTATE before the first ampc_loader_start_epoch. */
 ampc_status ampc_loader_next(ampc_loader *l, void *x, int32_t *y, int *n);
 
+/* The dataset index of every sample of epoch `epoch` in the order the loader
+ * yields them (out: as many as the dataset holds), without touching the
+ * loader's position: what another framework needs to replay the same batches. */
+ampc_status ampc_loader_epoch_order(const ampc_loader *l, int64_t epoch, size_t *out);
+
 int64_t ampc_loader_batches_per_epoch(const ampc_loader *l);
 /* The index of the batch the next ampc_loader_next returns. */
 int64_t ampc_loader_position(const ampc_loader *l);

@@ -83,18 +83,26 @@ void ampc__loader_aug_params(uint64_t seed, int64_t epoch, uint64_t pos, int pad
 
 /* The order of an epoch: identity, or a Fisher-Yates shuffle driven by a key
  * derived from (seed, epoch) alone. */
-static void loader_make_order(ampc_loader *l, int64_t epoch) {
+static void make_order(const ampc_loader *l, int64_t epoch, size_t *order) {
   size_t n = l->d->n;
-  for (size_t i = 0; i < n; i++) l->order[i] = i;
-  if (!l->o.shuffle) return;
+  for (size_t i = 0; i < n; i++) order[i] = i;
+  if (!l->o.shuffle || n < 2) return;
   uint64_t key = ampc_rng_at(l->o.seed, AMPC_RNG_STREAM_SHUFFLE, (uint64_t)epoch);
   ampc_rng r = ampc_rng_make(key, AMPC_RNG_STREAM_SHUFFLE);
   for (size_t i = n - 1; i > 0; i--) {
     size_t j = (size_t)ampc_rng_below(&r, (uint64_t)i + 1);
-    size_t t = l->order[i];
-    l->order[i] = l->order[j];
-    l->order[j] = t;
+    size_t t = order[i];
+    order[i] = order[j];
+    order[j] = t;
   }
+}
+
+static void loader_make_order(ampc_loader *l, int64_t epoch) { make_order(l, epoch, l->order); }
+
+ampc_status ampc_loader_epoch_order(const ampc_loader *l, int64_t epoch, size_t *out) {
+  if (epoch < 0) return ampc__error(AMPC_EINVAL, "loader: epoch %lld is negative", (long long)epoch);
+  make_order(l, epoch, out);
+  return AMPC_OK;
 }
 
 /* One sample as torchvision's RandomCrop(H, padding=P) then

@@ -675,6 +675,21 @@ TEST(loader_order) {
   dump e1 = run(d, &o, 1, 0);
   dump_order(&e1, order1, &count);
   CHECK(count == N && memcmp(order, order1, sizeof order) != 0);
+  /* ampc_loader_epoch_order tells the same orders without running an epoch */
+  {
+    ampc_loader *l = NULL;
+    size_t got[23];
+    CHECK_OK(ampc_loader_create(&l, d, &o));
+    if (l) {
+      CHECK_OK(ampc_loader_epoch_order(l, 0, got));
+      for (size_t p = 0; p < N; p++) CHECK(got[p] == (size_t)order[p]);
+      CHECK_OK(ampc_loader_epoch_order(l, 1, got));
+      for (size_t p = 0; p < N; p++) CHECK(got[p] == (size_t)order1[p]);
+      CHECK_ERR(ampc_loader_epoch_order(l, -1, got), AMPC_EINVAL, "epoch");
+      CHECK(ampc_loader_epoch(l) == -1 && ampc_loader_position(l) == 0);
+    }
+    ampc_loader_free(l);
+  }
   o.seed = 43;
   dump s1 = run(d, &o, 0, 0);
   dump_order(&s1, order1, &count);
