@@ -179,6 +179,9 @@ ampc_status ampc_amp_backward(ampc_amp *a, ampc_value loss, int loss_id, int acc
     fold(a, 1.0f, 0, loss_id, scale);
   }
   if (!a->mgrad) return ampc_graph_backward(a->g, loss, scale * a->loss_weight, accumulate);
+  /* backward writes only the parameters this loss reaches: the others must
+   * read zero, not the previous backward's gradient, when they are folded */
+  ampc_graph_zero_grad(a->g);
   AMPC_TRY(ampc_graph_backward(a->g, loss, scale * a->loss_weight, 0));
   /* Fold the model's gradients into the f32 ones. With several losses each is
    * unscaled by its own scale now; with one, the unscale waits for step(). */

@@ -738,7 +738,7 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
     if (r->op != AMPC_OP_RELU || !g->fuse) continue;
     ampc__value *x = &g->v[r->in[0]];
     if ((x->op == AMPC_OP_BATCHNORM2D || x->op == AMPC_OP_ADD) && uses[r->in[0]] == 1 && x->dtype == r->dtype &&
-        x->alias == AMPC_VALUE_NONE) {
+        x->alias == AMPC_VALUE_NONE && !x->keep) { /* a kept value keeps its pre-ReLU values */
       x->attr.relu = 1;
       r->alias = r->in[0];
     }

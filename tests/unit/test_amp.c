@@ -1206,6 +1206,33 @@ TEST(two_losses_backward_of_one_loss_touches_only_its_graph) {
   }
 }
 
+/* With two losses each parameter gets the gradient of the losses that reach
+ * it, once: after backward of loss 0 and then of loss 1 (accumulating), the
+ * head only loss 0 uses holds loss 0's gradient, not twice it. */
+TEST(two_losses_add_each_gradient_once) {
+  for (int pass = 0; pass < 2; pass++) {
+    ampc_opt_level lv = pass ? AMPC_OPT_O2 : AMPC_OPT_O0;
+    two_heads t;
+    if (!two_heads_make(&t, lv)) return;
+    rig *r = &t.r;
+    random_batch(r, 3, 1.0f);
+    CHECK_OK(ampc_amp_forward(r->amp, 1));
+    CHECK_OK(ampc_amp_backward(r->amp, r->loss, 0, 0));
+    float *ga = unscaled(r, NULL);
+    CHECK_OK(ampc_amp_backward(r->amp, t.loss1, 1, 1));
+    float *gab = unscaled(r, NULL);
+    ampc_value h0 = ampc_graph_find(r->g, "head0.weight");
+    size_t o0 = ampc_graph_param_offset(r->g, h0);
+    CHECK(!all_zero(ga + o0, 24));
+    CHECK_MSG(memcmp(ga + o0, gab + o0, 24 * sizeof(float)) == 0,
+              "%s: head0 (only loss 0 reaches it) changed when loss 1 was added: %g -> %g", ampc_opt_level_name(lv),
+              (double)ga[o0], (double)gab[o0]);
+    free(ga);
+    free(gab);
+    rig_free(r);
+  }
+}
+
 TEST_MAIN(TEST_ENTRY(storage_types_per_level), TEST_ENTRY(o1_casts_a_shared_weight_once),
           TEST_ENTRY(overflow_skips_the_step_bit_identically), TEST_ENTRY(injected_nonfinite_gradient_skips_without_masters),
           TEST_ENTRY(dynamic_scale_grows_after_window_clean_steps), TEST_ENTRY(gradient_accumulation_sums_micro_batches),
@@ -1214,4 +1241,4 @@ TEST_MAIN(TEST_ENTRY(storage_types_per_level), TEST_ENTRY(o1_casts_a_shared_weig
           TEST_ENTRY(stochastic_rounding_moves_tiny_updates_reproducibly), TEST_ENTRY(refused_combinations),
           TEST_ENTRY(failed_initialize_leaves_the_graph_uncompiled),
           TEST_ENTRY(two_losses_overflow_in_one_backs_off_only_its_scaler),
-          TEST_ENTRY(two_losses_backward_of_one_loss_touches_only_its_graph))
+          TEST_ENTRY(two_losses_backward_of_one_loss_touches_only_its_graph), TEST_ENTRY(two_losses_add_each_gradient_once))

@@ -175,6 +175,8 @@ static const op_case CASES[] = {
      * element-wise ops run in several blocks */
     {.name = "conv3x3_16x16", .k = K_CONV, .n = 4, .c = 8, .h = 16, .w = 16, .o = 8, .ks = 3, .stride = 1, .pad = 1, .bias = 1},
     {.name = "conv1x1_s2", .k = K_CONV, .n = 3, .c = 4, .h = 5, .w = 5, .o = 3, .ks = 1, .stride = 2},
+    /* im2col with a group of samples per thread that grows when fewer threads run than were compiled for */
+    {.name = "conv3x3_c6_o1", .k = K_CONV, .n = 3, .c = 6, .h = 8, .w = 8, .o = 1, .ks = 3, .stride = 1, .pad = 0},
     {.name = "conv3x3_s1_p2", .k = K_CONV, .n = 2, .c = 3, .h = 4, .w = 5, .o = 2, .ks = 3, .stride = 1, .pad = 2},
     /* enough channels that the default algorithm is Winograd; odd planes */
     {.name = "conv3x3_24ch", .k = K_CONV, .n = 3, .c = 24, .h = 9, .w = 11, .o = 20, .ks = 3, .stride = 1, .pad = 1, .bias = 1},
@@ -930,6 +932,34 @@ TEST(threads_raised_after_compile) {
   tmp_free_all();
 }
 
+/* Lowering the thread count after compile is safe too: each thread then
+ * takes a larger share (the convolution a larger group of samples), which the
+ * workspace planned at compile holds. Every case, compiled for 3 threads, run
+ * on 2 and on 1, against a 1-thread graph. */
+TEST(threads_lowered_after_compile) {
+  for (int i = 0; i < NCASES; i++) {
+    const op_case *cs = &CASES[i];
+    ctx_case = cs->name;
+    ctx_prec = "f32";
+    net a = {0}, b = {0};
+    if (build(&a, cs, &PRECS[0].p, cs->n, 3) == 0 && build(&b, cs, &PRECS[0].p, cs->n, 1) == 0) {
+      for (int nt = 2; nt >= 1; nt--) {
+        ampc_graph_set_threads(a.g, nt);
+        for (int r = 0; r < 2; r++) {
+          net *t = r ? &b : &a;
+          CHECK_OK(ampc_graph_forward(t->g, training_of(cs)));
+          CHECK_OK(ampc_graph_backward(t->g, t->loss, 1.0f, 0));
+        }
+        snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&b, cs);
+        compare_snapshots(&sa, &sb, 1e-5, nt == 2 ? "threads 3 -> 2 after compile" : "threads 3 -> 1 after compile");
+      }
+    }
+    ampc_graph_free(a.g);
+    ampc_graph_free(b.g);
+    tmp_free_all();
+  }
+}
+
 /* ---------------- several consumers, accumulation, seeds ---------------- */
 
 /* y = add(h, h): h gets both gradients (2 dy); y = add(relu(h), h) (a
@@ -1322,6 +1352,40 @@ TEST(maxpool_backward_ties_and_nan) {
   ampc_graph_free(g);
 }
 
+/* A kept batch-norm output keeps its own values: the ReLU after it is not
+ * fused into it (fused, the two would share memory holding the ReLU's). */
+TEST(keep_stops_relu_fusion) {
+  for (int keep = 0; keep < 2; keep++) {
+    ampc_graph *g;
+    CHECK_OK(ampc_graph_create(&g));
+    ampc_value x = ampc_graph_input(g, "x", ampc_shape4(2, 3, 4, 4));
+    static const float ones[3] = {1.0f, 1.0f, 1.0f};
+    ampc_value gm = ampc_graph_param(g, "bn.weight", ampc_shape1(3), 1, ones);
+    ampc_value bt = ampc_graph_param(g, "bn.bias", ampc_shape1(3), 1, NULL);
+    ampc_value rm = ampc_graph_buffer(g, "bn.running_mean", AMPC_DTYPE_F32, ampc_shape1(3), NULL);
+    ampc_value rv = ampc_graph_buffer(g, "bn.running_var", AMPC_DTYPE_F32, ampc_shape1(3), ones);
+    ampc_value bn = ampc_graph_batchnorm2d(g, x, gm, bt, rm, rv, AMPC_VALUE_NONE, 0.1f, 1e-5f);
+    ampc_value r = ampc_graph_relu(g, bn);
+    ampc_value hw = ampc_graph_param(g, "head", ampc_shape2(2, 48), 0, rand_vec(S_HEAD, 96, -0.2f, 0.2f));
+    ampc_value lab = ampc_graph_labels(g, "y", 2);
+    ampc_graph_cross_entropy(g, ampc_graph_linear(g, ampc_graph_flatten(g, r), hw, AMPC_VALUE_NONE), lab, 0.0f);
+    if (keep) CHECK_OK(ampc_graph_keep(g, bn));
+    CHECK_OK(ampc_graph_compile(g));
+    if (ampc_graph_is_compiled(g)) {
+      ampc_tensor xt = ampc_graph_tensor(g, x);
+      ampc_store_f32(xt.dtype, xt.data, rand_vec(S_X, 96, -1.0f, 1.0f), 96);
+      CHECK_OK(ampc_graph_forward(g, 1));
+      const float *b = ampc_graph_tensor(g, bn).data, *y = ampc_graph_tensor(g, r).data;
+      int negative = 0;
+      for (int i = 0; i < 96; i++) negative += b[i] < 0.0f;
+      CHECK_MSG(keep ? (b != y && negative > 0) : b == y, "keep %d: batch norm output %s the ReLU's, %d negative values", keep,
+                b == y ? "shares memory with" : "is apart from", negative);
+    }
+    ampc_graph_free(g);
+    tmp_free_all();
+  }
+}
+
 TEST(cast_of_param) {
   ctx_case = "conv(x, cast(w))";
   ctx_prec = "f32";
@@ -1369,11 +1433,11 @@ TEST(op_names_and_policies) {
   CHECK(ampc_op_cast_policy(AMPC_OP_RELU) == AMPC_CAST_POLICY_KEEP);
 }
 
-TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(maxpool_backward_ties_and_nan), TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu),
+TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(maxpool_backward_ties_and_nan), TEST_ENTRY(keep_stops_relu_fusion), TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu),
           TEST_ENTRY(maxpool2d), TEST_ENTRY(avgpool2d), TEST_ENTRY(global_avgpool), TEST_ENTRY(linear),
           TEST_ENTRY(add), TEST_ENTRY(flatten), TEST_ENTRY(softmax), TEST_ENTRY(log_softmax),
           TEST_ENTRY(cross_entropy), TEST_ENTRY(cast), TEST_ENTRY(set_batch_matches_smaller_graph),
-          TEST_ENTRY(set_batch_range), TEST_ENTRY(thread_counts_agree), TEST_ENTRY(threads_raised_after_compile),
+          TEST_ENTRY(set_batch_range), TEST_ENTRY(thread_counts_agree), TEST_ENTRY(threads_raised_after_compile), TEST_ENTRY(threads_lowered_after_compile),
           TEST_ENTRY(value_used_twice), TEST_ENTRY(shared_weight_and_accumulate),
           TEST_ENTRY(backward_seed_scales_gradients), TEST_ENTRY(batchnorm_running_stats),
           TEST_ENTRY(batchnorm_needs_two_values), TEST_ENTRY(cross_entropy_label_out_of_range),

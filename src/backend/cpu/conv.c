@@ -78,7 +78,15 @@ static size_t im2col_ws(const ampc__op_call *c, int nthreads) {
 }
 
 size_t ampc__cpu_conv2d_ws(const ampc__op_call *c, int nthreads) {
-  return use_winograd(c) ? ampc__cpu_wino_ws(c, nthreads) : im2col_ws(c, nthreads);
+  if (use_winograd(c)) return ampc__cpu_wino_ws(c, nthreads);
+  /* fewer threads at run time give each a larger group of samples: room for
+   * every count up to the compiled one */
+  size_t w = 0;
+  for (int t = 1; t <= (nthreads < 1 ? 1 : nthreads); t++) {
+    size_t s = im2col_ws(c, t);
+    if (s > w) w = s;
+  }
+  return w;
 }
 
 /* cols[row][col0 + (oy-oy0)*OW + ox] for output rows [oy0, oy1) of one staged
