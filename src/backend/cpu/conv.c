@@ -144,6 +144,19 @@ static void col2im(const conv_geom *g, const float *cols, int64_t ld, int64_t co
       }
 }
 
+/* The columns of a block: output rows [oy0, oy1) of samples [n0, n0 + nbe),
+ * each sample's band at column s * band. A half sample is converted into xs
+ * once, on its first band (a block of several samples has only one band). */
+static void block_cols(const conv_geom *g, const ampc_tensor *x, int64_t n0, int64_t nbe, int64_t oy0, int64_t oy1, float *xs,
+                       float *cols) {
+  int64_t band = (oy1 - oy0) * g->OW, ld = nbe * band;
+  for (int64_t s = 0; s < nbe; s++) {
+    const float *xp = x->dtype == AMPC_DTYPE_F32 ? (const float *)x->data + (n0 + s) * g->CHW : xs;
+    if (x->dtype != AMPC_DTYPE_F32 && (nbe > 1 || oy0 == 0)) ampc_load_f32(xs, x->dtype, cpu_at(x, (n0 + s) * g->CHW), (size_t)g->CHW);
+    im2col(g, xp, cols, ld, s * band, oy0, oy1);
+  }
+}
+
 /* The weight as f32 (O, K): the tensor itself when it is f32. */
 static const float *weight_f32(const ampc__op_call *c, const conv_geom *g) {
   float *wf = (float *)c->ws;
@@ -194,12 +207,7 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
       group_of(&g, gi, &n0, &nbe);
       for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {
         int64_t oy1 = oy0 + g.rb < g.OH ? oy0 + g.rb : g.OH, band = (oy1 - oy0) * g.OW, ld = nbe * band;
-        for (int64_t s = 0; s < nbe; s++) {
-          /* stage (and convert) the sample once, on its first band */
-          const float *xp = x->dtype == AMPC_DTYPE_F32 ? (const float *)x->data + (n0 + s) * g.CHW : xs;
-          if (x->dtype != AMPC_DTYPE_F32 && (nbe > 1 || oy0 == 0)) ampc_load_f32(xs, x->dtype, cpu_at(x, (n0 + s) * g.CHW), (size_t)g.CHW);
-          im2col(&g, xp, cols, ld, s * band, oy0, oy1);
-        }
+        block_cols(&g, x, n0, nbe, oy0, oy1, xs, cols);
         if (nbe == 1 && y->dtype == AMPC_DTYPE_F32) {
           /* one sample into f32: the product lands in place, rows OHW apart */
           float *yp = (float *)y->data + n0 * g.O * g.OHW + oy0 * g.OW;
@@ -253,11 +261,7 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
           int64_t ldd;
           const float *dyp = gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc, &ldd);
           if (need_dw) {
-            for (int64_t s = 0; s < nbe; s++) {
-              const float *xp = x->dtype == AMPC_DTYPE_F32 ? (const float *)x->data + (n0 + s) * g.CHW : xs;
-              if (x->dtype != AMPC_DTYPE_F32 && (nbe > 1 || oy0 == 0)) ampc_load_f32(xs, x->dtype, cpu_at(x, (n0 + s) * g.CHW), (size_t)g.CHW);
-              im2col(&g, xp, cols, ld, s * band, oy0, oy1);
-            }
+            block_cols(&g, x, n0, nbe, oy0, oy1, xs, cols);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.O, (int)g.K, (int)ld, 1.0f, dyp, (int)ldd, cols,
                         (int)ld, 1.0f, dwt, (int)g.K);
           }
