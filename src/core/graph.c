@@ -552,15 +552,15 @@ static int plan_free(plan_arena *a, size_t off, size_t len) {
   return 0;
 }
 
-/* Whether op v's backward reads its input j, or its own output. */
-static int bwd_reads_input(const ampc__value *v, int j) {
+/* Whether op v's backward reads its inputs, or its own output. */
+static int bwd_reads_inputs(const ampc__value *v) {
   switch (v->op) {
     case AMPC_OP_CONV2D:
     case AMPC_OP_LINEAR:
     case AMPC_OP_BATCHNORM2D:
     case AMPC_OP_MAXPOOL2D:
     case AMPC_OP_CROSS_ENTROPY: return 1;
-    default: return j < 0; /* relu, add, pools, softmax, cast: not their inputs */
+    default: return 0; /* relu, add, average pools, softmax, cast: not their inputs */
   }
 }
 static int bwd_reads_output(const ampc__value *v) {
@@ -600,7 +600,7 @@ static ampc_status plan_activations(ampc_graph *g, size_t *arena, size_t *peak_b
       if (v->in[j] < 0) continue;
       ampc_value r = root_of(g, v->in[j]);
       last_use[r] = (int64_t)k;
-      if (bwd_reads_input(v, j)) needed[r] = 1;
+      if (bwd_reads_inputs(v)) needed[r] = 1;
     }
     if (bwd_reads_output(v)) needed[g->order[k]] = 1;
   }
