@@ -19,6 +19,8 @@ typedef struct {
   float momentum, eps;     /* batch norm */
   float label_smoothing;   /* cross entropy */
   int relu;                /* batch norm, add: a ReLU fused into the output */
+  int pool;                /* batch norm: a 2x2 stride-2 max pool fused after that:
+                            * out and dout are the pooled planes */
 } ampc__op_attr;
 
 typedef struct {

@@ -118,8 +118,10 @@ static ampc_value add_value(ampc_graph *g, ampc_op_kind op, const char *name, am
   memset(v, 0, sizeof *v);
   v->op = op;
   v->shape = shape;
+  v->store = shape;
   v->dtype = AMPC_DTYPE_F32;
   v->alias = AMPC_VALUE_NONE;
+  v->pool_out = AMPC_VALUE_NONE;
   char buf[64];
   if (!name) {
     snprintf(buf, sizeof buf, "%s#%zu", ampc_op_name(op), g->nv);
@@ -479,7 +481,7 @@ static ampc_status assign_types(ampc_graph *g, size_t n_recorded) {
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 static size_t value_bytes(const ampc__value *v) {
-  return (size_t)ampc_shape_numel(&v->shape) * ampc_dtype_size(v->dtype);
+  return (size_t)ampc_shape_numel(&v->store) * ampc_dtype_size(v->dtype);
 }
 
 static ampc_value root_of(const ampc_graph *g, ampc_value x) {
@@ -743,6 +745,24 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
       r->alias = r->in[0];
     }
   }
+  /* A 2x2 stride-2 max pool that is the only reader of a batch norm (and its
+   * fused ReLU) runs inside the batch norm too: the full-size output is never
+   * stored, the batch norm writes the pooled planes and keeps each window's
+   * winner for backward, which sends the pooled gradient straight there. */
+  for (size_t k = 0; k < g->norder; k++) {
+    ampc__value *p = &g->v[g->order[k]];
+    if (p->op != AMPC_OP_MAXPOOL2D || !g->fuse || g->retain_grads) continue;
+    if (p->attr.k != 2 || p->attr.stride != 2 || p->attr.pad != 0) continue;
+    ampc_value in = p->in[0], b = root_of(g, in);
+    ampc__value *bv = &g->v[b];
+    if (bv->op != AMPC_OP_BATCHNORM2D || bv->keep || g->v[in].keep || uses[in] != 1 || (in != b && uses[b] != 1) ||
+        bv->dtype != p->dtype || bv->pool_out != AMPC_VALUE_NONE)
+      continue;
+    bv->attr.pool = 1;
+    bv->pool_out = g->order[k];
+    bv->store = p->shape;
+    p->alias = b;
+  }
   free(uses);
 
   /* params and buffers in recording order; flat element offsets */
@@ -837,7 +857,7 @@ int ampc_graph_is_compiled(const ampc_graph *g) { return g->compiled; }
 /* ---------------- execution ---------------- */
 
 static ampc_tensor view(const ampc_graph *g, const ampc__value *v, void *data, int64_t batch) {
-  ampc_tensor t = {data, v->dtype, v->shape};
+  ampc_tensor t = {data, v->dtype, v->store};
   if (v->batched && t.shape.ndim > 0) t.shape.d[0] = batch;
   return t;
 }
@@ -1014,16 +1034,23 @@ void ampc_graph_op_times(const ampc_graph *g, double fwd[AMPC_OP_COUNT], double 
 
 /* ---------------- access ---------------- */
 
-ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v) {
+/* A batch norm whose max pool was fused into it, and its fused ReLU, have no
+ * full-size values (their memory holds the pool's): their tensors say their
+ * type and shape, with no data. */
+static ampc_tensor value_tensor(const ampc_graph *g, ampc_value v, void *data) {
   ampc_tensor t = {0};
   if (!valid(g, v)) return t;
-  return view(g, &g->v[v], g->v[v].data, g->batch);
+  ampc_value r = root_of(g, v);
+  t = view(g, &g->v[v], data, g->batch);
+  if (g->v[r].pool_out != AMPC_VALUE_NONE && g->v[r].pool_out != v) {
+    t.data = NULL;
+    t.shape = g->v[v].shape;
+    if (g->v[v].batched && t.shape.ndim > 0) t.shape.d[0] = g->batch;
+  }
+  return t;
 }
-ampc_tensor ampc_graph_grad(const ampc_graph *g, ampc_value v) {
-  ampc_tensor t = {0};
-  if (!valid(g, v)) return t;
-  return view(g, &g->v[v], g->v[v].grad, g->batch);
-}
+ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v) { return value_tensor(g, v, valid(g, v) ? g->v[v].data : NULL); }
+ampc_tensor ampc_graph_grad(const ampc_graph *g, ampc_value v) { return value_tensor(g, v, valid(g, v) ? g->v[v].grad : NULL); }
 const char *ampc_graph_name(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].name : NULL; }
 ampc_op_kind ampc_graph_op(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].op : AMPC_OP_COUNT; }
 ampc_value ampc_graph_find(const ampc_graph *g, const char *name) {

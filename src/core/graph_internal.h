@@ -16,7 +16,9 @@ typedef struct {
   int n_in;
   ampc_value in[AMPC__MAX_INPUTS];
   ampc__op_attr attr;
-  ampc_value alias;      /* flatten: the value whose memory this one shares */
+  ampc_value alias;      /* flatten, fused ops: the value whose memory this one shares */
+  ampc_value pool_out;   /* batch norm with a fused 2x2 max pool: the pool's value */
+  ampc_shape store;      /* the shape of its memory: shape, or pool_out's */
   float *init;           /* params and buffers: recorded f32 values */
   void *data, *grad;
   float *aux;

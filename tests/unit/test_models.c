@@ -302,10 +302,16 @@ TEST(model_errors) {
       CHECK_ERR(ampc_model_create(&m, models[j], &bad[i]), AMPC_EINVAL, models[j]);
       CHECK(m == NULL);
     }
-  /* two 2x2 max-pools need sides divisible by 4 */
-  ampc_model_opts odd = opts_of(2, 1, 30, 28, 10, 1);
-  CHECK_ERR(ampc_model_create(&m, "cnn", &odd), AMPC_EINVAL, "multiple of 4");
+  /* two 2x2 max-pools need sides of at least 4; odd sides lose their last
+   * row or column at each pool, as in PyTorch: 30x27 -> 15x13 -> 7x6 */
+  ampc_model_opts tiny = opts_of(2, 1, 3, 28, 10, 1);
+  CHECK_ERR(ampc_model_create(&m, "cnn", &tiny), AMPC_EINVAL, "smaller than 4x4");
   CHECK(m == NULL);
+  ampc_model_opts odd = opts_of(2, 1, 30, 27, 10, 1);
+  CHECK_OK(ampc_model_create(&m, "cnn", &odd));
+  ampc_value w = ampc_graph_find(ampc_model_graph(m), "9.weight");
+  CHECK(w >= 0 && ampc_graph_tensor(ampc_model_graph(m), w).shape.d[1] == 64 * 7 * 6);
+  ampc_model_free(m);
   ampc_model_free(NULL);
 }
 

@@ -58,7 +58,7 @@ static size_t cpu_workspace(const ampc__op_call *c, int nthreads) {
 }
 
 static size_t cpu_aux_floats(const ampc__op_call *c) {
-  if (c->op == AMPC_OP_BATCHNORM2D) return 2 * (size_t)c->in[0].shape.d[1] + 1; /* mean, inverse std, mode */
+  if (c->op == AMPC_OP_BATCHNORM2D) return ampc__cpu_bn_aux_floats(c);
   return 0;
 }
 

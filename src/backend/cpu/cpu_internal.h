@@ -69,64 +69,51 @@ static inline void cpu_commit(const ampc_tensor *t, int64_t i, const float *src,
   if (t->dtype != AMPC_DTYPE_F32) ampc_store_f32(t->dtype, cpu_at(t, i), src, n);
 }
 
-/* Reductions with eight independent partial sums, so that they pipeline and
- * vectorise; the order is fixed, so results are reproducible. */
+/* Reductions with eight independent partial sums (lane k takes elements
+ * 8i + k; the tail goes to lane 0), so that they pipeline and vectorise; the
+ * order is fixed, so results are reproducible, and the same in every build. */
+typedef float cpu_v8f_al __attribute__((vector_size(32), aligned(4), may_alias));
+#define cpu_hsum8(a) ((((a)[0] + (a)[1]) + ((a)[2] + (a)[3])) + (((a)[4] + (a)[5]) + ((a)[6] + (a)[7])))
 static inline float cpu_sum(const float *x, size_t n) {
-  float acc[8] = {0};
+  cpu_v8f_al acc = {0};
   size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; k++) acc[k] += x[i + k];
+  for (; i + 8 <= n; i += 8) acc += *(const cpu_v8f_al *)(x + i);
   for (; i < n; i++) acc[0] += x[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-static inline float cpu_sum_sq_dev(const float *x, float mean, size_t n) {
-  float acc[8] = {0};
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; k++) {
-      float d = x[i + k] - mean;
-      acc[k] += d * d;
-    }
-  for (; i < n; i++) {
-    float d = x[i] - mean;
-    acc[0] += d * d;
-  }
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  return cpu_hsum8(acc);
 }
 /* sum(x - k) and sum((x - k)^2) in one pass */
 static inline void cpu_sum_dev_sq(const float *x, float k, size_t n, float *s1, float *s2) {
-  float a[8] = {0}, b[8] = {0};
+  cpu_v8f_al a = {0}, b = {0};
   size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; j++) {
-      float d = x[i + j] - k;
-      a[j] += d;
-      b[j] += d * d;
-    }
+  for (; i + 8 <= n; i += 8) {
+    cpu_v8f_al d = *(const cpu_v8f_al *)(x + i) - k;
+    a += d;
+    b += d * d;
+  }
   for (; i < n; i++) {
     float d = x[i] - k;
     a[0] += d;
     b[0] += d * d;
   }
-  *s1 = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-  *s2 = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+  *s1 = cpu_hsum8(a);
+  *s2 = cpu_hsum8(b);
 }
 
 /* sum(dy) and sum(dy * (x - mean)) in one pass */
 static inline void cpu_sum_dy_dyx(const float *dy, const float *x, float mean, size_t n, float *sdy, float *sdyx) {
-  float a[8] = {0}, b[8] = {0};
+  cpu_v8f_al a = {0}, b = {0};
   size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; k++) {
-      a[k] += dy[i + k];
-      b[k] += dy[i + k] * (x[i + k] - mean);
-    }
+  for (; i + 8 <= n; i += 8) {
+    cpu_v8f_al d = *(const cpu_v8f_al *)(dy + i);
+    a += d;
+    b += d * (*(const cpu_v8f_al *)(x + i) - mean);
+  }
   for (; i < n; i++) {
     a[0] += dy[i];
     b[0] += dy[i] * (x[i] - mean);
   }
-  *sdy = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-  *sdyx = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+  *sdy = cpu_hsum8(a);
+  *sdyx = cpu_hsum8(b);
 }
 
 /* How a convolution cuts its samples into blocks of about `target` units
@@ -184,6 +171,7 @@ size_t ampc__cpu_linear_ws(const ampc__op_call *c, int nthreads);
 ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c);
 size_t ampc__cpu_bn_ws(const ampc__op_call *c, int nthreads);
+size_t ampc__cpu_bn_aux_floats(const ampc__op_call *c);
 ampc_status ampc__cpu_relu_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_relu_bwd(const ampc__op_call *c);
 ampc_status ampc__cpu_add_fwd(const ampc__op_call *c);
@@ -193,6 +181,12 @@ ampc_status ampc__cpu_cast_bwd(const ampc__op_call *c);
 ampc_status ampc__cpu_pool_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_pool_bwd(const ampc__op_call *c);
 size_t ampc__cpu_pool_ws(const ampc__op_call *c, int nthreads);
+/* 2x2 stride-2 max pooling of one f32 plane of H x W (OH = H/2, OW = W/2):
+ * out gets each window's first maximum (a NaN beats any number), win its
+ * place 0..3 in reading order; scatter sends dy to those places in an H x W
+ * plane and zeroes the rest. */
+void ampc__cpu_pool2_select(const float *x, int64_t H, int64_t W, float *out, unsigned char *win);
+void ampc__cpu_pool2_scatter(const float *dy, const unsigned char *win, int64_t H, int64_t W, float *dx);
 ampc_status ampc__cpu_gap_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_gap_bwd(const ampc__op_call *c);
 ampc_status ampc__cpu_softmax_fwd(const ampc__op_call *c);

@@ -110,21 +110,11 @@ ampc_status ampc__cpu_pool_fwd(const ampc__op_call *c) {
 #pragma omp parallel for num_threads(c->nthreads) schedule(static) if (planes * H * W > 32768)
   for (int64_t pl = 0; pl < planes; pl++) {
     float *buf = cpu_ws_slice(c, omp_get_thread_num(), per, 64), *out = buf + H * W;
+    unsigned char *win = (unsigned char *)(out + OH * OW);
     const float *x = cpu_load(&c->in[0], pl * H * W, (size_t)(H * W), buf);
     if (is_max && k == 2 && s == 2 && p == 0) {
-      /* the common case, without the window bookkeeping; NaN propagates as below */
-      for (int64_t oy = 0; oy < OH; oy++) {
-        const float *r0 = x + 2 * oy * W, *r1 = r0 + W;
-        for (int64_t ox = 0; ox < OW; ox++) {
-          float a = r0[2 * ox], b = r0[2 * ox + 1], cc = r1[2 * ox], d = r1[2 * ox + 1];
-          float m = a;
-          if (b > m || isnan(b)) m = b;
-          if (cc > m || isnan(cc)) m = cc;
-          if (d > m || isnan(d)) m = d;
-          if (isnan(a)) m = a;
-          out[oy * OW + ox] = m;
-        }
-      }
+      /* the common case, without the window bookkeeping */
+      ampc__cpu_pool2_select(x, H, W, out, win);
       cpu_store(&c->out, pl * OH * OW, out, (size_t)(OH * OW), 0, NULL);
       continue;
     }
@@ -152,52 +142,92 @@ ampc_status ampc__cpu_pool_fwd(const ampc__op_call *c) {
   return AMPC_OK;
 }
 
-/* The gradient of one row of 2x2 windows: each window's dy goes to its
- * first maximum (a NaN beats any number), the other three get zero. Written
- * without branches so that it vectorises. */
-CPU_VECTOR static void pool2_bwd_row(const float *r0, const float *r1, const float *dy, int64_t OW, float *d0, float *d1) {
+/* 2x2 windows, stride 2: one row of OW windows over input rows r0 and r1.
+ * Each window's first maximum (a NaN beats any number) goes to out, and its
+ * place, 0..3 in reading order, to win. Eight windows per step, without
+ * branches; a last partial step runs on a padded copy. Every 2x2 max-pool
+ * path (plain and fused into batch norm) picks its winners here. */
+typedef unsigned char cpu_v8u8 __attribute__((vector_size(8)));
+
+static inline void pool2_select8(const float *r0, const float *r1, float *out, unsigned char *win) {
+  /* 8 windows: even and odd columns of both rows */
+  cpu_v8 p = CPU_LD8(r0), q = CPU_LD8(r0 + 8), u = CPU_LD8(r1), v = CPU_LD8(r1 + 8);
+  cpu_v8 a = __builtin_shufflevector(p, q, 0, 2, 4, 6, 8, 10, 12, 14), b = __builtin_shufflevector(p, q, 1, 3, 5, 7, 9, 11, 13, 15);
+  cpu_v8 c = __builtin_shufflevector(u, v, 0, 2, 4, 6, 8, 10, 12, 14), d = __builtin_shufflevector(u, v, 1, 3, 5, 7, 9, 11, 13, 15);
+  cpu_v8 bv = a;
+  cpu_v8i w = {0}, one = w + 1, t;
+  t = (b > bv) | ((b != b) & (bv == bv));
+  bv = CPU_SEL8(t, b, bv);
+  w = (t & one) | (w & ~t);
+  t = (c > bv) | ((c != c) & (bv == bv));
+  bv = CPU_SEL8(t, c, bv);
+  w = (t & (one + one)) | (w & ~t);
+  t = (d > bv) | ((d != d) & (bv == bv));
+  bv = CPU_SEL8(t, d, bv);
+  w = (t & (one + one + one)) | (w & ~t);
+  CPU_ST8(out, bv);
+  cpu_v8u8 w8 = __builtin_convertvector(w, cpu_v8u8);
+  memcpy(win, &w8, 8);
+}
+
+CPU_VECTOR static void pool2_select_row(const float *r0, const float *r1, int64_t OW, float *out, unsigned char *win) {
   int64_t ox = 0;
-  for (; ox + 8 <= OW; ox += 8) {
-    /* 8 windows: even and odd columns of both rows */
-    cpu_v8 p = CPU_LD8(r0 + 2 * ox), q = CPU_LD8(r0 + 2 * ox + 8), u = CPU_LD8(r1 + 2 * ox), v = CPU_LD8(r1 + 2 * ox + 8);
-    cpu_v8 a = __builtin_shufflevector(p, q, 0, 2, 4, 6, 8, 10, 12, 14), b = __builtin_shufflevector(p, q, 1, 3, 5, 7, 9, 11, 13, 15);
-    cpu_v8 c = __builtin_shufflevector(u, v, 0, 2, 4, 6, 8, 10, 12, 14), d = __builtin_shufflevector(u, v, 1, 3, 5, 7, 9, 11, 13, 15);
-    cpu_v8 g = CPU_LD8(dy + ox), bv = a;
-    cpu_v8i t = (b > bv) | ((b != b) & (bv == bv)), wb = t, wa = ~t, wc, wd;
-    bv = CPU_SEL8(t, b, bv);
-    t = (c > bv) | ((c != c) & (bv == bv));
-    bv = CPU_SEL8(t, c, bv);
-    wc = t;
-    wa &= ~t;
-    wb &= ~t;
-    t = (d > bv) | ((d != d) & (bv == bv));
-    wd = t;
-    wa &= ~t;
-    wb &= ~t;
-    wc &= ~t;
-    cpu_v8 ga = (cpu_v8)((cpu_v8i)g & wa), gb = (cpu_v8)((cpu_v8i)g & wb);
-    cpu_v8 gc = (cpu_v8)((cpu_v8i)g & wc), gd = (cpu_v8)((cpu_v8i)g & wd);
-    CPU_ST8(d0 + 2 * ox, __builtin_shufflevector(ga, gb, 0, 8, 1, 9, 2, 10, 3, 11));
-    CPU_ST8(d0 + 2 * ox + 8, __builtin_shufflevector(ga, gb, 4, 12, 5, 13, 6, 14, 7, 15));
-    CPU_ST8(d1 + 2 * ox, __builtin_shufflevector(gc, gd, 0, 8, 1, 9, 2, 10, 3, 11));
-    CPU_ST8(d1 + 2 * ox + 8, __builtin_shufflevector(gc, gd, 4, 12, 5, 13, 6, 14, 7, 15));
+  for (; ox + 8 <= OW; ox += 8) pool2_select8(r0 + 2 * ox, r1 + 2 * ox, out + ox, win + ox);
+  if (ox < OW) {
+    size_t n = (size_t)(OW - ox);
+    float t0[16] = {0}, t1[16] = {0}, o[8];
+    unsigned char w[8];
+    memcpy(t0, r0 + 2 * ox, 2 * n * sizeof(float));
+    memcpy(t1, r1 + 2 * ox, 2 * n * sizeof(float));
+    pool2_select8(t0, t1, o, w);
+    memcpy(out + ox, o, n * sizeof(float));
+    memcpy(win + ox, w, n);
   }
-  for (; ox < OW; ox++) {
-    float a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1], g = dy[ox], bv = a;
-    int w = 0, t;
-    t = b > bv || (b != b && bv == bv);
-    bv = t ? b : bv;
-    w = t ? 1 : w;
-    t = c > bv || (c != c && bv == bv);
-    bv = t ? c : bv;
-    w = t ? 2 : w;
-    t = d > bv || (d != d && bv == bv);
-    w = t ? 3 : w;
-    d0[2 * ox] = w == 0 ? g : 0.0f;
-    d0[2 * ox + 1] = w == 1 ? g : 0.0f;
-    d1[2 * ox] = w == 2 ? g : 0.0f;
-    d1[2 * ox + 1] = w == 3 ? g : 0.0f;
+}
+
+/* The gradient of one row of windows: dy[ox] goes to the place win[ox] of
+ * window ox in rows d0 and d1, the other three get zero. */
+static inline void pool2_scatter8(const float *dy, const unsigned char *win, float *d0, float *d1) {
+  cpu_v8u8 w8;
+  memcpy(&w8, win, 8);
+  cpu_v8i w = __builtin_convertvector(w8, cpu_v8i), z = {0};
+  cpu_v8i g = (cpu_v8i)CPU_LD8(dy);
+  cpu_v8 ga = (cpu_v8)(g & (w == z)), gb = (cpu_v8)(g & (w == z + 1));
+  cpu_v8 gc = (cpu_v8)(g & (w == z + 2)), gd = (cpu_v8)(g & (w == z + 3));
+  CPU_ST8(d0, __builtin_shufflevector(ga, gb, 0, 8, 1, 9, 2, 10, 3, 11));
+  CPU_ST8(d0 + 8, __builtin_shufflevector(ga, gb, 4, 12, 5, 13, 6, 14, 7, 15));
+  CPU_ST8(d1, __builtin_shufflevector(gc, gd, 0, 8, 1, 9, 2, 10, 3, 11));
+  CPU_ST8(d1 + 8, __builtin_shufflevector(gc, gd, 4, 12, 5, 13, 6, 14, 7, 15));
+}
+
+CPU_VECTOR static void pool2_scatter_row(const float *dy, const unsigned char *win, int64_t OW, float *d0, float *d1) {
+  int64_t ox = 0;
+  for (; ox + 8 <= OW; ox += 8) pool2_scatter8(dy + ox, win + ox, d0 + 2 * ox, d1 + 2 * ox);
+  if (ox < OW) {
+    size_t n = (size_t)(OW - ox);
+    float g[8] = {0}, t0[16], t1[16];
+    unsigned char w[8] = {0};
+    memcpy(g, dy + ox, n * sizeof(float));
+    memcpy(w, win + ox, n);
+    pool2_scatter8(g, w, t0, t1);
+    memcpy(d0 + 2 * ox, t0, 2 * n * sizeof(float));
+    memcpy(d1 + 2 * ox, t1, 2 * n * sizeof(float));
   }
+}
+
+void ampc__cpu_pool2_select(const float *x, int64_t H, int64_t W, float *out, unsigned char *win) {
+  int64_t OH = H / 2, OW = W / 2;
+  for (int64_t oy = 0; oy < OH; oy++) pool2_select_row(x + 2 * oy * W, x + (2 * oy + 1) * W, OW, out + oy * OW, win + oy * OW);
+}
+
+void ampc__cpu_pool2_scatter(const float *dy, const unsigned char *win, int64_t H, int64_t W, float *dx) {
+  int64_t OH = H / 2, OW = W / 2;
+  for (int64_t oy = 0; oy < OH; oy++) {
+    float *d0 = dx + 2 * oy * W;
+    pool2_scatter_row(dy + oy * OW, win + oy * OW, OW, d0, d0 + W);
+    if (W & 1) d0[W - 1] = d0[2 * W - 1] = 0.0f; /* a last odd column is outside every window */
+  }
+  if (H & 1) memset(dx + (H - 1) * W, 0, (size_t)W * sizeof(float));
 }
 
 /* Max pooling's gradient goes to the first maximum of each window (as
@@ -212,17 +242,13 @@ ampc_status ampc__cpu_pool_bwd(const ampc__op_call *c) {
   for (int64_t pl = 0; pl < planes; pl++) {
     float *xb = cpu_ws_slice(c, omp_get_thread_num(), per, 64), *dx = xb + H * W, *tmp = dx + H * W;
     float *dyb = tmp + H * W;
+    unsigned char *win = (unsigned char *)(dyb + OH * OW);
     const float *x = is_max ? cpu_load(&c->in[0], pl * H * W, (size_t)(H * W), xb) : NULL;
     const float *dy = cpu_load(&c->dout, pl * OH * OW, (size_t)(OH * OW), dyb);
     if (is_max && k == 2 && s == 2 && p == 0) {
-      /* every element of dx written: the windows' winners get dy, the rest
-       * (and a last odd row or column outside every window) zero */
-      for (int64_t oy = 0; oy < OH; oy++) {
-        float *d0 = dx + 2 * oy * W;
-        pool2_bwd_row(x + 2 * oy * W, x + (2 * oy + 1) * W, dy + oy * OW, OW, d0, d0 + W);
-        if (W & 1) d0[W - 1] = d0[2 * W - 1] = 0.0f;
-      }
-      if (H & 1) memset(dx + (H - 1) * W, 0, (size_t)W * sizeof(float));
+      /* every element of dx written: the windows' winners get dy, the rest zero */
+      ampc__cpu_pool2_select(x, H, W, tmp, win);
+      ampc__cpu_pool2_scatter(dy, win, H, W, dx);
       cpu_store_grad(c, &c->din[0], pl * H * W, dx, (size_t)(H * W), c->din_acc[0], tmp);
       continue;
     }

@@ -8,13 +8,25 @@
 #include "backend/cpu/cpu_internal.h"
 
 typedef struct {
-  int64_t N, C, HW;
+  int64_t N, C, H, W, HW;
+  int64_t PHW; /* with a fused 2x2 max pool: elements of a pooled plane */
 } bn_geom;
 
 static bn_geom bn_geometry(const ampc__op_call *c) {
   const ampc_shape *s = &c->in[0].shape;
-  bn_geom g = {s->d[0], s->d[1], s->d[2] * s->d[3]};
+  bn_geom g = {s->d[0], s->d[1], s->d[2], s->d[3], s->d[2] * s->d[3], (s->d[2] / 2) * (s->d[3] / 2)};
   return g;
+}
+
+/* With a fused max pool, each window's winner (0..3), one byte per pooled
+ * value, is kept after the statistics in the op's saved state. */
+size_t ampc__cpu_bn_aux_floats(const ampc__op_call *c) {
+  size_t n = 2 * (size_t)c->in[0].shape.d[1] + 1; /* mean, inverse std, mode */
+  if (c->attr.pool) n += ((size_t)ampc_shape_numel(&c->out.shape) + 3) / 4;
+  return n;
+}
+static unsigned char *bn_winners(const ampc__op_call *c, const bn_geom *g) {
+  return (unsigned char *)(c->aux + 2 * g->C + 1);
 }
 
 /* A channel's x and dy (all samples) are kept in f32 between the two passes
@@ -24,7 +36,7 @@ enum { BN_CACHE_FLOATS = 1 << 18 };
 
 static int bn_cache(const ampc__op_call *c, const bn_geom *g) {
   return g->N * g->HW <= BN_CACHE_FLOATS &&
-         (c->in[0].dtype != AMPC_DTYPE_F32 || c->dout.dtype != AMPC_DTYPE_F32 || c->attr.relu);
+         (c->in[0].dtype != AMPC_DTYPE_F32 || c->dout.dtype != AMPC_DTYPE_F32 || c->attr.relu || c->attr.pool);
 }
 
 /* per thread: staged x plane, dy plane, output planes, then the channel cache */
@@ -37,6 +49,31 @@ size_t ampc__cpu_bn_ws(const ampc__op_call *c, int nthreads) {
   return ((size_t)nthreads * bn_per_thread(c, &g) + 4 * (size_t)g.C + 64) * sizeof(float);
 }
 
+/* The per-plane loops, built for AVX2 and the baseline. */
+CPU_VECTOR static void plane_sums(const float *x, float k, size_t n, float *s1, float *s2) { cpu_sum_dev_sq(x, k, n, s1, s2); }
+CPU_VECTOR static void plane_dsums(const float *dy, const float *x, float mean, size_t n, float *s1, float *s2) {
+  cpu_sum_dy_dyx(dy, x, mean, n, s1, s2);
+}
+CPU_VECTOR static void plane_apply(const float *x, size_t n, float scale, float shift, int relu, float *y) {
+  if (relu)
+    for (size_t i = 0; i < n; i++) {
+      float v = x[i] * scale + shift;
+      y[i] = v <= 0.0f ? 0.0f : v; /* NaN stays */
+    }
+  else
+    for (size_t i = 0; i < n; i++) y[i] = x[i] * scale + shift;
+}
+CPU_VECTOR static void plane_mask(const float *y, const float *d, size_t n, float *out) {
+  for (size_t i = 0; i < n; i++) out[i] = y[i] > 0.0f ? d[i] : 0.0f;
+}
+CPU_VECTOR static void plane_dx(const float *x, const float *dy, size_t n, float mean, float invstd, float k, float count,
+                                float dbeta, float dgamma, float *o) {
+  for (size_t i = 0; i < n; i++) {
+    float xhat = (x[i] - mean) * invstd;
+    o[i] = k * (count * dy[i] - dbeta - xhat * dgamma);
+  }
+}
+
 /* dy of one plane. With a fused ReLU it is masked where the output is not
  * positive, in place: the output's gradient is dead after this backward, so
  * the first pass leaves the masked values for the second. Masking is exact in
@@ -46,7 +83,7 @@ static const float *load_dy(const ampc__op_call *c, int64_t off, size_t n, float
   const float *y = cpu_load(&c->out, off, n, ys);
   float *d = c->dout.dtype == AMPC_DTYPE_F32 ? (float *)c->dout.data + off : dys;
   if (d == dys) ampc_load_f32(dys, c->dout.dtype, cpu_at(&c->dout, off), n);
-  for (size_t i = 0; i < n; i++) d[i] = y[i] > 0.0f ? d[i] : 0.0f;
+  plane_mask(y, d, n, d);
   if (d == dys) ampc_store_f32(c->dout.dtype, cpu_at(&c->dout, off), dys, n);
   return d;
 }
@@ -57,7 +94,23 @@ static const float *cache_dy(const ampc__op_call *c, int64_t off, size_t n, floa
   if (!c->attr.relu) return cpu_load(&c->dout, off, n, d);
   const float *y = cpu_load(&c->out, off, n, ys);
   ampc_load_f32(d, c->dout.dtype, cpu_at(&c->dout, off), n);
-  for (size_t i = 0; i < n; i++) d[i] = y[i] > 0.0f ? d[i] : 0.0f;
+  plane_mask(y, d, n, d);
+  return d;
+}
+
+/* With a fused max pool: dy of one full plane into d. The pooled gradient
+ * goes to each window's winner, masked by a fused ReLU where the pooled output
+ * is not positive (the winner's own output); tmp holds 3 pooled planes. */
+static const float *pool_dy(const ampc__op_call *c, const bn_geom *g, int64_t plane, float *d, float *tmp) {
+  size_t np = (size_t)g->PHW;
+  const float *dy = cpu_load(&c->dout, plane * g->PHW, np, tmp);
+  if (c->attr.relu) {
+    const float *y = cpu_load(&c->out, plane * g->PHW, np, tmp + np);
+    float *m = tmp + 2 * np;
+    plane_mask(y, dy, np, m);
+    dy = m;
+  }
+  ampc__cpu_pool2_scatter(dy, bn_winners(c, g) + plane * g->PHW, g->H, g->W, d);
   return d;
 }
 
@@ -75,6 +128,8 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
   float mom = c->attr.momentum, eps = c->attr.eps;
   size_t shared = 64;
   int64_t count = g.N * g.HW;
+  if (c->attr.pool && (c->out.shape.d[2] != g.H / 2 || c->out.shape.d[3] != g.W / 2))
+    return ampc__error(AMPC_EINVAL, "batchnorm2d: a fused pool's output must be half the input's size");
   if (c->training && count < 2) return ampc__error(AMPC_EINVAL, "batchnorm2d: training needs more than one value per channel (got %lld)", (long long)count);
   size_t per = bn_per_thread(c, &g);
   int cache = bn_cache(c, &g) && x->dtype != AMPC_DTYPE_F32;
@@ -91,7 +146,7 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
       for (int64_t n = 0; n < g.N; n++) {
         const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, cache ? xc + n * g.HW : xs);
         float a, b;
-        cpu_sum_dev_sq(xp, k0, (size_t)g.HW, &a, &b);
+        plane_sums(xp, k0, (size_t)g.HW, &a, &b);
         sum += a;
         sq += b;
       }
@@ -116,11 +171,20 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
     for (int64_t n = 0; n < g.N; n++) {
       int64_t off = (n * g.C + ch) * g.HW;
       const float *xp = cache && c->training ? xc + n * g.HW : cpu_load(x, off, (size_t)g.HW, xs);
-      float *yp = cpu_out(y, off, ys);
-      for (int64_t i = 0; i < g.HW; i++) yp[i] = xp[i] * scale + shift;
-      if (c->attr.relu)
-        for (int64_t i = 0; i < g.HW; i++) yp[i] = yp[i] <= 0.0f ? 0.0f : yp[i];
-      cpu_commit(y, off, yp, (size_t)g.HW);
+      float *yp = c->attr.pool ? ys : cpu_out(y, off, ys);
+      plane_apply(xp, (size_t)g.HW, scale, shift, c->attr.relu, yp);
+      if (!c->attr.pool) {
+        cpu_commit(y, off, yp, (size_t)g.HW);
+        continue;
+      }
+      /* pooled as the unfused graph pools: after rounding to the storage type */
+      if (y->dtype != AMPC_DTYPE_F32) {
+        ampc_store_f32(y->dtype, xs + g.HW, yp, (size_t)g.HW);
+        ampc_load_f32(yp, y->dtype, xs + g.HW, (size_t)g.HW);
+      }
+      int64_t plane = n * g.C + ch;
+      ampc__cpu_pool2_select(yp, g.H, g.W, ys + g.HW, bn_winners(c, &g) + plane * g.PHW);
+      cpu_store(y, plane * g.PHW, ys + g.HW, (size_t)g.PHW, 0, NULL);
     }
   }
   c->aux[2 * g.C] = c->training ? 1.0f : 0.0f; /* which statistics backward differentiates */
@@ -150,9 +214,11 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
     for (int64_t n = 0; n < g.N; n++) {
       int64_t off = (n * g.C + ch) * g.HW;
       const float *xp = cpu_load(x, off, (size_t)g.HW, cache ? xc + n * g.HW : xs);
-      const float *dp = cache ? cache_dy(c, off, (size_t)g.HW, dc + n * g.HW, ys) : load_dy(c, off, (size_t)g.HW, dys, ys, 1);
+      const float *dp = c->attr.pool ? pool_dy(c, &g, n * g.C + ch, cache ? dc + n * g.HW : dys, ys)
+                        : cache       ? cache_dy(c, off, (size_t)g.HW, dc + n * g.HW, ys)
+                                      : load_dy(c, off, (size_t)g.HW, dys, ys, 1);
       float a, b;
-      cpu_sum_dy_dyx(dp, xp, mean, (size_t)g.HW, &a, &b);
+      plane_dsums(dp, xp, mean, (size_t)g.HW, &a, &b);
       sdy += a;
       sdyx += b;
     }
@@ -165,14 +231,12 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
       for (int64_t n = 0; n < g.N; n++) {
         int64_t off = (n * g.C + ch) * g.HW;
         const float *xp = cache && x->dtype != AMPC_DTYPE_F32 ? xc + n * g.HW : cpu_load(x, off, (size_t)g.HW, xs);
-        const float *dp = cache && (c->dout.dtype != AMPC_DTYPE_F32 || c->attr.relu) ? dc + n * g.HW
-                                                                                        : load_dy(c, off, (size_t)g.HW, dys, ys, 0);
+        const float *dp = cache && (c->dout.dtype != AMPC_DTYPE_F32 || c->attr.relu || c->attr.pool) ? dc + n * g.HW
+                          : c->attr.pool ? pool_dy(c, &g, n * g.C + ch, dys, ys)
+                                         : load_dy(c, off, (size_t)g.HW, dys, ys, 0);
         float *o = c->din_acc[0] ? out : cpu_out(dx, off, out);
         if (batch_stats) {
-          for (int64_t i = 0; i < g.HW; i++) {
-            float xhat = (xp[i] - mean) * invstd;
-            o[i] = k * ((float)count * dp[i] - dbeta_c - xhat * dgamma_c);
-          }
+          plane_dx(xp, dp, (size_t)g.HW, mean, invstd, k, (float)count, dbeta_c, dgamma_c, o);
         } else {
           for (int64_t i = 0; i < g.HW; i++) o[i] = gm * invstd * dp[i];
         }

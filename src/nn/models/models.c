@@ -79,8 +79,9 @@ ampc_status ampc_model_create(ampc_model **out, const char *name, const ampc_mod
   if (o->batch < 1 || o->channels < 1 || o->height < 1 || o->width < 1 || o->classes < 2)
     return ampc__error(AMPC_EINVAL, "model %s: invalid shape batch %lld, input %dx%dx%d, %d classes", name,
                        (long long)o->batch, o->channels, o->height, o->width, o->classes);
-  if (strcmp(name, "cnn") == 0 && (o->height % 4 || o->width % 4))
-    return ampc__error(AMPC_EINVAL, "model cnn: input %dx%d must be a multiple of 4 (two 2x2 max-pools)", o->height, o->width);
+  /* two 2x2 max-pools, which drop a last odd row or column as PyTorch's do */
+  if (strcmp(name, "cnn") == 0 && (o->height < 4 || o->width < 4))
+    return ampc__error(AMPC_EINVAL, "model cnn: input %dx%d is smaller than 4x4 (two 2x2 max-pools)", o->height, o->width);
   ampc_model *m = calloc(1, sizeof *m);
   if (!m) return ampc__error(AMPC_ENOMEM, "model: out of memory");
   snprintf(m->name, sizeof m->name, "%s", name);
