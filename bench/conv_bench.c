@@ -1,6 +1,7 @@
 /* Times one 3x3, stride-1, pad-1 convolution layer (forward and backward,
- * training mode) with each CPU algorithm in the same process, so that the
- * ratio between them survives a noisy machine.
+ * training mode) with each CPU algorithm in the same process (im2col,
+ * Winograd, the direct loop), so that the ratio between them survives a noisy
+ * machine.
  *
  * usage: conv-bench N C O H [REPS] [f32|f16|bf16]
  *   N samples of C x H x H into O channels; REPS timed steps after one warm-up.
@@ -57,10 +58,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   double flops = 2.0 * (double)N * (double)O * (double)C * 9.0 * (double)(H * H), base_f = 0, base_b = 0;
-  static const struct { ampc_conv_algo a; const char *name; } algos[] = {{AMPC_CONV_IM2COL, "im2col"}, {AMPC_CONV_WINOGRAD, "winograd"}};
+  static const struct { ampc_conv_algo a; const char *name; } algos[] = {{AMPC_CONV_IM2COL, "im2col"}, {AMPC_CONV_WINOGRAD, "winograd"}, {AMPC_CONV_DIRECT, "direct"}};
   printf("conv 3x3 N=%lld C=%lld O=%lld %lldx%lld %s, %d threads\n", (long long)N, (long long)C, (long long)O,
          (long long)H, (long long)H, ty, omp_get_max_threads());
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 3; i++) {
     double tf, tb;
     if (run(algos[i].a, N, C, O, H, reps, dt, &tf, &tb) < 0) return 1;
     if (i == 0) {

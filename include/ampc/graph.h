@@ -145,11 +145,14 @@ ampc_status ampc_graph_set_fusion(ampc_graph *g, int on);
  * always kept. Before compile. */
 ampc_status ampc_graph_set_retain_grads(ampc_graph *g, int on);
 /* How convolutions are computed. AUTO (the default) uses Winograd
- * F(4x4, 3x3) for stride-1 3x3 kernels where it is faster and im2col matrix
- * products elsewhere; IM2COL forces the plain path (the reference Winograd is
- * tested against); WINOGRAD uses it wherever it applies (stride 1, 3x3,
- * padding 0..2). Before compile. */
-typedef enum { AMPC_CONV_AUTO = 0, AMPC_CONV_IM2COL = 1, AMPC_CONV_WINOGRAD = 2 } ampc_conv_algo;
+ * F(4x4, 3x3) for stride-1 3x3 kernels where it is faster (8 or more input
+ * and output channels), a direct loop for stride-1 3x3 kernels over inputs of
+ * at most 4 channels (a first layer), and im2col matrix products elsewhere;
+ * IM2COL forces the plain path (the reference the others are tested
+ * against); WINOGRAD and DIRECT use theirs wherever it applies (stride 1,
+ * 3x3, padding 0..2; the direct loop computes forward and the weight
+ * gradient, the input gradient stays with im2col). Before compile. */
+typedef enum { AMPC_CONV_AUTO = 0, AMPC_CONV_IM2COL = 1, AMPC_CONV_WINOGRAD = 2, AMPC_CONV_DIRECT = 3 } ampc_conv_algo;
 ampc_status ampc_graph_set_conv_algo(ampc_graph *g, ampc_conv_algo a);
 /* Keeps a value readable after forward. By default the memory of an
  * intermediate value that backward does not need (a batch norm's output that

@@ -977,7 +977,7 @@ ampc_status ampc_graph_keep(ampc_graph *g, ampc_value v) {
 
 ampc_status ampc_graph_set_conv_algo(ampc_graph *g, ampc_conv_algo a) {
   if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: the convolution algorithm must be chosen before compile");
-  if (a < AMPC_CONV_AUTO || a > AMPC_CONV_WINOGRAD)
+  if (a < AMPC_CONV_AUTO || a > AMPC_CONV_DIRECT)
     return ampc__error(AMPC_EINVAL, "graph: unknown convolution algorithm %d", (int)a);
   g->conv_algo = a;
   return AMPC_OK;

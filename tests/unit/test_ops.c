@@ -177,6 +177,8 @@ static const op_case CASES[] = {
     {.name = "conv1x1_s2", .k = K_CONV, .n = 3, .c = 4, .h = 5, .w = 5, .o = 3, .ks = 1, .stride = 2},
     /* im2col with a group of samples per thread that grows when fewer threads run than were compiled for */
     {.name = "conv3x3_c6_o1", .k = K_CONV, .n = 3, .c = 6, .h = 8, .w = 8, .o = 1, .ks = 3, .stride = 1, .pad = 0},
+    {.name = "conv3x3_c1_wide", .k = K_CONV, .n = 3, .c = 1, .h = 6, .w = 37, .o = 5, .ks = 3, .stride = 1, .pad = 1, .bias = 1},
+    {.name = "conv3x3_c1_p0_w11", .k = K_CONV, .n = 2, .c = 1, .h = 5, .w = 11, .o = 2, .ks = 3, .stride = 1, .pad = 0},
     {.name = "conv3x3_s1_p2", .k = K_CONV, .n = 2, .c = 3, .h = 4, .w = 5, .o = 2, .ks = 3, .stride = 1, .pad = 2},
     /* enough channels that the default algorithm is Winograd; odd planes */
     {.name = "conv3x3_24ch", .k = K_CONV, .n = 3, .c = 24, .h = 9, .w = 11, .o = 20, .ks = 3, .stride = 1, .pad = 1, .bias = 1},
@@ -776,6 +778,12 @@ TEST(conv2d_winograd) {
     run_kind(K_CONV);
   }
   ampc__cpu_wino_tile_target = 0;
+  test_conv_algo = AMPC_CONV_AUTO;
+}
+/* and the direct loop forced wherever it applies (stride 1, 3x3) */
+TEST(conv2d_direct) {
+  test_conv_algo = AMPC_CONV_DIRECT;
+  run_kind(K_CONV);
   test_conv_algo = AMPC_CONV_AUTO;
 }
 TEST(batchnorm2d_train) { run_kind(K_BN_TRAIN); }
@@ -1433,7 +1441,7 @@ TEST(op_names_and_policies) {
   CHECK(ampc_op_cast_policy(AMPC_OP_RELU) == AMPC_CAST_POLICY_KEEP);
 }
 
-TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(maxpool_backward_ties_and_nan), TEST_ENTRY(keep_stops_relu_fusion), TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu),
+TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(conv2d_direct), TEST_ENTRY(maxpool_backward_ties_and_nan), TEST_ENTRY(keep_stops_relu_fusion), TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu),
           TEST_ENTRY(maxpool2d), TEST_ENTRY(avgpool2d), TEST_ENTRY(global_avgpool), TEST_ENTRY(linear),
           TEST_ENTRY(add), TEST_ENTRY(flatten), TEST_ENTRY(softmax), TEST_ENTRY(log_softmax),
           TEST_ENTRY(cross_entropy), TEST_ENTRY(cast), TEST_ENTRY(set_batch_matches_smaller_graph),

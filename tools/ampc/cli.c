@@ -175,8 +175,8 @@ int cli_common_opts(cli_common *c, cli_opt *out, int with_amp) {
   out[n++] = (cli_opt){"--test-limit", OPT_I64, &c->test_limit, "N", "use only the first N test images", 1, NULL};
   out[n++] = (cli_opt){"--seed", OPT_I64, &c->seed, "N", "seed of every random choice (default 0)", 0, NULL};
   out[n++] = (cli_opt){"--threads", OPT_INT, &c->threads, "N", "threads (default: all cores)", 1, NULL};
-  out[n++] = (cli_opt){"--conv", OPT_STRING, &c->conv, "auto|im2col|winograd",
-                       "convolution algorithm: im2col products or Winograd F(4x4,3x3) (default auto: Winograd for stride-1 3x3 where it is faster)", 0, NULL};
+  out[n++] = (cli_opt){"--conv", OPT_STRING, &c->conv, "auto|im2col|winograd|direct",
+                       "convolution algorithm: im2col products, Winograd F(4x4,3x3) or a direct loop (default auto: for stride-1 3x3, Winograd from 8 channels, direct up to 4)", 0, NULL};
   out[n++] = (cli_opt){"--label-smoothing", OPT_FLOAT, &c->label_smoothing, "X", "cross-entropy label smoothing (default 0)", 0, NULL};
   out[n++] = (cli_opt){"--normalize", OPT_ONOFF, &c->normalize, "on|off", "per-channel mean/std normalisation of the images (default on)", 0, NULL};
   if (!with_amp) return n;

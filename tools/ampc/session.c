@@ -59,8 +59,9 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
   ampc_conv_algo algo = AMPC_CONV_AUTO;
   if (strcmp(c->conv, "im2col") == 0) algo = AMPC_CONV_IM2COL;
   else if (strcmp(c->conv, "winograd") == 0) algo = AMPC_CONV_WINOGRAD;
+  else if (strcmp(c->conv, "direct") == 0) algo = AMPC_CONV_DIRECT;
   else if (strcmp(c->conv, "auto") != 0) {
-    cli_error("--conv: unknown algorithm '%s' (expected auto, im2col or winograd)", c->conv);
+    cli_error("--conv: unknown algorithm '%s' (expected auto, im2col, winograd or direct)", c->conv);
     return -1;
   }
   ampc_graph_set_conv_algo(s->g, algo);

@@ -61,8 +61,8 @@ static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
 /* Winograd where the graph asks for it, or (AUTO) where it is faster: with
  * few channels the transforms cost more than the products they save. */
 static int use_winograd(const ampc__op_call *c) {
-  if (c->conv_algo == AMPC_CONV_IM2COL || !ampc__cpu_wino_applies(c)) return 0;
-  if (c->conv_algo != AMPC_CONV_AUTO) return 1;
+  if (!ampc__cpu_wino_applies(c) || (c->conv_algo != AMPC_CONV_AUTO && c->conv_algo != AMPC_CONV_WINOGRAD)) return 0;
+  if (c->conv_algo == AMPC_CONV_WINOGRAD) return 1;
   return c->in[0].shape.d[1] >= CONV_WINO_MIN_CHANNELS && c->in[1].shape.d[0] >= CONV_WINO_MIN_CHANNELS;
 }
 
@@ -70,6 +70,13 @@ static int use_winograd(const ampc__op_call *c) {
  * holds it. */
 static int run_winograd(const ampc__op_call *c) {
   return use_winograd(c) && c->ws_size >= ampc__cpu_wino_ws(c, c->nthreads);
+}
+
+/* The direct loop where the graph asks for it, or (AUTO) for 3x3 stride-1
+ * convolutions of inputs with few channels. */
+static int use_direct(const ampc__op_call *c) {
+  if (!ampc__cpu_direct_applies(c)) return 0;
+  return c->conv_algo == AMPC_CONV_DIRECT || (c->conv_algo == AMPC_CONV_AUTO && ampc__cpu_direct_preferred(c));
 }
 
 static size_t im2col_ws(const ampc__op_call *c, int nthreads) {
@@ -80,8 +87,9 @@ static size_t im2col_ws(const ampc__op_call *c, int nthreads) {
 size_t ampc__cpu_conv2d_ws(const ampc__op_call *c, int nthreads) {
   if (use_winograd(c)) return ampc__cpu_wino_ws(c, nthreads);
   /* fewer threads at run time give each a larger group of samples: room for
-   * every count up to the compiled one */
-  size_t w = 0;
+   * every count up to the compiled one; the direct loop's input gradient is
+   * the im2col path's */
+  size_t w = use_direct(c) ? ampc__cpu_direct_ws(c, nthreads) : 0;
   for (int t = 1; t <= (nthreads < 1 ? 1 : nthreads); t++) {
     size_t s = im2col_ws(c, t);
     if (s > w) w = s;
@@ -191,6 +199,7 @@ static const float *gather_dy(const conv_geom *g, const ampc_tensor *dy, int64_t
 
 ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
   if (run_winograd(c)) return ampc__cpu_wino_fwd(c);
+  if (use_direct(c)) return ampc__cpu_direct_fwd(c);
   conv_geom g = conv_geometry(c, c->nthreads);
   const float *wf = weight_f32(c, &g);
   const ampc_tensor *x = &c->in[0], *y = &c->out;
@@ -243,7 +252,9 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
   int need_dx = dx->data != NULL, need_dw = dw->data != NULL, need_db = db && db->data;
   int64_t ng = ngroups(&g);
   double t0 = c->timers ? omp_get_wtime() : 0.0;
-  if (need_dw || need_db) {
+  if ((need_dw || need_db) && use_direct(c)) {
+    AMPC_TRY(ampc__cpu_direct_bwd_weights(c));
+  } else if (need_dw || need_db) {
     int nth_used = 1;
 #pragma omp parallel num_threads(g.nt)
     {

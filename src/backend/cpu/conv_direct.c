@@ -1,0 +1,239 @@
+/* Direct 3x3 stride-1 convolution, for inputs with few channels (a network's
+ * first layer: 1 or 3 channels). There an im2col product has only K = 9C
+ * rows, far too few for a matrix product to run near its peak, while the
+ * direct loop keeps a block of outputs in registers: two output channels by
+ * up to 32 columns of one output row, accumulated over the 9C taps of the
+ * sample's zero-padded f32 copy. The weight gradient runs the same way with
+ * the 9 taps of one (output, input) channel pair in registers over a row of
+ * the output gradient.
+ *
+ * Forward and the weight (and bias) gradient; the input gradient, which a
+ * first layer does not need, stays with the im2col path. Each thread takes
+ * whole samples; the weight gradient's per-thread partials are added in a
+ * fixed order, so results are the same for a thread count. Built twice: for
+ * AVX2 with FMA and for the baseline, picked at run time. */
+#include <omp.h>
+
+#include "backend/cpu/cpu_internal.h"
+
+typedef struct {
+  int64_t N, C, H, W, O, p, OH, OW, OHW;
+  int64_t nv;        /* vectors of 8 columns per block: 1, 2 or 4 */
+  int64_t OWv;       /* OW rounded up to whole blocks */
+  int64_t Hp, Wp;    /* the padded sample's planes */
+  /* per thread, in floats: the padded sample, two output planes (with a
+   * block's overrun), the output gradient's padded plane and its staging,
+   * the weight gradient partial, a plane of the input being staged */
+  size_t off_y0, off_y1, off_dyp, off_dys, off_part, off_xt, per_thread;
+  size_t shared; /* the f32 weight and bias */
+} dconv_geom;
+
+enum { DCONV_MAX_AUTO_CHANNELS = 4 };
+
+int ampc__cpu_direct_applies(const ampc__op_call *c) {
+  const ampc_shape *w = &c->in[1].shape;
+  return w->d[2] == 3 && w->d[3] == 3 && c->attr.stride == 1 && c->attr.pad >= 0 && c->attr.pad <= 2;
+}
+
+int ampc__cpu_direct_preferred(const ampc__op_call *c) {
+  return ampc__cpu_direct_applies(c) && c->in[0].shape.d[1] <= DCONV_MAX_AUTO_CHANNELS;
+}
+
+static dconv_geom dconv_geometry(const ampc__op_call *c) {
+  dconv_geom g;
+  const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape, *y = &c->out.shape;
+  g.N = x->d[0]; g.C = x->d[1]; g.H = x->d[2]; g.W = x->d[3];
+  g.O = w->d[0]; g.p = c->attr.pad;
+  g.OH = y->d[2]; g.OW = y->d[3]; g.OHW = g.OH * g.OW;
+  g.nv = g.OW <= 8 ? 1 : g.OW <= 16 ? 2 : 4;
+  g.OWv = (g.OW + 8 * g.nv - 1) / (8 * g.nv) * (8 * g.nv);
+  g.Hp = g.H + 2 * g.p;
+  g.Wp = g.OWv + 2 > g.W + 2 * g.p ? g.OWv + 2 : g.W + 2 * g.p;
+  g.Wp = (g.Wp + 7) & ~(int64_t)7;
+  g.off_y0 = (size_t)(g.C * g.Hp * g.Wp);
+  g.off_y1 = g.off_y0 + (size_t)g.OHW + 32;
+  g.off_dyp = g.off_y1 + (size_t)g.OHW + 32;
+  g.off_dys = g.off_dyp + (size_t)(g.OH * g.OWv);
+  g.off_part = g.off_dys + (size_t)g.OHW;
+  g.off_xt = g.off_part + (size_t)(g.O * g.C * 9 + g.O);
+  g.per_thread = g.off_xt + (size_t)(g.H * g.W) + 16;
+  g.shared = (size_t)(g.O * g.C * 9 + g.O) + 16;
+  return g;
+}
+
+size_t ampc__cpu_direct_ws(const ampc__op_call *c, int nthreads) {
+  dconv_geom g = dconv_geometry(c);
+  return (g.shared + (size_t)(nthreads < 1 ? 1 : nthreads) * g.per_thread) * sizeof(float);
+}
+
+/* The f32 copy of sample n, zero-padded by p, planes Hp x Wp. */
+static void stage_sample(const dconv_geom *g, const ampc_tensor *x, int64_t n, float *xp, float *tmp) {
+  memset(xp, 0, (size_t)(g->C * g->Hp * g->Wp) * sizeof(float));
+  for (int64_t ch = 0; ch < g->C; ch++) {
+    int64_t hw = g->H * g->W;
+    const float *src = cpu_load(x, (n * g->C + ch) * hw, (size_t)hw, tmp);
+    float *dst = xp + (ch * g->Hp + g->p) * g->Wp + g->p;
+    for (int64_t iy = 0; iy < g->H; iy++) memcpy(dst + iy * g->Wp, src + iy * g->W, (size_t)g->W * sizeof(float));
+  }
+}
+
+/* Output rows of channels o and o+1 (o1 = 0: o alone) of one sample into y0
+ * and y1 (rows OW apart; a row's last block may overrun into the next row,
+ * which is written after it, and past the plane by < 32). */
+static inline __attribute__((always_inline)) void fwd_pair(const dconv_geom *g, const float *xp, const float *w0,
+                                                           const float *w1, float b0, float b1, float *y0, float *y1,
+                                                           const int nv) {
+  for (int64_t oy = 0; oy < g->OH; oy++)
+    for (int64_t cb = 0; cb < g->OWv; cb += 8 * nv) {
+      cpu_v8 a0[4], a1[4];
+      for (int v = 0; v < nv; v++) {
+        a0[v] = (cpu_v8){0} + b0;
+        a1[v] = (cpu_v8){0} + b1;
+      }
+      for (int64_t ch = 0; ch < g->C; ch++)
+        for (int ky = 0; ky < 3; ky++) {
+          const float *row = xp + (ch * g->Hp + oy + ky) * g->Wp + cb;
+          const float *k0 = w0 + (ch * 3 + ky) * 3, *k1 = w1 + (ch * 3 + ky) * 3;
+          for (int kx = 0; kx < 3; kx++) {
+            float s0 = k0[kx], s1 = k1[kx];
+            for (int v = 0; v < nv; v++) {
+              cpu_v8 xv = CPU_LD8(row + 8 * v + kx);
+              a0[v] += s0 * xv;
+              a1[v] += s1 * xv;
+            }
+          }
+        }
+      for (int v = 0; v < nv; v++) {
+        CPU_ST8(y0 + oy * g->OW + cb + 8 * v, a0[v]);
+        CPU_ST8(y1 + oy * g->OW + cb + 8 * v, a1[v]);
+      }
+    }
+}
+
+/* The 9 taps' gradient of output channel o over input channel ch, from one
+ * sample's padded input and the output gradient plane dyp (rows OWv apart,
+ * zero past OW), added to dw[0..8]. */
+static inline __attribute__((always_inline)) void bwd_taps(const dconv_geom *g, const float *xp, const float *dyp,
+                                                           int64_t ch, float *dw, const int nv) {
+  cpu_v8 acc[9];
+  for (int t = 0; t < 9; t++) acc[t] = (cpu_v8){0};
+  for (int64_t oy = 0; oy < g->OH; oy++)
+    for (int64_t cb = 0; cb < g->OWv; cb += 8 * nv)
+      for (int v = 0; v < nv; v++) {
+        cpu_v8 d = CPU_LD8(dyp + oy * g->OWv + cb + 8 * v);
+        for (int ky = 0; ky < 3; ky++) {
+          const float *row = xp + (ch * g->Hp + oy + ky) * g->Wp + cb + 8 * v;
+          for (int kx = 0; kx < 3; kx++) acc[ky * 3 + kx] += d * CPU_LD8(row + kx);
+        }
+      }
+  for (int t = 0; t < 9; t++) dw[t] += cpu_hsum8(acc[t]);
+}
+
+/* Everything above in one function per instruction set, so that the vector
+ * loops are compiled (and contracted to FMA) for it. */
+#define DCONV_BODY(ATTR, fwd_sample, bwd_plane)                                                                           \
+  ATTR static void fwd_sample(const dconv_geom *g, const float *xp, const float *wf, const float *bias, float *y0, float *y1, \
+                         const ampc_tensor *y, int64_t n) {                                                              \
+    for (int64_t o = 0; o < g->O; o += 2) {                                                                              \
+      int two = o + 1 < g->O;                                                                                            \
+      const float *w0 = wf + o * g->C * 9, *w1 = two ? w0 + g->C * 9 : w0;                                               \
+      float b0 = bias ? bias[o] : 0.0f, b1 = bias && two ? bias[o + 1] : 0.0f;                                           \
+      if (g->nv == 4) fwd_pair(g, xp, w0, w1, b0, b1, y0, y1, 4);                                                        \
+      else if (g->nv == 2) fwd_pair(g, xp, w0, w1, b0, b1, y0, y1, 2);                                                   \
+      else fwd_pair(g, xp, w0, w1, b0, b1, y0, y1, 1);                                                                   \
+      cpu_store(y, (n * g->O + o) * g->OHW, y0, (size_t)g->OHW, 0, NULL);                                                \
+      if (two) cpu_store(y, (n * g->O + o + 1) * g->OHW, y1, (size_t)g->OHW, 0, NULL);                                   \
+    }                                                                                                                    \
+  }                                                                                                                      \
+  ATTR static void bwd_plane(const dconv_geom *g, const float *xp, const float *dyp, float *dw) {                             \
+    for (int64_t ch = 0; ch < g->C; ch++) {                                                                              \
+      if (g->nv == 4) bwd_taps(g, xp, dyp, ch, dw + ch * 9, 4);                                                          \
+      else if (g->nv == 2) bwd_taps(g, xp, dyp, ch, dw + ch * 9, 2);                                                     \
+      else bwd_taps(g, xp, dyp, ch, dw + ch * 9, 1);                                                                     \
+    }                                                                                                                    \
+  }
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(AMPC_NO_CLONES)
+#define DCONV_X86 1
+DCONV_BODY(__attribute__((target("avx2,fma"))), fwd_sample_avx2, bwd_plane_avx2)
+static int dconv_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+#else
+#define DCONV_X86 0
+static int dconv_avx2(void) { return 0; }
+#endif
+DCONV_BODY(, fwd_sample, bwd_plane)
+
+ampc_status ampc__cpu_direct_fwd(const ampc__op_call *c) {
+  dconv_geom g = dconv_geometry(c);
+  const ampc_tensor *x = &c->in[0], *y = &c->out;
+  const ampc_tensor *b = c->n_in > 2 && c->in[2].data ? &c->in[2] : NULL;
+  int nt = c->nthreads < 1 ? 1 : c->nthreads, avx2 = dconv_avx2();
+  if (ampc__cpu_direct_ws(c, nt) > c->ws_size) return ampc__error(AMPC_ESTATE, "conv2d: direct workspace too small");
+  float *shared = (float *)c->ws;
+  const float *wf = cpu_load(&c->in[1], 0, (size_t)(g.O * g.C * 9), shared);
+  const float *bias = b ? cpu_load(b, 0, (size_t)g.O, shared + g.O * g.C * 9) : NULL;
+#pragma omp parallel num_threads(nt)
+  {
+    int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+    float *xp = cpu_ws_slice(c, tid, g.per_thread, g.shared), *y0 = xp + g.off_y0, *y1 = xp + g.off_y1;
+    for (int64_t n = tid; n < g.N; n += nth) {
+      stage_sample(&g, x, n, xp, xp + g.off_xt);
+#if DCONV_X86
+      if (avx2) {
+        fwd_sample_avx2(&g, xp, wf, bias, y0, y1, y, n);
+        continue;
+      }
+#endif
+      (void)avx2;
+      fwd_sample(&g, xp, wf, bias, y0, y1, y, n);
+    }
+  }
+  return AMPC_OK;
+}
+
+/* The weight and bias gradients (stored or accumulated as the call says). */
+ampc_status ampc__cpu_direct_bwd_weights(const ampc__op_call *c) {
+  dconv_geom g = dconv_geometry(c);
+  const ampc_tensor *x = &c->in[0], *dy = &c->dout, *dw = &c->din[1];
+  const ampc_tensor *db = c->n_in > 2 && c->din[2].data ? &c->din[2] : NULL;
+  int nt = c->nthreads < 1 ? 1 : c->nthreads, avx2 = dconv_avx2(), nth_used = 1;
+  size_t nw = (size_t)(g.O * g.C * 9);
+  if (ampc__cpu_direct_ws(c, nt) > c->ws_size) return ampc__error(AMPC_ESTATE, "conv2d: direct workspace too small");
+#pragma omp parallel num_threads(nt)
+  {
+    int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+#pragma omp single
+    nth_used = nth;
+    float *xp = cpu_ws_slice(c, tid, g.per_thread, g.shared), *dyp = xp + g.off_dyp, *dys = xp + g.off_dys;
+    float *part = xp + g.off_part;
+    memset(part, 0, (nw + (size_t)g.O) * sizeof(float));
+    memset(dyp, 0, (size_t)(g.OH * g.OWv) * sizeof(float));
+    for (int64_t n = tid; n < g.N; n += nth) {
+      if (dw->data) stage_sample(&g, x, n, xp, xp + g.off_xt);
+      for (int64_t o = 0; o < g.O; o++) {
+        const float *d = cpu_load(dy, (n * g.O + o) * g.OHW, (size_t)g.OHW, dys);
+        if (db) part[nw + o] += cpu_sum(d, (size_t)g.OHW);
+        if (!dw->data) continue;
+        for (int64_t oy = 0; oy < g.OH; oy++) memcpy(dyp + oy * g.OWv, d + oy * g.OW, (size_t)g.OW * sizeof(float));
+#if DCONV_X86
+        if (avx2) {
+          bwd_plane_avx2(&g, xp, dyp, part + o * g.C * 9);
+          continue;
+        }
+#endif
+        (void)avx2;
+        bwd_plane(&g, xp, dyp, part + o * g.C * 9);
+      }
+    }
+  }
+  /* fixed-order reduction of the per-thread partials */
+  float *sum = cpu_ws_slice(c, 0, g.per_thread, g.shared) + g.off_part;
+  for (int t = 1; t < nth_used; t++) {
+    const float *p = cpu_ws_slice(c, t, g.per_thread, g.shared) + g.off_part;
+    for (size_t i = 0; i < nw + (size_t)g.O; i++) sum[i] += p[i];
+  }
+  float *tmp = (float *)c->ws;
+  if (dw->data) cpu_store_grad(c, dw, 0, sum, nw, c->din_acc[1], tmp);
+  if (db) cpu_store_grad(c, db, 0, sum + nw, (size_t)g.O, c->din_acc[2], tmp);
+  return AMPC_OK;
+}
