@@ -917,6 +917,38 @@ TEST(thread_counts_agree) {
     }
 }
 
+/* Winograd's results are the same bits for any thread count, whether the
+ * threads share each chunk (few chunks) or take whole chunks each (many). */
+TEST(winograd_same_bits_any_threads) {
+  static const char *names[] = {"conv3x3_16x16", "conv3x3_24ch"};
+  static const int64_t targets[] = {0, 5};
+  test_conv_algo = AMPC_CONV_WINOGRAD;
+  for (int i = 0; i < 2; i++)
+    for (int t = 0; t < 2; t++)
+      for (int p = 0; p < NPRECS; p++) {
+        const op_case *cs = find_case(names[i]);
+        ctx_case = cs->name;
+        ctx_prec = PRECS[p].name;
+        ampc__cpu_wino_tile_target = targets[t];
+        net a = {0}, b = {0};
+        for (int nt = 2; nt <= 3; nt++)
+          if (build(&a, cs, &PRECS[p].p, cs->n, 1) == 0 && build(&b, cs, &PRECS[p].p, cs->n, nt) == 0) {
+            for (int r = 0; r < 2; r++) {
+              net *q = r ? &b : &a;
+              CHECK_OK(ampc_graph_forward(q->g, 1));
+              CHECK_OK(ampc_graph_backward(q->g, q->loss, 1.0f, 0));
+            }
+            snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&b, cs);
+            compare_snapshots(&sa, &sb, 0.0, "1 thread vs several, bit for bit");
+            ampc_graph_free(a.g);
+            ampc_graph_free(b.g);
+            tmp_free_all();
+          }
+      }
+  ampc__cpu_wino_tile_target = 0;
+  test_conv_algo = AMPC_CONV_AUTO;
+}
+
 /* Raising the thread count after compile is safe: the kernels would need
  * more per-thread workspace than was planned at compile time, so the graph
  * keeps within the compiled count (it clamps), and results stay right. */
@@ -1441,7 +1473,7 @@ TEST(op_names_and_policies) {
   CHECK(ampc_op_cast_policy(AMPC_OP_RELU) == AMPC_CAST_POLICY_KEEP);
 }
 
-TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(conv2d_direct), TEST_ENTRY(maxpool_backward_ties_and_nan), TEST_ENTRY(keep_stops_relu_fusion), TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu),
+TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(conv2d_direct), TEST_ENTRY(winograd_same_bits_any_threads), TEST_ENTRY(maxpool_backward_ties_and_nan), TEST_ENTRY(keep_stops_relu_fusion), TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu),
           TEST_ENTRY(maxpool2d), TEST_ENTRY(avgpool2d), TEST_ENTRY(global_avgpool), TEST_ENTRY(linear),
           TEST_ENTRY(add), TEST_ENTRY(flatten), TEST_ENTRY(softmax), TEST_ENTRY(log_softmax),
           TEST_ENTRY(cross_entropy), TEST_ENTRY(cast), TEST_ENTRY(set_batch_matches_smaller_graph),

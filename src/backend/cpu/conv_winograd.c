@@ -18,10 +18,15 @@
  * to their storage type then), so 16-bit storage adds no pass over memory.
  *
  * Tiles are processed in chunks (several samples, or a band of tile rows of
- * one sample) small enough that V and M stay in cache. Every thread works on
- * the same chunk: transforms are split by (sample, block of 8 channels), the
- * products by transform point, with a barrier between phases; so no thread
- * keeps a private copy of anything large and results do not depend on timing.
+ * one sample) small enough that V and M stay in cache. When a layer has many
+ * chunks (large planes, few channels) each thread takes whole chunks, handed
+ * out as threads come free, with its own V and M: no barriers, and a thread
+ * slowed down by something else on the machine does less of the work. When
+ * it has few (deep layers, whose transformed weights are the bulk of the
+ * traffic) every thread works on the same chunk: transforms are split by
+ * (sample, block of 8 channels), the products by transform point, with a
+ * barrier between phases. Either way a chunk's arithmetic is the same, so
+ * results are the same bits for any thread count and any timing.
  *
  * Backward data is the same convolution of dY with the weights rotated by 180
  * degrees and their channel axes swapped, padded by 2 - pad. Backward weights
@@ -80,8 +85,12 @@ static wg_geom wg_geometry(int64_t N, int64_t ci, int64_t co, int64_t ih, int64_
 typedef struct {
   wg_geom f, d; /* forward (and backward weights); backward data */
   size_t off_v, off_m, off_wf, off_db, shared, per_thread; /* floats */
+  size_t vm;                                               /* a V and M pair; one per thread from off_v */
   size_t off_st, off_band, off_tmp, off_w;                 /* within a thread's slice */
 } wg_layout;
+
+/* Chunks per thread from which each thread takes whole chunks. */
+enum { WG_PRIVATE_CHUNKS = 4 };
 
 static size_t zmax(size_t x, size_t y) { return x > y ? x : y; }
 
@@ -90,7 +99,7 @@ int ampc__cpu_wino_applies(const ampc__op_call *c) {
   return w->d[2] == 3 && w->d[3] == 3 && c->attr.stride == 1 && c->attr.pad >= 0 && c->attr.pad <= 2;
 }
 
-static wg_layout wg_plan(const ampc__op_call *c) {
+static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
   wg_layout L;
   const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape, *y = &c->out.shape;
   int64_t N = x->d[0], C = x->d[1], H = x->d[2], W = x->d[3], O = w->d[0], OH = y->d[2], OW = y->d[3], p = c->attr.pad;
@@ -101,7 +110,8 @@ static wg_layout wg_plan(const ampc__op_call *c) {
   L.off_m = L.off_v + (size_t)(WG_NP * c8 * tb);
   /* the weight in f32 is needed only while U is made, before any chunk: it
    * shares V and M's space, growing it when it does not fit */
-  size_t vm = 2 * (size_t)(WG_NP * c8 * tb), wf = (size_t)(O * C * 9);
+  L.vm = 2 * (size_t)(WG_NP * c8 * tb);
+  size_t vm = L.vm * (size_t)(nthreads < 1 ? 1 : nthreads), wf = (size_t)(O * C * 9);
   L.off_wf = L.off_v;
   L.off_db = L.off_v + (vm > wf ? vm : wf);
   L.shared = L.off_db + (size_t)up8(O) + 16;
@@ -116,7 +126,7 @@ static wg_layout wg_plan(const ampc__op_call *c) {
 }
 
 size_t ampc__cpu_wino_ws(const ampc__op_call *c, int nthreads) {
-  wg_layout L = wg_plan(c);
+  wg_layout L = wg_plan(c, nthreads);
   return (L.shared + L.per_thread * (size_t)(nthreads < 1 ? 1 : nthreads)) * sizeof(float);
 }
 
@@ -295,45 +305,63 @@ static void wg_chunk(const wg_geom *g, int64_t k, int64_t *n0, int64_t *nbe, int
   *ty1 = *ty0 + g->rb < g->th ? *ty0 + g->rb : g->th;
 }
 
+/* One chunk's input transforms, products and output: transforms split over
+ * the nth threads from tid (one thread: all of them), products by transform
+ * point; with a barrier between phases when the chunk is shared. */
+static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V, float *M, float *me, int tid, int nth) {
+  const wg_geom *g = a->g;
+  const wg_layout *L = a->L;
+  float *st = me + L->off_st, *band = me + L->off_band, *tmp = me + L->off_tmp;
+  int64_t ohw = g->oh * g->ow, cib = g->ci8 / WG_VL, cob = g->co8 / WG_VL, yc = WG_M * g->tw;
+  int64_t n0, nbe, ty0, ty1;
+  wg_chunk(g, k, &n0, &nbe, &ty0, &ty1);
+  int64_t nty = ty1 - ty0, bt = nty * g->tw, tb = nbe * bt;
+  size_t vstride = (size_t)(tb * g->ci8), mstride = (size_t)(tb * g->co8);
+  for (int64_t it = tid; it < nbe * cib; it += nth) {
+    int64_t s = it / cib, c0 = (it % cib) * WG_VL;
+    wg_stage(g, a->in, (n0 + s) * g->ci, c0, g->ci, ty0, ty1, st, band);
+    wg_input_tiles(st, g->scol, nty, g->tw, V + s * bt * g->ci8 + c0, vstride, g->ci8);
+  }
+  if (nth > 1) {
+#pragma omp barrier
+  }
+  for (int64_t xi = tid; xi < WG_NP; xi += nth)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tb, (int)g->co, (int)g->ci, 1.0f, V + (size_t)xi * vstride,
+                (int)g->ci8, U + (size_t)xi * g->co * g->ci8, (int)g->ci8, 0.0f, M + (size_t)xi * mstride, (int)g->co8);
+  if (nth > 1) {
+#pragma omp barrier
+  }
+  int64_t oy0 = WG_M * ty0, oy1 = WG_M * ty1 < g->oh ? WG_M * ty1 : g->oh, nrow = oy1 - oy0;
+  for (int64_t it = tid; it < nbe * cob; it += nth) {
+    int64_t s = it / cob, o0 = (it % cob) * WG_VL;
+    static const float zero8[WG_VL] = {0};
+    wg_output_tiles(M + s * bt * g->co8 + o0, mstride, g->co8, nty, g->tw, a->bias ? a->bias + o0 : zero8, st);
+    for (int64_t q = 0; q < WG_VL && o0 + q < g->co; q++) {
+      for (int64_t r = 0; r < nrow; r++)
+        for (int64_t x = 0; x < g->ow; x++) band[r * g->ow + x] = st[(r * yc + x) * WG_VL + q];
+      int64_t at = ((n0 + s) * g->co + o0 + q) * ohw + oy0 * g->ow;
+      if (a->grad) cpu_store_grad(a->c, a->out, at, band, (size_t)(nrow * g->ow), a->acc, tmp);
+      else cpu_store(a->out, at, band, (size_t)(nrow * g->ow), 0, NULL);
+    }
+  }
+  if (nth > 1) {
+#pragma omp barrier
+  }
+}
+
 /* Runs inside a parallel region, on every thread; U holds the transformed
  * weights, (xi, co, ci8). */
 static void wg_conv_run(const wg_conv *a, const float *U, int tid, int nth) {
-  const wg_geom *g = a->g;
   const wg_layout *L = a->L;
-  float *ws = (float *)a->c->ws, *V = ws + L->off_v, *M = ws + L->off_m;
-  float *me = cpu_ws_slice(a->c, tid, L->per_thread, L->shared);
-  float *st = me + L->off_st, *band = me + L->off_band, *tmp = me + L->off_tmp;
-  int64_t nchunks = wg_chunks(g), ohw = g->oh * g->ow, cib = g->ci8 / WG_VL, cob = g->co8 / WG_VL, yc = WG_M * g->tw;
-  for (int64_t k = 0; k < nchunks; k++) {
-    int64_t n0, nbe, ty0, ty1;
-    wg_chunk(g, k, &n0, &nbe, &ty0, &ty1);
-    int64_t nty = ty1 - ty0, bt = nty * g->tw, tb = nbe * bt;
-    size_t vstride = (size_t)(tb * g->ci8), mstride = (size_t)(tb * g->co8);
-    for (int64_t it = tid; it < nbe * cib; it += nth) {
-      int64_t s = it / cib, c0 = (it % cib) * WG_VL;
-      wg_stage(g, a->in, (n0 + s) * g->ci, c0, g->ci, ty0, ty1, st, band);
-      wg_input_tiles(st, g->scol, nty, g->tw, V + s * bt * g->ci8 + c0, vstride, g->ci8);
-    }
-#pragma omp barrier
-    for (int64_t xi = tid; xi < WG_NP; xi += nth)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tb, (int)g->co, (int)g->ci, 1.0f, V + (size_t)xi * vstride,
-                  (int)g->ci8, U + (size_t)xi * g->co * g->ci8, (int)g->ci8, 0.0f, M + (size_t)xi * mstride, (int)g->co8);
-#pragma omp barrier
-    int64_t oy0 = WG_M * ty0, oy1 = WG_M * ty1 < g->oh ? WG_M * ty1 : g->oh, nrow = oy1 - oy0;
-    for (int64_t it = tid; it < nbe * cob; it += nth) {
-      int64_t s = it / cob, o0 = (it % cob) * WG_VL;
-      static const float zero8[WG_VL] = {0};
-      wg_output_tiles(M + s * bt * g->co8 + o0, mstride, g->co8, nty, g->tw, a->bias ? a->bias + o0 : zero8, st);
-      for (int64_t q = 0; q < WG_VL && o0 + q < g->co; q++) {
-        for (int64_t r = 0; r < nrow; r++)
-          for (int64_t x = 0; x < g->ow; x++) band[r * g->ow + x] = st[(r * yc + x) * WG_VL + q];
-        int64_t at = ((n0 + s) * g->co + o0 + q) * ohw + oy0 * g->ow;
-        if (a->grad) cpu_store_grad(a->c, a->out, at, band, (size_t)(nrow * g->ow), a->acc, tmp);
-        else cpu_store(a->out, at, band, (size_t)(nrow * g->ow), 0, NULL);
-      }
-    }
-#pragma omp barrier
+  float *ws = (float *)a->c->ws, *me = cpu_ws_slice(a->c, tid, L->per_thread, L->shared);
+  int64_t nchunks = wg_chunks(a->g);
+  if (nth > 1 && nchunks >= WG_PRIVATE_CHUNKS * nth) {
+    float *V = ws + L->off_v + (size_t)tid * L->vm, *M = V + L->vm / 2;
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t k = 0; k < nchunks; k++) wg_conv_chunk(a, U, k, V, M, me, 0, 1);
+    return;
   }
+  for (int64_t k = 0; k < nchunks; k++) wg_conv_chunk(a, U, k, ws + L->off_v, ws + L->off_m, me, tid, nth);
 }
 
 /* U[xi][row][col], rows co8 ... (row-major, ci8 columns), from the f32 weight
@@ -394,7 +422,7 @@ static const float *wg_weight_f32(const ampc__op_call *c, const wg_layout *L) {
 }
 
 ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
-  wg_layout L = wg_plan(c);
+  wg_layout L = wg_plan(c, c->nthreads);
   const ampc_tensor *b = c->n_in > 2 ? &c->in[2] : NULL;
   float *U = (float *)c->ws, *bias = b ? (float *)c->ws + L.off_db : NULL;
   if (b) {
@@ -414,7 +442,7 @@ ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
 }
 
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
-  wg_layout L = wg_plan(c);
+  wg_layout L = wg_plan(c, c->nthreads);
   const wg_geom *g = &L.f;
   const ampc_tensor *x = &c->in[0], *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
