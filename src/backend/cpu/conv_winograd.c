@@ -86,11 +86,16 @@ typedef struct {
   wg_geom f, d; /* forward (and backward weights); backward data */
   size_t off_v, off_m, off_wf, off_db, shared, per_thread; /* floats */
   size_t vm;                                               /* a V and M pair; one per thread from off_v */
+  size_t off_du, du;                                       /* backward weights by slots: WG_SLOTS partial dU of du */
   size_t off_st, off_band, off_tmp, off_w;                 /* within a thread's slice */
 } wg_layout;
 
-/* Chunks per thread from which each thread takes whole chunks. */
-enum { WG_PRIVATE_CHUNKS = 4 };
+/* Chunks per thread from which each thread takes whole chunks. Backward
+ * weights then sums dU in WG_SLOTS fixed partials (chunk k into slot
+ * k % WG_SLOTS, added in slot order), which threads take whole, when the
+ * partials are small: the same bits for any thread count. */
+enum { WG_PRIVATE_CHUNKS = 4, WG_SLOTS = 4 };
+#define WG_SLOT_BYTES ((size_t)8 << 20)
 
 static size_t zmax(size_t x, size_t y) { return x > y ? x : y; }
 
@@ -98,6 +103,8 @@ int ampc__cpu_wino_applies(const ampc__op_call *c) {
   const ampc_shape *w = &c->in[1].shape;
   return w->d[2] == 3 && w->d[3] == 3 && c->attr.stride == 1 && c->attr.pad >= 0 && c->attr.pad <= 2;
 }
+
+static int64_t wg_chunks(const wg_geom *g);
 
 static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
   wg_layout L;
@@ -114,7 +121,11 @@ static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
   size_t vm = L.vm * (size_t)(nthreads < 1 ? 1 : nthreads), wf = (size_t)(O * C * 9);
   L.off_wf = L.off_v;
   L.off_db = L.off_v + (vm > wf ? vm : wf);
-  L.shared = L.off_db + (size_t)up8(O) + 16;
+  L.off_du = L.off_db + (size_t)up8(O) + 16;
+  L.du = (size_t)(WG_NP * O) * (size_t)L.f.ci8;
+  int slots = wg_chunks(&L.f) >= WG_PRIVATE_CHUNKS * 2 && WG_SLOTS * L.du * sizeof(float) <= WG_SLOT_BYTES;
+  if (!slots) L.du = 0;
+  L.shared = L.off_du + WG_SLOTS * L.du;
   size_t st = zmax((size_t)(L.f.srow * L.f.scol), (size_t)(L.d.srow * L.d.scol)) * WG_VL;
   size_t band = zmax((size_t)L.f.band, (size_t)L.d.band), wrow = (size_t)(9 * c8);
   L.off_st = 0;
@@ -441,21 +452,56 @@ ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
   return AMPC_OK;
 }
 
+/* One chunk of the weight gradient: the input's and the output gradient's
+ * transforms (split over the nth threads from tid), then dU[xi] (+)= dM[xi]^T
+ * V[xi] by transform point (added when acc), with barriers when shared. */
+static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k, float *V, float *M, float *me, int tid,
+                           int nth, float *dU, int acc) {
+  const wg_geom *g = &L->f;
+  float *st = me + L->off_st, *band = me + L->off_band;
+  int64_t O = g->co, C = g->ci, cib = g->ci8 / WG_VL, cob = g->co8 / WG_VL;
+  int64_t n0, nbe, ty0, ty1;
+  wg_chunk(g, k, &n0, &nbe, &ty0, &ty1);
+  int64_t nty = ty1 - ty0, bt = nty * g->tw, tb = nbe * bt;
+  size_t vstride = (size_t)(tb * g->ci8), mstride = (size_t)(tb * g->co8);
+  for (int64_t it = tid; it < nbe * (cib + cob); it += nth) {
+    int64_t s = it / (cib + cob), blk = it % (cib + cob);
+    if (blk < cib) {
+      wg_stage(g, &c->in[0], (n0 + s) * C, blk * WG_VL, C, ty0, ty1, st, band);
+      wg_input_tiles(st, g->scol, nty, g->tw, V + s * bt * g->ci8 + blk * WG_VL, vstride, g->ci8);
+    } else {
+      int64_t o0 = (blk - cib) * WG_VL;
+      wg_stage_grad(g, &c->dout, (n0 + s) * O, o0, ty0, ty1, st, band);
+      wg_grad_tiles(st, nty, g->tw, M + s * bt * g->co8 + o0, mstride, g->co8);
+    }
+  }
+  if (nth > 1) {
+#pragma omp barrier
+  }
+  for (int64_t xi = tid; xi < WG_NP; xi += nth)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)O, (int)C, (int)tb, 1.0f, M + (size_t)xi * mstride,
+                (int)g->co8, V + (size_t)xi * vstride, (int)g->ci8, acc ? 1.0f : 0.0f, dU + (size_t)xi * O * g->ci8,
+                (int)g->ci8);
+  if (nth > 1) {
+#pragma omp barrier
+  }
+}
+
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
   wg_layout L = wg_plan(c, c->nthreads);
   const wg_geom *g = &L.f;
-  const ampc_tensor *x = &c->in[0], *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
+  const ampc_tensor *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
   int need_dx = dx->data != NULL, need_dw = dw->data != NULL, need_db = db && db->data;
   float *ws = (float *)c->ws, *U = ws, *V = ws + L.off_v, *M = ws + L.off_m, *dbias = ws + L.off_db;
   double t0 = c->timers ? omp_get_wtime() : 0.0, t1 = t0;
-  int64_t ohw = g->oh * g->ow, O = g->co, C = g->ci, cib = g->ci8 / WG_VL, cob = g->co8 / WG_VL;
+  int64_t ohw = g->oh * g->ow, O = g->co, C = g->ci;
   if (need_dw || need_db) {
 #pragma omp parallel num_threads(c->nthreads)
     {
       int tid = omp_get_thread_num(), nth = omp_get_num_threads();
       float *me = cpu_ws_slice(c, tid, L.per_thread, L.shared);
-      float *st = me + L.off_st, *band = me + L.off_band, *tmp = me + L.off_tmp, *wr = me + L.off_w;
+      float *band = me + L.off_band, *tmp = me + L.off_tmp, *wr = me + L.off_w;
       if (need_db)
         for (int64_t o = tid; o < O; o += nth) {
           float s = 0.0f;
@@ -467,31 +513,34 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
             }
           dbias[o] = s;
         }
-      if (need_dw) {
+      if (need_dw && L.du) {
+        /* by slots: each thread takes whole slots, with its own V and M */
+        float *V = ws + L.off_v + (size_t)tid * L.vm, *Mt = V + L.vm / 2;
         int64_t nchunks = wg_chunks(g);
-        for (int64_t k = 0; k < nchunks; k++) {
-          int64_t n0, nbe, ty0, ty1;
-          wg_chunk(g, k, &n0, &nbe, &ty0, &ty1);
-          int64_t nty = ty1 - ty0, bt = nty * g->tw, tb = nbe * bt;
-          size_t vstride = (size_t)(tb * g->ci8), mstride = (size_t)(tb * g->co8);
-          for (int64_t it = tid; it < nbe * (cib + cob); it += nth) {
-            int64_t s = it / (cib + cob), blk = it % (cib + cob);
-            if (blk < cib) {
-              wg_stage(g, x, (n0 + s) * C, blk * WG_VL, C, ty0, ty1, st, band);
-              wg_input_tiles(st, g->scol, nty, g->tw, V + s * bt * g->ci8 + blk * WG_VL, vstride, g->ci8);
-            } else {
-              int64_t o0 = (blk - cib) * WG_VL;
-              wg_stage_grad(g, dy, (n0 + s) * O, o0, ty0, ty1, st, band);
-              wg_grad_tiles(st, nty, g->tw, M + s * bt * g->co8 + o0, mstride, g->co8);
+#pragma omp for schedule(dynamic, 1)
+        for (int sl = 0; sl < WG_SLOTS; sl++) {
+          float *dU = ws + L.off_du + (size_t)sl * L.du;
+          if (sl >= nchunks) memset(dU, 0, L.du * sizeof(float));
+          for (int64_t k = sl; k < nchunks; k += WG_SLOTS) wg_wgrad_chunk(c, &L, k, V, Mt, me, 0, 1, dU, k >= WG_SLOTS);
+        }
+        /* dU = the slots in order; each thread sums the rows it then turns into dw */
+        for (int64_t o = tid; o < O; o += nth) {
+          for (int64_t xi = 0; xi < WG_NP; xi++) {
+            float *u = U + ((size_t)xi * O + o) * g->ci8;
+            const float *p0 = ws + L.off_du + ((size_t)xi * O + o) * g->ci8;
+            for (int64_t i = 0; i < g->ci8; i++) {
+              float acc = p0[i];
+              for (int sl = 1; sl < WG_SLOTS; sl++) acc += p0[(size_t)sl * L.du + i];
+              u[i] = acc;
             }
           }
-#pragma omp barrier
-          for (int64_t xi = tid; xi < WG_NP; xi += nth)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)O, (int)C, (int)tb, 1.0f, M + (size_t)xi * mstride,
-                        (int)g->co8, V + (size_t)xi * vstride, (int)g->ci8, k ? 1.0f : 0.0f, U + (size_t)xi * O * g->ci8,
-                        (int)g->ci8);
-#pragma omp barrier
+          wg_weight_grad_row(U, O, C, o, wr);
+          cpu_store_grad(c, dw, o * C * 9, wr, (size_t)(C * 9), c->din_acc[1], tmp);
         }
+      } else if (need_dw) {
+        int64_t nchunks = wg_chunks(g);
+        for (int64_t k = 0; k < nchunks; k++) wg_wgrad_chunk(c, &L, k, V, M, me, tid, nth, U, k > 0);
+#pragma omp barrier
         for (int64_t o = tid; o < O; o += nth) {
           wg_weight_grad_row(U, O, C, o, wr);
           cpu_store_grad(c, dw, o * C * 9, wr, (size_t)(C * 9), c->din_acc[1], tmp);
