@@ -1351,12 +1351,14 @@ TEST(backward_errors) {
  * beating any number (PyTorch's choice), in the vectorised path (8 windows at
  * a time) and its scalar tail alike: windows of ties, NaNs in every position,
  * and plain maxima in every position. */
-TEST(maxpool_backward_ties_and_nan) {
-  enum { W = 2 * 21 }; /* 21 windows: two vectors of 8 and a tail of 5 */
-  float x[2 * W];
-  int winner[21];
-  for (int w = 0; w < 21; w++) {
-    float *r0 = x + 2 * w, *r1 = r0 + W;
+/* nw windows per row, R rows of windows: ties, one maximum, NaNs, through
+ * the row path (nw a multiple of 8, or 32 and more) and the gathered one */
+static void pool_ties_case(int nw, int R) {
+  int W = 2 * nw, H = 2 * R, nwin = nw * R;
+  float *x = calloc((size_t)(H * W), sizeof *x), *head = calloc((size_t)(2 * nwin), sizeof *head);
+  int *winner = calloc((size_t)nwin, sizeof *winner);
+  for (int w = 0; w < nwin; w++) {
+    float *r0 = x + 2 * (w / nw) * W + 2 * (w % nw), *r1 = r0 + W;
     int kind = w % 7, pos = (w / 7 + w) % 4;
     r0[0] = r0[1] = r1[0] = r1[1] = 0.5f;
     winner[w] = 0;                                       /* kind 0: four ties */
@@ -1369,11 +1371,10 @@ TEST(maxpool_backward_ties_and_nan) {
   }
   ampc_graph *g;
   CHECK_OK(ampc_graph_create(&g));
-  ampc_value p = ampc_graph_param(g, "x", ampc_shape4(1, 1, 2, W), 0, x);
+  ampc_value p = ampc_graph_param(g, "x", ampc_shape4(1, 1, H, W), 0, x);
   ampc_value y = ampc_graph_maxpool2d(g, p, 2, 2, 0);
-  float head[2 * 21] = {0};
-  for (int i = 0; i < 21; i++) head[i] = 1.0f; /* logit 0 = sum of the pooled values; logit 1 = 0 */
-  ampc_value hw = ampc_graph_param(g, "head", ampc_shape2(2, 21), 0, head);
+  for (int i = 0; i < nwin; i++) head[i] = 1.0f; /* logit 0 = sum of the pooled values; logit 1 = 0 */
+  ampc_value hw = ampc_graph_param(g, "head", ampc_shape2(2, nwin), 0, head);
   ampc_value lab = ampc_graph_labels(g, "y", 1);
   ampc_value loss = ampc_graph_cross_entropy(g, ampc_graph_linear(g, ampc_graph_flatten(g, y), hw, AMPC_VALUE_NONE), lab, 0.0f);
   CHECK_OK(ampc_graph_compile(g));
@@ -1381,15 +1382,30 @@ TEST(maxpool_backward_ties_and_nan) {
     ((int32_t *)ampc_graph_tensor(g, lab).data)[0] = 1;
     CHECK_OK(ampc_graph_forward(g, 1));
     CHECK_OK(ampc_graph_backward(g, loss, 1.0f, 0));
-    const float *dx = ampc_graph_grad(g, p).data;
-    for (int w = 0; w < 21; w++) {
-      const float *d[4] = {dx + 2 * w, dx + 2 * w + 1, dx + W + 2 * w, dx + W + 2 * w + 1};
+    const float *dx = ampc_graph_grad(g, p).data, *yv = ampc_graph_tensor(g, y).data;
+    for (int w = 0; w < nwin; w++) {
+      int at = 2 * (w / nw) * W + 2 * (w % nw);
+      const float *d[4] = {dx + at, dx + at + 1, dx + at + W, dx + at + W + 1};
+      const float want = x[at + (winner[w] & 1) + (winner[w] >> 1) * W];
+      CHECK_MSG(isnan(want) ? isnan(yv[w]) : yv[w] == want, "%d x %d windows: window %d pooled %g, want %g", nw, R, w,
+                (double)yv[w], (double)want);
       for (int q = 0; q < 4; q++)
-        CHECK_MSG((*d[q] != 0.0f) == (q == winner[w]), "window %d: gradient %g at position %d, winner %d", w, (double)*d[q], q,
-                  winner[w]);
+        CHECK_MSG((*d[q] != 0.0f) == (q == winner[w]), "%d x %d windows: window %d: gradient %g at position %d, winner %d", nw,
+                  R, w, (double)*d[q], q, winner[w]);
     }
   }
   ampc_graph_free(g);
+  free(x);
+  free(head);
+  free(winner);
+}
+
+TEST(maxpool_backward_ties_and_nan) {
+  pool_ties_case(21, 1); /* gathered: windows in reading order */
+  pool_ties_case(5, 7);
+  pool_ties_case(7, 3);
+  pool_ties_case(16, 2); /* along rows: whole vectors */
+  pool_ties_case(37, 3); /* along rows, with a tail */
 }
 
 /* A kept batch-norm output keeps its own values: the ReLU after it is not

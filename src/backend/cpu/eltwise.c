@@ -142,18 +142,15 @@ ampc_status ampc__cpu_pool_fwd(const ampc__op_call *c) {
   return AMPC_OK;
 }
 
-/* 2x2 windows, stride 2: one row of OW windows over input rows r0 and r1.
- * Each window's first maximum (a NaN beats any number) goes to out, and its
- * place, 0..3 in reading order, to win. Eight windows per step, without
- * branches; a last partial step runs on a padded copy. Every 2x2 max-pool
- * path (plain and fused into batch norm) picks its winners here. */
+/* 2x2 max pooling, stride 2, of one f32 plane: each window's first maximum
+ * (a NaN beats any number) and its place, 0..3 in reading order. Eight
+ * windows per step, without branches: along a row when rows hold whole steps,
+ * else over the plane's windows in reading order, gathered. Every 2x2
+ * max-pool path (plain and fused into batch norm) picks its winners here. */
 typedef unsigned char cpu_v8u8 __attribute__((vector_size(8)));
 
-static inline void pool2_select8(const float *r0, const float *r1, float *out, unsigned char *win) {
-  /* 8 windows: even and odd columns of both rows */
-  cpu_v8 p = CPU_LD8(r0), q = CPU_LD8(r0 + 8), u = CPU_LD8(r1), v = CPU_LD8(r1 + 8);
-  cpu_v8 a = __builtin_shufflevector(p, q, 0, 2, 4, 6, 8, 10, 12, 14), b = __builtin_shufflevector(p, q, 1, 3, 5, 7, 9, 11, 13, 15);
-  cpu_v8 c = __builtin_shufflevector(u, v, 0, 2, 4, 6, 8, 10, 12, 14), d = __builtin_shufflevector(u, v, 1, 3, 5, 7, 9, 11, 13, 15);
+/* the winners of 8 windows whose four elements (reading order) are a b c d */
+static inline void pool2_pick(cpu_v8 a, cpu_v8 b, cpu_v8 c, cpu_v8 d, float *out, unsigned char *win) {
   cpu_v8 bv = a;
   cpu_v8i w = {0}, one = w + 1, t;
   t = (b > bv) | ((b != b) & (bv == bv));
@@ -170,63 +167,143 @@ static inline void pool2_select8(const float *r0, const float *r1, float *out, u
   memcpy(win, &w8, 8);
 }
 
-CPU_VECTOR static void pool2_select_row(const float *r0, const float *r1, int64_t OW, float *out, unsigned char *win) {
-  int64_t ox = 0;
-  for (; ox + 8 <= OW; ox += 8) pool2_select8(r0 + 2 * ox, r1 + 2 * ox, out + ox, win + ox);
-  if (ox < OW) {
-    size_t n = (size_t)(OW - ox);
-    float t0[16] = {0}, t1[16] = {0}, o[8];
-    unsigned char w[8];
-    memcpy(t0, r0 + 2 * ox, 2 * n * sizeof(float));
-    memcpy(t1, r1 + 2 * ox, 2 * n * sizeof(float));
-    pool2_select8(t0, t1, o, w);
-    memcpy(out + ox, o, n * sizeof(float));
-    memcpy(win + ox, w, n);
-  }
-}
-
-/* The gradient of one row of windows: dy[ox] goes to the place win[ox] of
- * window ox in rows d0 and d1, the other three get zero. */
-static inline void pool2_scatter8(const float *dy, const unsigned char *win, float *d0, float *d1) {
+/* where the gradients of 8 windows go: g masked to each of the 4 places */
+static inline void pool2_spread(const float *dy, const unsigned char *win, cpu_v8 *ga, cpu_v8 *gb, cpu_v8 *gc, cpu_v8 *gd) {
   cpu_v8u8 w8;
   memcpy(&w8, win, 8);
   cpu_v8i w = __builtin_convertvector(w8, cpu_v8i), z = {0};
   cpu_v8i g = (cpu_v8i)CPU_LD8(dy);
-  cpu_v8 ga = (cpu_v8)(g & (w == z)), gb = (cpu_v8)(g & (w == z + 1));
-  cpu_v8 gc = (cpu_v8)(g & (w == z + 2)), gd = (cpu_v8)(g & (w == z + 3));
+  *ga = (cpu_v8)(g & (w == z));
+  *gb = (cpu_v8)(g & (w == z + 1));
+  *gc = (cpu_v8)(g & (w == z + 2));
+  *gd = (cpu_v8)(g & (w == z + 3));
+}
+
+/* 8 windows of one row pair r0/r1: even and odd columns of both rows */
+static inline void pool2_select8(const float *r0, const float *r1, float *out, unsigned char *win) {
+  cpu_v8 p = CPU_LD8(r0), q = CPU_LD8(r0 + 8), u = CPU_LD8(r1), v = CPU_LD8(r1 + 8);
+  pool2_pick(__builtin_shufflevector(p, q, 0, 2, 4, 6, 8, 10, 12, 14), __builtin_shufflevector(p, q, 1, 3, 5, 7, 9, 11, 13, 15),
+             __builtin_shufflevector(u, v, 0, 2, 4, 6, 8, 10, 12, 14), __builtin_shufflevector(u, v, 1, 3, 5, 7, 9, 11, 13, 15),
+             out, win);
+}
+
+static inline void pool2_scatter8(const float *dy, const unsigned char *win, float *d0, float *d1) {
+  cpu_v8 ga, gb, gc, gd;
+  pool2_spread(dy, win, &ga, &gb, &gc, &gd);
   CPU_ST8(d0, __builtin_shufflevector(ga, gb, 0, 8, 1, 9, 2, 10, 3, 11));
   CPU_ST8(d0 + 8, __builtin_shufflevector(ga, gb, 4, 12, 5, 13, 6, 14, 7, 15));
   CPU_ST8(d1, __builtin_shufflevector(gc, gd, 0, 8, 1, 9, 2, 10, 3, 11));
   CPU_ST8(d1 + 8, __builtin_shufflevector(gc, gd, 4, 12, 5, 13, 6, 14, 7, 15));
 }
 
-CPU_VECTOR static void pool2_scatter_row(const float *dy, const unsigned char *win, int64_t OW, float *d0, float *d1) {
-  int64_t ox = 0;
-  for (; ox + 8 <= OW; ox += 8) pool2_scatter8(dy + ox, win + ox, d0 + 2 * ox, d1 + 2 * ox);
-  if (ox < OW) {
-    size_t n = (size_t)(OW - ox);
-    float g[8] = {0}, t0[16], t1[16];
-    unsigned char w[8] = {0};
-    memcpy(g, dy + ox, n * sizeof(float));
-    memcpy(w, win + ox, n);
-    pool2_scatter8(g, w, t0, t1);
-    memcpy(d0 + 2 * ox, t0, 2 * n * sizeof(float));
-    memcpy(d1 + 2 * ox, t1, 2 * n * sizeof(float));
+/* The first element of windows j .. j+7 in reading order (oy, ox: window j's
+ * place, advanced past them); windows past the plane repeat the last one. */
+static inline void pool2_corners(int64_t W, int64_t OW, int64_t nwin, int64_t j, int64_t *oy, int64_t *ox, int idx[8]) {
+  for (int l = 0; l < 8; l++) {
+    idx[l] = (int)(2 * *oy * W + 2 * *ox);
+    if (j + l + 1 < nwin && ++*ox == OW) {
+      *ox = 0;
+      ++*oy;
+    }
+  }
+}
+
+CPU_VECTOR static void pool2_select_plane(const float *x, int64_t H, int64_t W, float *out, unsigned char *win) {
+  int64_t OH = H / 2, OW = W / 2;
+  if (OW % 8 == 0 || OW >= 32) {
+    for (int64_t oy = 0; oy < OH; oy++) {
+      const float *r0 = x + 2 * oy * W, *r1 = r0 + W;
+      float *o = out + oy * OW;
+      unsigned char *w = win + oy * OW;
+      int64_t ox = 0;
+      for (; ox + 8 <= OW; ox += 8) pool2_select8(r0 + 2 * ox, r1 + 2 * ox, o + ox, w + ox);
+      if (ox < OW) {
+        size_t n = (size_t)(OW - ox);
+        float t0[16] = {0}, t1[16] = {0}, ob[8];
+        unsigned char wb[8];
+        memcpy(t0, r0 + 2 * ox, 2 * n * sizeof(float));
+        memcpy(t1, r1 + 2 * ox, 2 * n * sizeof(float));
+        pool2_select8(t0, t1, ob, wb);
+        memcpy(o + ox, ob, n * sizeof(float));
+        memcpy(w + ox, wb, n);
+      }
+    }
+    return;
+  }
+  /* short rows: the windows in reading order, 8 at a time */
+  int64_t nwin = OH * OW, oy = 0, ox = 0;
+  for (int64_t j = 0; j < nwin; j += 8) {
+    int idx[8];
+    pool2_corners(W, OW, nwin, j, &oy, &ox, idx);
+    cpu_v8 a, b, c, d;
+    for (int l = 0; l < 8; l++) {
+      const float *p = x + idx[l];
+      a[l] = p[0];
+      b[l] = p[1];
+      c[l] = p[W];
+      d[l] = p[W + 1];
+    }
+    float ob[8];
+    unsigned char wb[8];
+    pool2_pick(a, b, c, d, ob, wb);
+    size_t n = (size_t)(nwin - j < 8 ? nwin - j : 8);
+    memcpy(out + j, ob, n * sizeof(float));
+    memcpy(win + j, wb, n);
+  }
+}
+
+CPU_VECTOR static void pool2_scatter_plane(const float *dy, const unsigned char *win, int64_t H, int64_t W, float *dx) {
+  int64_t OH = H / 2, OW = W / 2;
+  if (OW % 8 == 0 || OW >= 32) {
+    for (int64_t oy = 0; oy < OH; oy++) {
+      float *d0 = dx + 2 * oy * W, *d1 = d0 + W;
+      const float *g = dy + oy * OW;
+      const unsigned char *w = win + oy * OW;
+      int64_t ox = 0;
+      for (; ox + 8 <= OW; ox += 8) pool2_scatter8(g + ox, w + ox, d0 + 2 * ox, d1 + 2 * ox);
+      if (ox < OW) {
+        size_t n = (size_t)(OW - ox);
+        float gb[8] = {0}, t0[16], t1[16];
+        unsigned char wb[8] = {0};
+        memcpy(gb, g + ox, n * sizeof(float));
+        memcpy(wb, w + ox, n);
+        pool2_scatter8(gb, wb, t0, t1);
+        memcpy(d0 + 2 * ox, t0, 2 * n * sizeof(float));
+        memcpy(d1 + 2 * ox, t1, 2 * n * sizeof(float));
+      }
+    }
+    return;
+  }
+  int64_t nwin = OH * OW, oy = 0, ox = 0;
+  for (int64_t j = 0; j < nwin; j += 8) {
+    int idx[8];
+    pool2_corners(W, OW, nwin, j, &oy, &ox, idx);
+    size_t n = (size_t)(nwin - j < 8 ? nwin - j : 8);
+    float gb[8] = {0};
+    unsigned char wb[8] = {0};
+    memcpy(gb, dy + j, n * sizeof(float));
+    memcpy(wb, win + j, n);
+    cpu_v8 ga, gbv, gc, gd;
+    pool2_spread(gb, wb, &ga, &gbv, &gc, &gd);
+    for (size_t l = 0; l < n; l++) {
+      float *p = dx + idx[l];
+      p[0] = ga[l];
+      p[1] = gbv[l];
+      p[W] = gc[l];
+      p[W + 1] = gd[l];
+    }
   }
 }
 
 void ampc__cpu_pool2_select(const float *x, int64_t H, int64_t W, float *out, unsigned char *win) {
-  int64_t OH = H / 2, OW = W / 2;
-  for (int64_t oy = 0; oy < OH; oy++) pool2_select_row(x + 2 * oy * W, x + (2 * oy + 1) * W, OW, out + oy * OW, win + oy * OW);
+  pool2_select_plane(x, H, W, out, win);
 }
 
 void ampc__cpu_pool2_scatter(const float *dy, const unsigned char *win, int64_t H, int64_t W, float *dx) {
-  int64_t OH = H / 2, OW = W / 2;
-  for (int64_t oy = 0; oy < OH; oy++) {
-    float *d0 = dx + 2 * oy * W;
-    pool2_scatter_row(dy + oy * OW, win + oy * OW, OW, d0, d0 + W);
-    if (W & 1) d0[W - 1] = d0[2 * W - 1] = 0.0f; /* a last odd column is outside every window */
-  }
+  pool2_scatter_plane(dy, win, H, W, dx);
+  int64_t OH = H / 2;
+  if (W & 1) /* a last odd column is outside every window */
+    for (int64_t y = 0; y < 2 * OH; y++) dx[y * W + W - 1] = 0.0f;
   if (H & 1) memset(dx + (H - 1) * W, 0, (size_t)W * sizeof(float));
 }
 
