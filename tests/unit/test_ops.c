@@ -1352,7 +1352,8 @@ TEST(backward_errors) {
  * a time) and its scalar tail alike: windows of ties, NaNs in every position,
  * and plain maxima in every position. */
 /* nw windows per row, R rows of windows: ties, one maximum, NaNs, through
- * the row path (nw a multiple of 8, or 32 and more) and the gathered one */
+ * the row path (nw >= 8, its last step overlapping when 8 does not divide
+ * it) and the gathered one (nw < 8) */
 static void pool_ties_case(int nw, int R) {
   int W = 2 * nw, H = 2 * R, nwin = nw * R;
   float *x = calloc((size_t)(H * W), sizeof *x), *head = calloc((size_t)(2 * nwin), sizeof *head);
@@ -1401,11 +1402,12 @@ static void pool_ties_case(int nw, int R) {
 }
 
 TEST(maxpool_backward_ties_and_nan) {
-  pool_ties_case(21, 1); /* gathered: windows in reading order */
-  pool_ties_case(5, 7);
+  pool_ties_case(5, 7); /* gathered: windows in reading order */
   pool_ties_case(7, 3);
-  pool_ties_case(16, 2); /* along rows: whole vectors */
-  pool_ties_case(37, 3); /* along rows, with a tail */
+  pool_ties_case(16, 2); /* along rows: whole steps */
+  pool_ties_case(21, 1); /* along rows, the last step overlapping */
+  pool_ties_case(37, 3);
+  pool_ties_case(9, 4);
 }
 
 /* A kept batch-norm output keeps its own values: the ReLU after it is not

@@ -144,8 +144,9 @@ ampc_status ampc__cpu_pool_fwd(const ampc__op_call *c) {
 
 /* 2x2 max pooling, stride 2, of one f32 plane: each window's first maximum
  * (a NaN beats any number) and its place, 0..3 in reading order. Eight
- * windows per step, without branches: along a row when rows hold whole steps,
- * else over the plane's windows in reading order, gathered. Every 2x2
+ * windows per step, without branches: along a row when rows hold a step (the
+ * last step of a row overlapping the one before), else over the plane's
+ * windows in reading order, gathered. Every 2x2
  * max-pool path (plain and fused into batch norm) picks its winners here. */
 typedef unsigned char cpu_v8u8 __attribute__((vector_size(8)));
 
@@ -210,22 +211,17 @@ static inline void pool2_corners(int64_t W, int64_t OW, int64_t nwin, int64_t j,
 
 CPU_VECTOR static void pool2_select_plane(const float *x, int64_t H, int64_t W, float *out, unsigned char *win) {
   int64_t OH = H / 2, OW = W / 2;
-  if (OW % 8 == 0 || OW >= 32) {
+  if (OW >= 8) {
+    /* a row's last step overlaps the one before when 8 does not divide OW:
+     * the windows they share are picked twice, the same way */
     for (int64_t oy = 0; oy < OH; oy++) {
       const float *r0 = x + 2 * oy * W, *r1 = r0 + W;
       float *o = out + oy * OW;
       unsigned char *w = win + oy * OW;
-      int64_t ox = 0;
-      for (; ox + 8 <= OW; ox += 8) pool2_select8(r0 + 2 * ox, r1 + 2 * ox, o + ox, w + ox);
-      if (ox < OW) {
-        size_t n = (size_t)(OW - ox);
-        float t0[16] = {0}, t1[16] = {0}, ob[8];
-        unsigned char wb[8];
-        memcpy(t0, r0 + 2 * ox, 2 * n * sizeof(float));
-        memcpy(t1, r1 + 2 * ox, 2 * n * sizeof(float));
-        pool2_select8(t0, t1, ob, wb);
-        memcpy(o + ox, ob, n * sizeof(float));
-        memcpy(w + ox, wb, n);
+      for (int64_t ox = 0;; ox += 8) {
+        if (ox + 8 > OW) ox = OW - 8;
+        pool2_select8(r0 + 2 * ox, r1 + 2 * ox, o + ox, w + ox);
+        if (ox + 8 == OW) break;
       }
     }
     return;
@@ -254,22 +250,15 @@ CPU_VECTOR static void pool2_select_plane(const float *x, int64_t H, int64_t W, 
 
 CPU_VECTOR static void pool2_scatter_plane(const float *dy, const unsigned char *win, int64_t H, int64_t W, float *dx) {
   int64_t OH = H / 2, OW = W / 2;
-  if (OW % 8 == 0 || OW >= 32) {
+  if (OW >= 8) {
     for (int64_t oy = 0; oy < OH; oy++) {
       float *d0 = dx + 2 * oy * W, *d1 = d0 + W;
       const float *g = dy + oy * OW;
       const unsigned char *w = win + oy * OW;
-      int64_t ox = 0;
-      for (; ox + 8 <= OW; ox += 8) pool2_scatter8(g + ox, w + ox, d0 + 2 * ox, d1 + 2 * ox);
-      if (ox < OW) {
-        size_t n = (size_t)(OW - ox);
-        float gb[8] = {0}, t0[16], t1[16];
-        unsigned char wb[8] = {0};
-        memcpy(gb, g + ox, n * sizeof(float));
-        memcpy(wb, w + ox, n);
-        pool2_scatter8(gb, wb, t0, t1);
-        memcpy(d0 + 2 * ox, t0, 2 * n * sizeof(float));
-        memcpy(d1 + 2 * ox, t1, 2 * n * sizeof(float));
+      for (int64_t ox = 0;; ox += 8) {
+        if (ox + 8 > OW) ox = OW - 8;
+        pool2_scatter8(g + ox, w + ox, d0 + 2 * ox, d1 + 2 * ox);
+        if (ox + 8 == OW) break;
       }
     }
     return;

@@ -41,6 +41,30 @@ static void par_sgemm(int nthreads, int split_rows, int ta, int tb, int64_t rows
   }
 }
 
+/* Whole-tensor conversions, split over the threads in blocks. */
+enum { LIN_CONVERT_BLOCK = 1 << 15 };
+
+static const float *load_par(const ampc__op_call *c, const ampc_tensor *t, size_t n, float *buf) {
+  if (t->dtype == AMPC_DTYPE_F32) return t->data;
+  int64_t nb = (int64_t)((n + LIN_CONVERT_BLOCK - 1) / LIN_CONVERT_BLOCK);
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (nb > 1)
+  for (int64_t b = 0; b < nb; b++) {
+    size_t i = (size_t)b * LIN_CONVERT_BLOCK, m = n - i < LIN_CONVERT_BLOCK ? n - i : LIN_CONVERT_BLOCK;
+    ampc_load_f32(buf + i, t->dtype, cpu_at(t, (int64_t)i), m);
+  }
+  return buf;
+}
+
+/* cpu_store_grad of n values over the threads; tmp as long as src */
+static void store_grad_par(const ampc__op_call *c, const ampc_tensor *t, float *src, size_t n, int acc, float *tmp) {
+  int64_t nb = (int64_t)((n + LIN_CONVERT_BLOCK - 1) / LIN_CONVERT_BLOCK);
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (nb > 1)
+  for (int64_t b = 0; b < nb; b++) {
+    size_t i = (size_t)b * LIN_CONVERT_BLOCK, m = n - i < LIN_CONVERT_BLOCK ? n - i : LIN_CONVERT_BLOCK;
+    cpu_store_grad(c, t, (int64_t)i, src + i, m, acc, tmp + i);
+  }
+}
+
 static lin_geom lin_geometry(const ampc__op_call *c) {
   lin_geom g = {c->in[0].shape.d[0], c->in[0].shape.d[1], c->in[1].shape.d[0]};
   return g;
@@ -55,8 +79,8 @@ size_t ampc__cpu_linear_ws(const ampc__op_call *c, int nthreads) {
 ampc_status ampc__cpu_linear_fwd(const ampc__op_call *c) {
   lin_geom g = lin_geometry(c);
   float *xb = c->ws, *wb = xb + g.N * g.K, *yb = wb + g.M * g.K;
-  const float *xf = cpu_load(&c->in[0], 0, (size_t)(g.N * g.K), xb);
-  const float *wf = cpu_load(&c->in[1], 0, (size_t)(g.M * g.K), wb);
+  const float *xf = load_par(c, &c->in[0], (size_t)(g.N * g.K), xb);
+  const float *wf = load_par(c, &c->in[1], (size_t)(g.M * g.K), wb);
   float *yf = c->out.dtype == AMPC_DTYPE_F32 ? (float *)c->out.data : yb;
   par_sgemm(c->nthreads, g.N >= g.M, 0, 1, g.N, g.M, g.K, xf, g.K, wf, g.K, yf, g.M);
   if (c->n_in > 2) {
@@ -65,7 +89,7 @@ ampc_status ampc__cpu_linear_fwd(const ampc__op_call *c) {
     for (int64_t n = 0; n < g.N; n++)
       for (int64_t m = 0; m < g.M; m++) yf[n * g.M + m] += bf[m];
   }
-  if (yf != c->out.data) ampc_store_f32(c->out.dtype, c->out.data, yf, (size_t)(g.N * g.M));
+  if (yf != c->out.data) cpu_store(&c->out, 0, yf, (size_t)(g.N * g.M), 0, NULL);
   return AMPC_OK;
 }
 
@@ -73,17 +97,17 @@ ampc_status ampc__cpu_linear_bwd(const ampc__op_call *c) {
   lin_geom g = lin_geometry(c);
   float *xb = c->ws, *wb = xb + g.N * g.K, *dyb = wb + g.M * g.K, *dxb = dyb + g.N * g.M, *dwb = dxb + g.N * g.K;
   float *tmp = dwb + g.M * g.K; /* g.M floats for the bias */
-  const float *dyf = cpu_load(&c->dout, 0, (size_t)(g.N * g.M), dyb);
+  const float *dyf = load_par(c, &c->dout, (size_t)(g.N * g.M), dyb);
   if (c->din[0].data) {
-    const float *wf = cpu_load(&c->in[1], 0, (size_t)(g.M * g.K), wb);
+    const float *wf = load_par(c, &c->in[1], (size_t)(g.M * g.K), wb);
     par_sgemm(c->nthreads, g.N >= g.K, 0, 0, g.N, g.K, g.M, dyf, g.M, wf, g.K, dxb, g.K);
     /* xb is not loaded yet: it stages the old gradient when accumulating */
-    cpu_store_grad(c, &c->din[0], 0, dxb, (size_t)(g.N * g.K), c->din_acc[0], xb);
+    store_grad_par(c, &c->din[0], dxb, (size_t)(g.N * g.K), c->din_acc[0], xb);
   }
   if (c->din[1].data) {
-    const float *xf = cpu_load(&c->in[0], 0, (size_t)(g.N * g.K), xb);
+    const float *xf = load_par(c, &c->in[0], (size_t)(g.N * g.K), xb);
     par_sgemm(c->nthreads, g.M >= g.K, 1, 0, g.M, g.K, g.N, dyf, g.M, xf, g.K, dwb, g.K);
-    cpu_store_grad(c, &c->din[1], 0, dwb, (size_t)(g.M * g.K), c->din_acc[1], wb);
+    store_grad_par(c, &c->din[1], dwb, (size_t)(g.M * g.K), c->din_acc[1], wb);
   }
   if (c->n_in > 2 && c->din[2].data) {
     float *db = dxb; /* free now */
