@@ -139,9 +139,13 @@ static inline float *cpu_ws_slice(const ampc__op_call *c, int tid, size_t floats
   return (float *)c->ws + shared_floats + (size_t)tid * floats_per_thread;
 }
 
-/* Hot loops written to vectorise are built twice, for AVX2 and for the
- * baseline; the loader picks one at run time. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(AMPC_NO_CLONES)
+/* Hot loops written to vectorise are built twice, for AVX2 with FMA (the
+ * x86-64-v3 level; GCC picks it by the CPU's features) and for the baseline;
+ * the loader picks one at run time. Files of kernels are compiled with
+ * -ffp-contract=fast, so a * b + c becomes one FMA in the AVX2 build. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(AMPC_NO_CLONES)
+#define CPU_VECTOR __attribute__((target_clones("arch=x86-64-v3", "default")))
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(AMPC_NO_CLONES)
 #define CPU_VECTOR __attribute__((target_clones("avx2", "default")))
 #else
 #define CPU_VECTOR
