@@ -150,9 +150,9 @@ ampc_status ampc__cpu_pool_fwd(const ampc__op_call *c) {
  * max-pool path (plain and fused into batch norm) picks its winners here. */
 typedef unsigned char cpu_v8u8 __attribute__((vector_size(8)));
 
-/* the winners of 8 windows whose four elements (reading order) are a b c d */
-static inline void pool2_pick(cpu_v8 a, cpu_v8 b, cpu_v8 c, cpu_v8 d, float *out, unsigned char *win) {
-  cpu_v8 bv = a;
+/* the winners of 8 windows whose four elements (reading order) are e[0..3] */
+static inline void pool2_pick(const cpu_v8 e[4], float *out, unsigned char *win) {
+  cpu_v8 a = e[0], b = e[1], c = e[2], d = e[3], bv = a;
   cpu_v8i w = {0}, one = w + 1, t;
   t = (b > bv) | ((b != b) & (bv == bv));
   bv = CPU_SEL8(t, b, bv);
@@ -183,9 +183,9 @@ static inline void pool2_spread(const float *dy, const unsigned char *win, cpu_v
 /* 8 windows of one row pair r0/r1: even and odd columns of both rows */
 static inline void pool2_select8(const float *r0, const float *r1, float *out, unsigned char *win) {
   cpu_v8 p = CPU_LD8(r0), q = CPU_LD8(r0 + 8), u = CPU_LD8(r1), v = CPU_LD8(r1 + 8);
-  pool2_pick(__builtin_shufflevector(p, q, 0, 2, 4, 6, 8, 10, 12, 14), __builtin_shufflevector(p, q, 1, 3, 5, 7, 9, 11, 13, 15),
-             __builtin_shufflevector(u, v, 0, 2, 4, 6, 8, 10, 12, 14), __builtin_shufflevector(u, v, 1, 3, 5, 7, 9, 11, 13, 15),
-             out, win);
+  cpu_v8 e[4] = {__builtin_shufflevector(p, q, 0, 2, 4, 6, 8, 10, 12, 14), __builtin_shufflevector(p, q, 1, 3, 5, 7, 9, 11, 13, 15),
+                 __builtin_shufflevector(u, v, 0, 2, 4, 6, 8, 10, 12, 14), __builtin_shufflevector(u, v, 1, 3, 5, 7, 9, 11, 13, 15)};
+  pool2_pick(e, out, win);
 }
 
 static inline void pool2_scatter8(const float *dy, const unsigned char *win, float *d0, float *d1) {
@@ -231,17 +231,18 @@ CPU_VECTOR static void pool2_select_plane(const float *x, int64_t H, int64_t W, 
   for (int64_t j = 0; j < nwin; j += 8) {
     int idx[8];
     pool2_corners(W, OW, nwin, j, &oy, &ox, idx);
-    cpu_v8 a, b, c, d;
+    float g[4][8];
     for (int l = 0; l < 8; l++) {
       const float *p = x + idx[l];
-      a[l] = p[0];
-      b[l] = p[1];
-      c[l] = p[W];
-      d[l] = p[W + 1];
+      g[0][l] = p[0];
+      g[1][l] = p[1];
+      g[2][l] = p[W];
+      g[3][l] = p[W + 1];
     }
+    cpu_v8 e[4] = {CPU_LD8(g[0]), CPU_LD8(g[1]), CPU_LD8(g[2]), CPU_LD8(g[3])};
     float ob[8];
     unsigned char wb[8];
-    pool2_pick(a, b, c, d, ob, wb);
+    pool2_pick(e, ob, wb);
     size_t n = (size_t)(nwin - j < 8 ? nwin - j : 8);
     memcpy(out + j, ob, n * sizeof(float));
     memcpy(win + j, wb, n);
