@@ -24,8 +24,8 @@
  * slowed down by something else on the machine does less of the work. When
  * it has few (deep layers, whose transformed weights are the bulk of the
  * traffic) every thread works on the same chunk: transforms are split by
- * (sample, block of 8 channels), the products by transform point, with a
- * barrier between phases. Either way a chunk's arithmetic is the same, so
+ * (sample, block of 8 channels), the products by transform point, handed out
+ * as threads come free, with a barrier between phases. Either way a chunk's arithmetic is the same, so
  * results are the same bits for any thread count and any timing.
  *
  * Backward data is the same convolution of dY with the weights rotated by 180
@@ -316,9 +316,19 @@ static void wg_chunk(const wg_geom *g, int64_t k, int64_t *n0, int64_t *nbe, int
   *ty1 = *ty0 + g->rb < g->th ? *ty0 + g->rb : g->th;
 }
 
-/* One chunk's input transforms, products and output: transforms split over
- * the nth threads from tid (one thread: all of them), products by transform
- * point; with a barrier between phases when the chunk is shared. */
+/* shared: each phase's items go to the threads as they come free (the
+ * work-sharing loops end in a barrier); alone: in order */
+#define WG_ITEMS(var, n, ...)                             \
+  if (nth > 1) {                                          \
+    _Pragma("omp for schedule(dynamic, 1)")               \
+    for (int64_t var = 0; var < (n); var++) __VA_ARGS__   \
+  } else {                                                \
+    for (int64_t var = 0; var < (n); var++) __VA_ARGS__   \
+  }
+
+/* One chunk's input transforms (by sample and block of 8 channels), products
+ * (by transform point) and output: shared by the team when nth > 1, each
+ * phase's items handed out as threads come free; else by the calling thread. */
 static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V, float *M, float *me, int tid, int nth) {
   const wg_geom *g = a->g;
   const wg_layout *L = a->L;
@@ -328,22 +338,17 @@ static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V,
   wg_chunk(g, k, &n0, &nbe, &ty0, &ty1);
   int64_t nty = ty1 - ty0, bt = nty * g->tw, tb = nbe * bt;
   size_t vstride = (size_t)(tb * g->ci8), mstride = (size_t)(tb * g->co8);
-  for (int64_t it = tid; it < nbe * cib; it += nth) {
+  WG_ITEMS(it, nbe * cib, {
     int64_t s = it / cib, c0 = (it % cib) * WG_VL;
     wg_stage(g, a->in, (n0 + s) * g->ci, c0, g->ci, ty0, ty1, st, band);
     wg_input_tiles(st, g->scol, nty, g->tw, V + s * bt * g->ci8 + c0, vstride, g->ci8);
-  }
-  if (nth > 1) {
-#pragma omp barrier
-  }
-  for (int64_t xi = tid; xi < WG_NP; xi += nth)
+  })
+  WG_ITEMS(xi, WG_NP, {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tb, (int)g->co, (int)g->ci, 1.0f, V + (size_t)xi * vstride,
                 (int)g->ci8, U + (size_t)xi * g->co * g->ci8, (int)g->ci8, 0.0f, M + (size_t)xi * mstride, (int)g->co8);
-  if (nth > 1) {
-#pragma omp barrier
-  }
+  })
   int64_t oy0 = WG_M * ty0, oy1 = WG_M * ty1 < g->oh ? WG_M * ty1 : g->oh, nrow = oy1 - oy0;
-  for (int64_t it = tid; it < nbe * cob; it += nth) {
+  WG_ITEMS(it, nbe * cob, {
     int64_t s = it / cob, o0 = (it % cob) * WG_VL;
     static const float zero8[WG_VL] = {0};
     wg_output_tiles(M + s * bt * g->co8 + o0, mstride, g->co8, nty, g->tw, a->bias ? a->bias + o0 : zero8, st);
@@ -354,10 +359,7 @@ static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V,
       if (a->grad) cpu_store_grad(a->c, a->out, at, band, (size_t)(nrow * g->ow), a->acc, tmp);
       else cpu_store(a->out, at, band, (size_t)(nrow * g->ow), 0, NULL);
     }
-  }
-  if (nth > 1) {
-#pragma omp barrier
-  }
+  })
 }
 
 /* Runs inside a parallel region, on every thread; U holds the transformed
@@ -453,8 +455,8 @@ ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
 }
 
 /* One chunk of the weight gradient: the input's and the output gradient's
- * transforms (split over the nth threads from tid), then dU[xi] (+)= dM[xi]^T
- * V[xi] by transform point (added when acc), with barriers when shared. */
+ * transforms, then dU[xi] (+)= dM[xi]^T V[xi] by transform point (added when
+ * acc); shared by the team when nth > 1, as wg_conv_chunk. */
 static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k, float *V, float *M, float *me, int tid,
                            int nth, float *dU, int acc) {
   const wg_geom *g = &L->f;
@@ -464,7 +466,7 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
   wg_chunk(g, k, &n0, &nbe, &ty0, &ty1);
   int64_t nty = ty1 - ty0, bt = nty * g->tw, tb = nbe * bt;
   size_t vstride = (size_t)(tb * g->ci8), mstride = (size_t)(tb * g->co8);
-  for (int64_t it = tid; it < nbe * (cib + cob); it += nth) {
+  WG_ITEMS(it, nbe * (cib + cob), {
     int64_t s = it / (cib + cob), blk = it % (cib + cob);
     if (blk < cib) {
       wg_stage(g, &c->in[0], (n0 + s) * C, blk * WG_VL, C, ty0, ty1, st, band);
@@ -474,17 +476,12 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
       wg_stage_grad(g, &c->dout, (n0 + s) * O, o0, ty0, ty1, st, band);
       wg_grad_tiles(st, nty, g->tw, M + s * bt * g->co8 + o0, mstride, g->co8);
     }
-  }
-  if (nth > 1) {
-#pragma omp barrier
-  }
-  for (int64_t xi = tid; xi < WG_NP; xi += nth)
+  })
+  WG_ITEMS(xi, WG_NP, {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)O, (int)C, (int)tb, 1.0f, M + (size_t)xi * mstride,
                 (int)g->co8, V + (size_t)xi * vstride, (int)g->ci8, acc ? 1.0f : 0.0f, dU + (size_t)xi * O * g->ci8,
                 (int)g->ci8);
-  if (nth > 1) {
-#pragma omp barrier
-  }
+  })
 }
 
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {

@@ -8,7 +8,7 @@
 #define FOR_BLOCKS(c, total, body)                                                 \
   do {                                                                             \
     int64_t nblk_ = ((total) + CPU_CHUNK - 1) / CPU_CHUNK;                         \
-    _Pragma("omp parallel for num_threads((c)->nthreads) schedule(static) if (nblk_ > 16)") \
+    _Pragma("omp parallel for num_threads((c)->nthreads) schedule(dynamic, 16) if (nblk_ > 16)") \
     for (int64_t b_ = 0; b_ < nblk_; b_++) {                                       \
       float *t0 = cpu_ws_slice((c), omp_get_thread_num(), 4 * CPU_CHUNK, 0);       \
       float *t1 = t0 + CPU_CHUNK, *t2 = t1 + CPU_CHUNK, *t3 = t2 + CPU_CHUNK;      \
