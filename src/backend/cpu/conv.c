@@ -5,8 +5,9 @@
  * small (deep layers), or a band of output rows of one sample when it is large
  * (early layers). The block width is about the number of output channels, so
  * that streaming the weight matrix and building the columns cost about the
- * same. Each thread takes whole samples (or groups) and runs single-threaded
- * sgemm on its blocks: the OpenMP build of OpenBLAS runs on the calling thread
+ * same. Each thread takes whole samples (or groups: forward and backward data
+ * as threads come free, the weight gradient's in a fixed share, whose partial
+ * sums are added in thread order) and runs single-threaded sgemm on its blocks: the OpenMP build of OpenBLAS runs on the calling thread
  * inside a parallel region, so there is one pool of threads and no
  * oversubscription. Half storage is converted to f32 while a sample is staged
  * for im2col, and the f32 product is rounded to the output type as it is
@@ -207,11 +208,13 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
   int64_t ng = ngroups(&g);
 #pragma omp parallel num_threads(g.nt)
   {
-    int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+    int tid = omp_get_thread_num();
     float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
     float *cols = ws, *yc = ws + g.off_y, *xs = ws + g.off_xs, *bias = ws + g.off_db;
     if (b) ampc_load_f32(bias, b->dtype, b->data, (size_t)g.O);
-    for (int64_t gi = tid; gi < ng; gi += nth) {
+    /* groups are independent: handed out as threads come free */
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t gi = 0; gi < ng; gi++) {
       int64_t n0, nbe;
       group_of(&g, gi, &n0, &nbe);
       for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {
@@ -296,10 +299,11 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
     const float *wf = weight_f32(c, &g);
 #pragma omp parallel num_threads(g.nt)
     {
-      int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+      int tid = omp_get_thread_num();
       float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
       float *dyc = ws + g.off_y, *dcols = ws + g.off_dcols, *xs = ws + g.off_xs, *dxs = ws + g.off_dxs;
-      for (int64_t gi = tid; gi < ng; gi += nth) {
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int64_t gi = 0; gi < ng; gi++) {
         int64_t n0, nbe;
         group_of(&g, gi, &n0, &nbe);
         for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {

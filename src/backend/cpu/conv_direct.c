@@ -9,8 +9,9 @@
  *
  * Forward and the weight (and bias) gradient; the input gradient, which a
  * first layer does not need, stays with the im2col path. Each thread takes
- * whole samples; the weight gradient's per-thread partials are added in a
- * fixed order, so results are the same for a thread count. Built twice: for
+ * whole samples (forward: as threads come free); the weight gradient's
+ * per-thread partials are added in a fixed order, so results are the same for
+ * a thread count. Built twice: for
  * AVX2 with FMA and for the baseline, picked at run time. */
 #include <omp.h>
 
@@ -174,9 +175,9 @@ ampc_status ampc__cpu_direct_fwd(const ampc__op_call *c) {
   const float *bias = b ? cpu_load(b, 0, (size_t)g.O, shared + g.O * g.C * 9) : NULL;
 #pragma omp parallel num_threads(nt)
   {
-    int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-    float *xp = cpu_ws_slice(c, tid, g.per_thread, g.shared), *y0 = xp + g.off_y0, *y1 = xp + g.off_y1;
-    for (int64_t n = tid; n < g.N; n += nth) {
+    float *xp = cpu_ws_slice(c, omp_get_thread_num(), g.per_thread, g.shared), *y0 = xp + g.off_y0, *y1 = xp + g.off_y1;
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t n = 0; n < g.N; n++) {
       stage_sample(&g, x, n, xp, xp + g.off_xt);
 #if DCONV_X86
       if (avx2) {
