@@ -87,6 +87,7 @@ typedef struct {
   size_t off_v, off_m, off_wf, off_db, shared, per_thread; /* floats */
   size_t vm;                                               /* a V and M pair; one per thread from off_v */
   size_t off_du, du;                                       /* backward weights by slots: WG_SLOTS partial dU of du */
+  size_t off_ut;                                           /* U transposed for the small products; 0: none */
   size_t off_st, off_band, off_tmp, off_w;                 /* within a thread's slice */
 } wg_layout;
 
@@ -105,6 +106,72 @@ int ampc__cpu_wino_applies(const ampc__op_call *c) {
 }
 
 static int64_t wg_chunks(const wg_geom *g);
+
+/* Products with at most WG_SMALL_K input and WG_SMALL_N output channels
+ * (the cnn's second layer, ResNet-18's first stage) run on the kernel below:
+ * there a library sgemm spends much of its time packing and clearing for so
+ * short a sum; so does the weight gradient's product over the tiles where it
+ * makes at most WG_SMALL_WGRAD_K columns (measured: beyond, sgemm wins). */
+enum { WG_SMALL_K = 64, WG_SMALL_N = 128, WG_SMALL_WGRAD_K = 32 };
+static int wg_small(const wg_geom *g) { return g->ci <= WG_SMALL_K && g->co8 <= WG_SMALL_N; }
+
+/* C (m x n) = A (m x k, rows lda apart) * B (k x n, rows ldb apart), n a
+ * multiple of 8, C rows ldc apart: blocks of 6 rows by 16 columns in
+ * registers, B's block row broadcast against A's elements (FMA in the AVX2
+ * build); the sum over k runs in order, so the result does not depend on how
+ * the rows are shared out. */
+static inline __attribute__((always_inline)) void wg_mk(int64_t k, const float *A, int64_t lda, const float *B, int64_t ldb,
+                                                       float *C, int64_t ldc, int add, const int TA, const int R,
+                                                       const int NV) {
+  v8 acc[6][2];
+  for (int r = 0; r < R; r++)
+    for (int v = 0; v < NV; v++) acc[r][v] = add ? LD(C + r * ldc + 8 * v) : (v8){0};
+  for (int64_t p = 0; p < k; p++) {
+    v8 b[2];
+    for (int v = 0; v < NV; v++) b[v] = LD(B + p * ldb + 8 * v);
+    for (int r = 0; r < R; r++) {
+      float a = TA ? A[r + p * lda] : A[r * lda + p];
+      for (int v = 0; v < NV; v++) acc[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int v = 0; v < NV; v++) ST(C + r * ldc + 8 * v, acc[r][v]);
+}
+
+/* C (m x n) (+)= A (m x k) * B (k x n): A row-major with rows lda apart, or
+ * (ta) stored transposed (k x m, rows lda apart); B's rows ldb apart, n a
+ * multiple of 8, C's rows ldc apart; added to C when add. */
+#define WG_MK_ALL(TA)                                                                                            \
+  do {                                                                                                           \
+    int64_t j = 0;                                                                                               \
+    for (; j + 16 <= n; j += 16) {                                                                               \
+      int64_t i = 0;                                                                                             \
+      for (; i + 6 <= m; i += 6) wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 6, 2); \
+      for (; i < m; i++) wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 1, 2);         \
+    }                                                                                                            \
+    if (j < n) {                                                                                                 \
+      int64_t i = 0;                                                                                             \
+      for (; i + 6 <= m; i += 6) wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 6, 1); \
+      for (; i < m; i++) wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 1, 1);         \
+    }                                                                                                            \
+  } while (0)
+CPU_VECTOR static void wg_gemm_small(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B,
+                                     int64_t ldb, float *C, int64_t ldc, int add) {
+  if (ta) WG_MK_ALL(1);
+  else WG_MK_ALL(0);
+}
+
+/* UT[xi] (cols, up8(rows)) = U[xi] (rows, up8(cols))^T, zero past rows; the
+ * transform points from xi0 in steps of step. */
+static void wg_transpose_u(const float *U, int64_t rows, int64_t cols, float *UT, int64_t xi0, int64_t step) {
+  int64_t ldu = up8(cols), ldt = up8(rows);
+  for (int64_t xi = xi0; xi < WG_NP; xi += step) {
+    const float *u = U + (size_t)xi * rows * ldu;
+    float *t = UT + (size_t)xi * cols * ldt;
+    for (int64_t c = 0; c < cols; c++)
+      for (int64_t r = 0; r < ldt; r++) t[c * ldt + r] = r < rows ? u[r * ldu + c] : 0.0f;
+  }
+}
 
 static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
   wg_layout L;
@@ -126,6 +193,13 @@ static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
   int slots = wg_chunks(&L.f) >= WG_PRIVATE_CHUNKS * 2 && WG_SLOTS * L.du * sizeof(float) <= WG_SLOT_BYTES;
   if (!slots) L.du = 0;
   L.shared = L.off_du + WG_SLOTS * L.du;
+  /* forward and backward data with few channels multiply by U^T with the
+   * register-blocked product below: U^T (xi, ci, co8) has its own space */
+  L.off_ut = 0;
+  if (wg_small(&L.f) || wg_small(&L.d)) {
+    L.off_ut = L.shared;
+    L.shared += (size_t)(WG_NP * c8 * c8);
+  }
   size_t st = zmax((size_t)(L.f.srow * L.f.scol), (size_t)(L.d.srow * L.d.scol)) * WG_VL;
   size_t band = zmax((size_t)L.f.band, (size_t)L.d.band), wrow = (size_t)(9 * c8);
   L.off_st = 0;
@@ -303,6 +377,7 @@ typedef struct {
   const wg_geom *g;
   const ampc_tensor *in, *out;
   const float *bias; /* f32, co8 long, or NULL */
+  const float *ut;   /* U^T for wg_gemm_small, or NULL: sgemm with U */
   int grad, acc;     /* store as a gradient (counted, added when acc) */
 } wg_conv;
 
@@ -344,8 +419,12 @@ static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V,
     wg_input_tiles(st, g->scol, nty, g->tw, V + s * bt * g->ci8 + c0, vstride, g->ci8);
   })
   WG_ITEMS(xi, WG_NP, {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tb, (int)g->co, (int)g->ci, 1.0f, V + (size_t)xi * vstride,
-                (int)g->ci8, U + (size_t)xi * g->co * g->ci8, (int)g->ci8, 0.0f, M + (size_t)xi * mstride, (int)g->co8);
+    if (a->ut)
+      wg_gemm_small(tb, g->co8, g->ci, V + (size_t)xi * vstride, g->ci8, 0, a->ut + (size_t)xi * g->ci * g->co8, g->co8,
+                    M + (size_t)xi * mstride, g->co8, 0);
+    else
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tb, (int)g->co, (int)g->ci, 1.0f, V + (size_t)xi * vstride,
+                  (int)g->ci8, U + (size_t)xi * g->co * g->ci8, (int)g->ci8, 0.0f, M + (size_t)xi * mstride, (int)g->co8);
   })
   int64_t oy0 = WG_M * ty0, oy1 = WG_M * ty1 < g->oh ? WG_M * ty1 : g->oh, nrow = oy1 - oy0;
   WG_ITEMS(it, nbe * cob, {
@@ -443,12 +522,17 @@ ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
     ampc_load_f32(bias, b->dtype, b->data, (size_t)L.f.co);
   }
   const float *wf = wg_weight_f32(c, &L);
-  wg_conv a = {.c = c, .L = &L, .g = &L.f, .in = &c->in[0], .out = &c->out, .bias = bias, .grad = 0, .acc = 0};
+  float *ut = wg_small(&L.f) ? (float *)c->ws + L.off_ut : NULL;
+  wg_conv a = {.c = c, .L = &L, .g = &L.f, .in = &c->in[0], .out = &c->out, .bias = bias, .ut = ut, .grad = 0, .acc = 0};
 #pragma omp parallel num_threads(c->nthreads)
   {
     int tid = omp_get_thread_num(), nth = omp_get_num_threads();
     wg_weights_rows(wf, L.f.co, L.f.ci, 0, U, tid, L.f.co, nth);
 #pragma omp barrier
+    if (ut) {
+      wg_transpose_u(U, L.f.co, L.f.ci, ut, tid, nth);
+#pragma omp barrier
+    }
     wg_conv_run(&a, U, tid, nth);
   }
   return AMPC_OK;
@@ -478,9 +562,13 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
     }
   })
   WG_ITEMS(xi, WG_NP, {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)O, (int)C, (int)tb, 1.0f, M + (size_t)xi * mstride,
-                (int)g->co8, V + (size_t)xi * vstride, (int)g->ci8, acc ? 1.0f : 0.0f, dU + (size_t)xi * O * g->ci8,
-                (int)g->ci8);
+    if (g->ci <= WG_SMALL_WGRAD_K && g->co8 <= WG_SMALL_N)
+      wg_gemm_small(O, g->ci8, tb, M + (size_t)xi * mstride, g->co8, 1, V + (size_t)xi * vstride, g->ci8,
+                    dU + (size_t)xi * O * g->ci8, g->ci8, acc);
+    else
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)O, (int)C, (int)tb, 1.0f, M + (size_t)xi * mstride,
+                  (int)g->co8, V + (size_t)xi * vstride, (int)g->ci8, acc ? 1.0f : 0.0f, dU + (size_t)xi * O * g->ci8,
+                  (int)g->ci8);
   })
 }
 
@@ -552,12 +640,17 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
   }
   if (need_dx) {
     const float *wf = wg_weight_f32(c, &L);
-    wg_conv a = {.c = c, .L = &L, .g = &L.d, .in = dy, .out = dx, .bias = NULL, .grad = 1, .acc = c->din_acc[0]};
+    float *ut = wg_small(&L.d) ? ws + L.off_ut : NULL;
+    wg_conv a = {.c = c, .L = &L, .g = &L.d, .in = dy, .out = dx, .bias = NULL, .ut = ut, .grad = 1, .acc = c->din_acc[0]};
 #pragma omp parallel num_threads(c->nthreads)
     {
       int tid = omp_get_thread_num(), nth = omp_get_num_threads();
       wg_weights_rows(wf, O, C, 1, U, tid, C, nth);
 #pragma omp barrier
+      if (ut) {
+        wg_transpose_u(U, C, O, ut, tid, nth);
+#pragma omp barrier
+      }
       wg_conv_run(&a, U, tid, nth);
     }
   }
