@@ -140,6 +140,22 @@ void ampc_store_f32(ampc_dtype t, void *dst, const float *src, size_t n) {
   }
 }
 
+void ampc__round_f32(ampc_dtype t, float *p, size_t n) {
+  if (t == AMPC_DTYPE_F32) return;
+#if AMPC__DTYPE_X86
+  if (t == AMPC_DTYPE_F16 && n >= 8 && use_avx2()) {
+    ampc__f16_round_n_avx2(p, n);
+    return;
+  }
+#endif
+  uint16_t buf[256];
+  for (size_t i = 0; i < n; i += 256) {
+    size_t m = n - i < 256 ? n - i : 256;
+    ampc_store_f32(t, buf, p + i, m);
+    ampc_load_f32(p + i, t, buf, m);
+  }
+}
+
 static int is_convertible(ampc_dtype t) {
   return t == AMPC_DTYPE_F32 || t == AMPC_DTYPE_F16 || t == AMPC_DTYPE_BF16;
 }

@@ -47,6 +47,18 @@ AMPC__AVX2 void ampc__f32_to_f16_n_avx2(uint16_t *dst, const float *src, size_t 
   }
 }
 
+AMPC__AVX2 void ampc__f16_round_n_avx2(float *p, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(p + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(p + i), _MM_FROUND_TO_NEAREST_INT)));
+  if (i < n) {
+    float t[8] = {0};
+    memcpy(t, p + i, (n - i) * sizeof *p);
+    _mm256_storeu_ps(t, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(t), _MM_FROUND_TO_NEAREST_INT)));
+    memcpy(p + i, t, (n - i) * sizeof *p);
+  }
+}
+
 /* 16 bf16 -> 16 f32 (two vectors): widen, shift into the top half, quiet NaNs. */
 AMPC__AVX2 static inline void bf16_to_f32_16(float *dst, __m256i h) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);

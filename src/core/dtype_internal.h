@@ -117,6 +117,12 @@ void ampc__f16_to_f32_n_avx2(float *dst, const uint16_t *src, size_t n);
 void ampc__f32_to_f16_n_avx2(uint16_t *dst, const float *src, size_t n);
 void ampc__bf16_to_f32_n_avx2(float *dst, const uint16_t *src, size_t n);
 void ampc__f32_to_bf16_n_avx2(uint16_t *dst, const float *src, size_t n);
+/* p[i] = f16 -> f32 of f32 -> f16 of p[i], in registers */
+void ampc__f16_round_n_avx2(float *p, size_t n);
 #endif
+
+/* Rounds n f32 values in place to what storing them as t and loading them
+ * back gives, bit for bit (f32: unchanged). */
+void ampc__round_f32(ampc_dtype t, float *p, size_t n);
 
 #endif

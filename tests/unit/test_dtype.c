@@ -509,6 +509,43 @@ TEST(bulk_tails) {
   CHECK(bad == 0);
 }
 
+/* Rounding in place is storing and loading back, bit for bit, in each type,
+ * on both paths, for every length (vector bodies and tails) and for special
+ * values: NaN, infinities, subnormals, ties. */
+TEST(round_in_place) {
+  enum { MAXN = 300 };
+  static const ampc_dtype types[] = {AMPC_DTYPE_F32, AMPC_DTYPE_F16, AMPC_DTYPE_BF16};
+  float src[MAXN], got[MAXN], want[MAXN];
+  uint16_t buf[MAXN];
+  for (int i = 0; i < MAXN; i++) src[i] = bitsf(0x33000000u + (uint32_t)i * 0x00f12345u);
+  src[3] = NAN;
+  src[4] = INFINITY;
+  src[5] = -INFINITY;
+  src[6] = 1.0f + 1.0f / 2048.0f; /* an f16 tie */
+  src[7] = 1e-6f;                 /* f16 subnormal */
+  src[8] = 70000.0f;              /* f16 overflow */
+  int bad = 0;
+  for (int force = 0; force < 2; force++) {
+    ampc__convert_force_scalar(force);
+    for (int t = 0; t < 3; t++)
+      for (int n = 0; n <= MAXN; n += n < 40 ? 1 : 37) {
+        memcpy(got, src, sizeof src);
+        memcpy(want, src, sizeof src);
+        ampc__round_f32(types[t], got, (size_t)n);
+        if (types[t] != AMPC_DTYPE_F32) {
+          ampc_store_f32(types[t], buf, want, (size_t)n);
+          ampc_load_f32(want, types[t], buf, (size_t)n);
+        }
+        for (int i = 0; i < MAXN; i++)
+          if (fbits(got[i]) != fbits(want[i]) && bad++ < 5)
+            CHECK_MSG(0, "%s scalar=%d n=%d: [%d] = %08x, want %08x", ampc_dtype_name(types[t]), force, n, i, fbits(got[i]),
+                      fbits(want[i]));
+      }
+  }
+  ampc__convert_force_scalar(0);
+  CHECK(bad == 0);
+}
+
 /* ---- path selection ---- */
 
 TEST(convert_path) {
@@ -662,7 +699,7 @@ TEST(fp_environment) {
 #endif
 }
 
-TEST_MAIN(TEST_ENTRY(dtype_traits), TEST_ENTRY(dtype_parse), TEST_ENTRY(convert_path),
+TEST_MAIN(TEST_ENTRY(dtype_traits), TEST_ENTRY(round_in_place), TEST_ENTRY(dtype_parse), TEST_ENTRY(convert_path),
           TEST_ENTRY(known_values), TEST_ENTRY(f16_to_f32_all), TEST_ENTRY(bf16_to_f32_all),
           TEST_ENTRY(roundtrip_f16), TEST_ENTRY(roundtrip_bf16), TEST_ENTRY(f32_to_f16_hard_cases),
           TEST_ENTRY(f32_to_bf16_hard_cases), TEST_ENTRY(bulk_tails), TEST_ENTRY(convert_pairs),

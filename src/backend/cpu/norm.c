@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include "backend/cpu/cpu_internal.h"
+#include "core/dtype_internal.h"
 
 typedef struct {
   int64_t N, C, H, W, HW;
@@ -178,10 +179,7 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
         continue;
       }
       /* pooled as the unfused graph pools: after rounding to the storage type */
-      if (y->dtype != AMPC_DTYPE_F32) {
-        ampc_store_f32(y->dtype, xs + g.HW, yp, (size_t)g.HW);
-        ampc_load_f32(yp, y->dtype, xs + g.HW, (size_t)g.HW);
-      }
+      ampc__round_f32(y->dtype, yp, (size_t)g.HW);
       int64_t plane = n * g.C + ch;
       ampc__cpu_pool2_select(yp, g.H, g.W, ys + g.HW, bn_winners(c, &g) + plane * g.PHW);
       cpu_store(y, plane * g.PHW, ys + g.HW, (size_t)g.PHW, 0, NULL);
