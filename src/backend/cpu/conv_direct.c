@@ -23,9 +23,9 @@ typedef struct {
   int64_t OWv;       /* OW rounded up to whole blocks */
   int64_t Hp, Wp;    /* the padded sample's planes */
   /* per thread, in floats: the padded sample, two output planes (with a
-   * block's overrun), the output gradient's padded plane and its staging,
-   * the weight gradient partial, a plane of the input being staged */
-  size_t off_y0, off_y1, off_dyp, off_dys, off_part, off_xt, per_thread;
+   * block's overrun), an output gradient plane (with 32 floats to spare), the
+   * weight gradient partial, a plane of the input being staged */
+  size_t off_y0, off_y1, off_dys, off_part, off_xt, per_thread;
   size_t shared; /* the f32 weight and bias */
 } dconv_geom;
 
@@ -53,9 +53,8 @@ static dconv_geom dconv_geometry(const ampc__op_call *c) {
   g.Wp = (g.Wp + 7) & ~(int64_t)7;
   g.off_y0 = (size_t)(g.C * g.Hp * g.Wp);
   g.off_y1 = g.off_y0 + (size_t)g.OHW + 32;
-  g.off_dyp = g.off_y1 + (size_t)g.OHW + 32;
-  g.off_dys = g.off_dyp + (size_t)(g.OH * g.OWv);
-  g.off_part = g.off_dys + (size_t)g.OHW;
+  g.off_dys = g.off_y1 + (size_t)g.OHW + 32;
+  g.off_part = g.off_dys + (size_t)g.OHW + 32;
   g.off_xt = g.off_part + (size_t)(g.O * g.C * 9 + g.O);
   g.per_thread = g.off_xt + (size_t)(g.H * g.W) + 16;
   g.shared = (size_t)(g.O * g.C * 9 + g.O) + 16;
@@ -112,16 +111,19 @@ static inline __attribute__((always_inline)) void fwd_pair(const dconv_geom *g, 
 }
 
 /* The 9 taps' gradient of output channel o over input channel ch, from one
- * sample's padded input and the output gradient plane dyp (rows OWv apart,
- * zero past OW), added to dw[0..8]. */
+ * sample's padded input and the output gradient plane dyp (rows OW apart,
+ * readable 32 floats past its end; columns past OW are masked off), added to
+ * dw[0..8]. */
 static inline __attribute__((always_inline)) void bwd_taps(const dconv_geom *g, const float *xp, const float *dyp,
                                                            int64_t ch, float *dw, const int nv) {
   cpu_v8 acc[9];
+  const cpu_v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
   for (int t = 0; t < 9; t++) acc[t] = (cpu_v8){0};
   for (int64_t oy = 0; oy < g->OH; oy++)
     for (int64_t cb = 0; cb < g->OWv; cb += 8 * nv)
       for (int v = 0; v < nv; v++) {
-        cpu_v8 d = CPU_LD8(dyp + oy * g->OWv + cb + 8 * v);
+        cpu_v8i live = lane < (int)(g->OW - cb - 8 * v);
+        cpu_v8 d = (cpu_v8)((cpu_v8i)CPU_LD8(dyp + oy * g->OW + cb + 8 * v) & live);
         for (int ky = 0; ky < 3; ky++) {
           const float *row = xp + (ch * g->Hp + oy + ky) * g->Wp + cb + 8 * v;
           for (int kx = 0; kx < 3; kx++) acc[ky * 3 + kx] += d * CPU_LD8(row + kx);
@@ -205,25 +207,25 @@ ampc_status ampc__cpu_direct_bwd_weights(const ampc__op_call *c) {
     int tid = omp_get_thread_num(), nth = omp_get_num_threads();
 #pragma omp single
     nth_used = nth;
-    float *xp = cpu_ws_slice(c, tid, g.per_thread, g.shared), *dyp = xp + g.off_dyp, *dys = xp + g.off_dys;
+    float *xp = cpu_ws_slice(c, tid, g.per_thread, g.shared), *dys = xp + g.off_dys;
     float *part = xp + g.off_part;
     memset(part, 0, (nw + (size_t)g.O) * sizeof(float));
-    memset(dyp, 0, (size_t)(g.OH * g.OWv) * sizeof(float));
+    memset(dys, 0, ((size_t)g.OHW + 32) * sizeof(float));
     for (int64_t n = tid; n < g.N; n += nth) {
       if (dw->data) stage_sample(&g, x, n, xp, xp + g.off_xt);
       for (int64_t o = 0; o < g.O; o++) {
-        const float *d = cpu_load(dy, (n * g.O + o) * g.OHW, (size_t)g.OHW, dys);
-        if (db) part[nw + o] += cpu_sum(d, (size_t)g.OHW);
+        /* staged even from f32: the taps read a little past the plane */
+        ampc_load_f32(dys, dy->dtype, cpu_at(dy, (n * g.O + o) * g.OHW), (size_t)g.OHW);
+        if (db) part[nw + o] += cpu_sum(dys, (size_t)g.OHW);
         if (!dw->data) continue;
-        for (int64_t oy = 0; oy < g.OH; oy++) memcpy(dyp + oy * g.OWv, d + oy * g.OW, (size_t)g.OW * sizeof(float));
 #if DCONV_X86
         if (avx2) {
-          bwd_plane_avx2(&g, xp, dyp, part + o * g.C * 9);
+          bwd_plane_avx2(&g, xp, dys, part + o * g.C * 9);
           continue;
         }
 #endif
         (void)avx2;
-        bwd_plane(&g, xp, dyp, part + o * g.C * 9);
+        bwd_plane(&g, xp, dys, part + o * g.C * 9);
       }
     }
   }
