@@ -62,7 +62,7 @@ static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
 /* Winograd where the graph asks for it, or (AUTO) where it is faster: with
  * few channels the transforms cost more than the products they save. */
 static int use_winograd(const ampc__op_call *c) {
-  if (!ampc__cpu_wino_applies(c) || (c->conv_algo != AMPC_CONV_AUTO && c->conv_algo != AMPC_CONV_WINOGRAD)) return 0;
+  if (!cpu_conv3x3_s1(c) || (c->conv_algo != AMPC_CONV_AUTO && c->conv_algo != AMPC_CONV_WINOGRAD)) return 0;
   if (c->conv_algo == AMPC_CONV_WINOGRAD) return 1;
   return c->in[0].shape.d[1] >= CONV_WINO_MIN_CHANNELS && c->in[1].shape.d[0] >= CONV_WINO_MIN_CHANNELS;
 }
@@ -76,7 +76,7 @@ static int run_winograd(const ampc__op_call *c) {
 /* The direct loop where the graph asks for it, or (AUTO) for 3x3 stride-1
  * convolutions of inputs with few channels. */
 static int use_direct(const ampc__op_call *c) {
-  if (!ampc__cpu_direct_applies(c)) return 0;
+  if (!cpu_conv3x3_s1(c)) return 0;
   return c->conv_algo == AMPC_CONV_DIRECT || (c->conv_algo == AMPC_CONV_AUTO && ampc__cpu_direct_preferred(c));
 }
 

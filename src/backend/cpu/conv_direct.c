@@ -31,13 +31,8 @@ typedef struct {
 
 enum { DCONV_MAX_AUTO_CHANNELS = 4 };
 
-int ampc__cpu_direct_applies(const ampc__op_call *c) {
-  const ampc_shape *w = &c->in[1].shape;
-  return w->d[2] == 3 && w->d[3] == 3 && c->attr.stride == 1 && c->attr.pad >= 0 && c->attr.pad <= 2;
-}
-
 int ampc__cpu_direct_preferred(const ampc__op_call *c) {
-  return ampc__cpu_direct_applies(c) && c->in[0].shape.d[1] <= DCONV_MAX_AUTO_CHANNELS;
+  return cpu_conv3x3_s1(c) && c->in[0].shape.d[1] <= DCONV_MAX_AUTO_CHANNELS;
 }
 
 static dconv_geom dconv_geometry(const ampc__op_call *c) {

@@ -100,10 +100,6 @@ enum { WG_PRIVATE_CHUNKS = 4, WG_SLOTS = 4 };
 
 static size_t zmax(size_t x, size_t y) { return x > y ? x : y; }
 
-int ampc__cpu_wino_applies(const ampc__op_call *c) {
-  const ampc_shape *w = &c->in[1].shape;
-  return w->d[2] == 3 && w->d[3] == 3 && c->attr.stride == 1 && c->attr.pad >= 0 && c->attr.pad <= 2;
-}
 
 static int64_t wg_chunks(const wg_geom *g);
 
@@ -404,7 +400,7 @@ static void wg_chunk(const wg_geom *g, int64_t k, int64_t *n0, int64_t *nbe, int
 /* One chunk's input transforms (by sample and block of 8 channels), products
  * (by transform point) and output: shared by the team when nth > 1, each
  * phase's items handed out as threads come free; else by the calling thread. */
-static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V, float *M, float *me, int tid, int nth) {
+static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V, float *M, float *me, int nth) {
   const wg_geom *g = a->g;
   const wg_layout *L = a->L;
   float *st = me + L->off_st, *band = me + L->off_band, *tmp = me + L->off_tmp;
@@ -450,10 +446,10 @@ static void wg_conv_run(const wg_conv *a, const float *U, int tid, int nth) {
   if (nth > 1 && nchunks >= WG_PRIVATE_CHUNKS * nth) {
     float *V = ws + L->off_v + (size_t)tid * L->vm, *M = V + L->vm / 2;
 #pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t k = 0; k < nchunks; k++) wg_conv_chunk(a, U, k, V, M, me, 0, 1);
+    for (int64_t k = 0; k < nchunks; k++) wg_conv_chunk(a, U, k, V, M, me, 1);
     return;
   }
-  for (int64_t k = 0; k < nchunks; k++) wg_conv_chunk(a, U, k, ws + L->off_v, ws + L->off_m, me, tid, nth);
+  for (int64_t k = 0; k < nchunks; k++) wg_conv_chunk(a, U, k, ws + L->off_v, ws + L->off_m, me, nth);
 }
 
 /* U[xi][row][col], rows co8 ... (row-major, ci8 columns), from the f32 weight
@@ -541,8 +537,8 @@ ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
 /* One chunk of the weight gradient: the input's and the output gradient's
  * transforms, then dU[xi] (+)= dM[xi]^T V[xi] by transform point (added when
  * acc); shared by the team when nth > 1, as wg_conv_chunk. */
-static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k, float *V, float *M, float *me, int tid,
-                           int nth, float *dU, int acc) {
+static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k, float *V, float *M, float *me, int nth,
+                           float *dU, int acc) {
   const wg_geom *g = &L->f;
   float *st = me + L->off_st, *band = me + L->off_band;
   int64_t O = g->co, C = g->ci, cib = g->ci8 / WG_VL, cob = g->co8 / WG_VL;
@@ -606,7 +602,7 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
         for (int sl = 0; sl < WG_SLOTS; sl++) {
           float *dU = ws + L.off_du + (size_t)sl * L.du;
           if (sl >= nchunks) memset(dU, 0, L.du * sizeof(float));
-          for (int64_t k = sl; k < nchunks; k += WG_SLOTS) wg_wgrad_chunk(c, &L, k, V, Mt, me, 0, 1, dU, k >= WG_SLOTS);
+          for (int64_t k = sl; k < nchunks; k += WG_SLOTS) wg_wgrad_chunk(c, &L, k, V, Mt, me, 1, dU, k >= WG_SLOTS);
         }
         /* dU = the slots in order; each thread sums the rows it then turns into dw */
         for (int64_t o = tid; o < O; o += nth) {
@@ -624,7 +620,7 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
         }
       } else if (need_dw) {
         int64_t nchunks = wg_chunks(g);
-        for (int64_t k = 0; k < nchunks; k++) wg_wgrad_chunk(c, &L, k, V, M, me, tid, nth, U, k > 0);
+        for (int64_t k = 0; k < nchunks; k++) wg_wgrad_chunk(c, &L, k, V, M, me, nth, U, k > 0);
 #pragma omp barrier
         for (int64_t o = tid; o < O; o += nth) {
           wg_weight_grad_row(U, O, C, o, wr);

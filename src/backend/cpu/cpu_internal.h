@@ -116,6 +116,13 @@ static inline void cpu_sum_dy_dyx(const float *dy, const float *x, float mean, s
   *sdyx = cpu_hsum8(b);
 }
 
+/* A 3x3 stride-1 convolution padded by 0..2: what Winograd and the direct
+ * loop compute. */
+static inline int cpu_conv3x3_s1(const ampc__op_call *c) {
+  const ampc_shape *w = &c->in[1].shape;
+  return w->d[2] == 3 && w->d[3] == 3 && c->attr.stride == 1 && c->attr.pad >= 0 && c->attr.pad <= 2;
+}
+
 /* How a convolution cuts its samples into blocks of about `target` units
  * (columns, tiles) when a sample has `rows` rows of `row_len` units: a band of
  * *rb rows of one sample (*nb = 1) when a sample is at least that big, else
@@ -165,11 +172,9 @@ typedef int cpu_v8i __attribute__((vector_size(32), aligned(4), may_alias));
 ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c);
 size_t ampc__cpu_conv2d_ws(const ampc__op_call *c, int nthreads);
-int ampc__cpu_wino_applies(const ampc__op_call *c);
 size_t ampc__cpu_wino_ws(const ampc__op_call *c, int nthreads);
 ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c);
-int ampc__cpu_direct_applies(const ampc__op_call *c);
 int ampc__cpu_direct_preferred(const ampc__op_call *c);
 size_t ampc__cpu_direct_ws(const ampc__op_call *c, int nthreads);
 ampc_status ampc__cpu_direct_fwd(const ampc__op_call *c);
