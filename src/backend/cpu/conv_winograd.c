@@ -100,7 +100,6 @@ enum { WG_PRIVATE_CHUNKS = 4, WG_SLOTS = 4 };
 
 static size_t zmax(size_t x, size_t y) { return x > y ? x : y; }
 
-
 static int64_t wg_chunks(const wg_geom *g);
 
 /* Products with at most WG_SMALL_K input and WG_SMALL_N output channels
@@ -387,8 +386,9 @@ static void wg_chunk(const wg_geom *g, int64_t k, int64_t *n0, int64_t *nbe, int
   *ty1 = *ty0 + g->rb < g->th ? *ty0 + g->rb : g->th;
 }
 
-/* shared: each phase's items go to the threads as they come free (the
- * work-sharing loops end in a barrier); alone: in order */
+/* A phase of a chunk, over the caller's nth threads: shared (nth > 1), its
+ * items go to the threads as they come free, and the work-sharing loop ends
+ * in a barrier; alone, in order. */
 #define WG_ITEMS(var, n, ...)                             \
   if (nth > 1) {                                          \
     _Pragma("omp for schedule(dynamic, 1)")               \
