@@ -218,10 +218,9 @@ CPU_VECTOR static void pool2_select_plane(const float *x, int64_t H, int64_t W, 
       const float *r0 = x + 2 * oy * W, *r1 = r0 + W;
       float *o = out + oy * OW;
       unsigned char *w = win + oy * OW;
-      for (int64_t ox = 0;; ox += 8) {
-        if (ox + 8 > OW) ox = OW - 8;
+      for (int64_t s = 0; s < OW; s += 8) {
+        int64_t ox = s + 8 <= OW ? s : OW - 8;
         pool2_select8(r0 + 2 * ox, r1 + 2 * ox, o + ox, w + ox);
-        if (ox + 8 == OW) break;
       }
     }
     return;
@@ -251,15 +250,17 @@ CPU_VECTOR static void pool2_select_plane(const float *x, int64_t H, int64_t W, 
 
 CPU_VECTOR static void pool2_scatter_plane(const float *dy, const unsigned char *win, int64_t H, int64_t W, float *dx) {
   int64_t OH = H / 2, OW = W / 2;
+  if (W & 1) /* a last odd column is outside every window */
+    for (int64_t y = 0; y < 2 * OH; y++) dx[y * W + W - 1] = 0.0f;
+  if (H & 1) memset(dx + (H - 1) * W, 0, (size_t)W * sizeof(float));
   if (OW >= 8) {
     for (int64_t oy = 0; oy < OH; oy++) {
       float *d0 = dx + 2 * oy * W, *d1 = d0 + W;
       const float *g = dy + oy * OW;
       const unsigned char *w = win + oy * OW;
-      for (int64_t ox = 0;; ox += 8) {
-        if (ox + 8 > OW) ox = OW - 8;
+      for (int64_t s = 0; s < OW; s += 8) {
+        int64_t ox = s + 8 <= OW ? s : OW - 8;
         pool2_scatter8(g + ox, w + ox, d0 + 2 * ox, d1 + 2 * ox);
-        if (ox + 8 == OW) break;
       }
     }
     return;
@@ -285,16 +286,14 @@ CPU_VECTOR static void pool2_scatter_plane(const float *dy, const unsigned char 
   }
 }
 
+/* The entry points the other files call: a multiversioned (target_clones)
+ * function must be defined before its first use in a file, and stays static
+ * here. */
 void ampc__cpu_pool2_select(const float *x, int64_t H, int64_t W, float *out, unsigned char *win) {
   pool2_select_plane(x, H, W, out, win);
 }
-
 void ampc__cpu_pool2_scatter(const float *dy, const unsigned char *win, int64_t H, int64_t W, float *dx) {
   pool2_scatter_plane(dy, win, H, W, dx);
-  int64_t OH = H / 2;
-  if (W & 1) /* a last odd column is outside every window */
-    for (int64_t y = 0; y < 2 * OH; y++) dx[y * W + W - 1] = 0.0f;
-  if (H & 1) memset(dx + (H - 1) * W, 0, (size_t)W * sizeof(float));
 }
 
 /* Max pooling's gradient goes to the first maximum of each window (as
