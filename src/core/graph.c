@@ -856,10 +856,14 @@ int ampc_graph_is_compiled(const ampc_graph *g) { return g->compiled; }
 
 /* ---------------- execution ---------------- */
 
-static ampc_tensor view(const ampc_graph *g, const ampc__value *v, void *data, int64_t batch) {
-  ampc_tensor t = {data, v->dtype, v->store};
+/* A value's tensor with the given shape (its own or its memory's) at batch. */
+static ampc_tensor view_as(const ampc__value *v, const ampc_shape *shape, void *data, int64_t batch) {
+  ampc_tensor t = {data, v->dtype, *shape};
   if (v->batched && t.shape.ndim > 0) t.shape.d[0] = batch;
   return t;
+}
+static ampc_tensor view(const ampc_graph *g, const ampc__value *v, void *data, int64_t batch) {
+  return view_as(v, &v->store, data, batch);
 }
 
 static ampc__op_call make_call(const ampc_graph *g, const ampc__value *v, int64_t batch) {
@@ -1041,13 +1045,8 @@ static ampc_tensor value_tensor(const ampc_graph *g, ampc_value v, void *data) {
   ampc_tensor t = {0};
   if (!valid(g, v)) return t;
   ampc_value r = root_of(g, v);
-  t = view(g, &g->v[v], data, g->batch);
-  if (g->v[r].pool_out != AMPC_VALUE_NONE && g->v[r].pool_out != v) {
-    t.data = NULL;
-    t.shape = g->v[v].shape;
-    if (g->v[v].batched && t.shape.ndim > 0) t.shape.d[0] = g->batch;
-  }
-  return t;
+  if (g->v[r].pool_out != AMPC_VALUE_NONE && g->v[r].pool_out != v) return view_as(&g->v[v], &g->v[v].shape, NULL, g->batch);
+  return view(g, &g->v[v], data, g->batch);
 }
 ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v) { return value_tensor(g, v, valid(g, v) ? g->v[v].data : NULL); }
 ampc_tensor ampc_graph_grad(const ampc_graph *g, ampc_value v) { return value_tensor(g, v, valid(g, v) ? g->v[v].grad : NULL); }
