@@ -1140,6 +1140,14 @@ static int two_heads_make(two_heads *t, ampc_opt_level lv) {
   return 1;
 }
 
+/* two_heads_make at level lv, then a forward on a random batch. */
+static int two_heads_forward(two_heads *t, ampc_opt_level lv) {
+  if (!two_heads_make(t, lv)) return 0;
+  random_batch(&t->r, 3, 1.0f);
+  CHECK_OK(ampc_amp_forward(t->r.amp, 1));
+  return 1;
+}
+
 TEST(two_losses_overflow_in_one_backs_off_only_its_scaler) {
   two_heads t;
   if (!two_heads_make(&t, AMPC_OPT_O2)) return;
@@ -1190,10 +1198,8 @@ TEST(two_losses_backward_of_one_loss_touches_only_its_graph) {
   for (int pass = 0; pass < 2; pass++) {
     ampc_opt_level lv = pass ? AMPC_OPT_O2 : AMPC_OPT_O0;
     two_heads t;
-    if (!two_heads_make(&t, lv)) return;
+    if (!two_heads_forward(&t, lv)) return;
     rig *r = &t.r;
-    random_batch(r, 3, 1.0f);
-    CHECK_OK(ampc_amp_forward(r->amp, 1));
     CHECK_OK(ampc_amp_backward(r->amp, t.loss1, 1, 0));
     float *g = unscaled(r, NULL);
     ampc_value h0 = ampc_graph_find(r->g, "head0.weight"), h1 = ampc_graph_find(r->g, "head1.weight");
@@ -1213,10 +1219,8 @@ TEST(two_losses_add_each_gradient_once) {
   for (int pass = 0; pass < 2; pass++) {
     ampc_opt_level lv = pass ? AMPC_OPT_O2 : AMPC_OPT_O0;
     two_heads t;
-    if (!two_heads_make(&t, lv)) return;
+    if (!two_heads_forward(&t, lv)) return;
     rig *r = &t.r;
-    random_batch(r, 3, 1.0f);
-    CHECK_OK(ampc_amp_forward(r->amp, 1));
     CHECK_OK(ampc_amp_backward(r->amp, r->loss, 0, 0));
     float *ga = unscaled(r, NULL);
     CHECK_OK(ampc_amp_backward(r->amp, t.loss1, 1, 1));
