@@ -13,6 +13,25 @@ static inline void *cpu_at(const ampc_tensor *t, int64_t i) {
   return (char *)t->data + (size_t)i * ampc_dtype_size(t->dtype);
 }
 
+/* Asks for elements [i, i + n) of t to be brought into cache ahead of their
+ * use (a hint: no effect on results). Loops that walk a channel across the
+ * samples touch short planes far apart, which the hardware does not foresee:
+ * they ask for the plane CPU_AHEAD samples on (measured on the cnn's batch
+ * norms: backward ~1.5x faster; 2 ahead beat 1, 3 and 5). */
+enum { CPU_AHEAD = 2 };
+static inline void cpu_prefetch_bytes(const void *p, size_t bytes, int write) {
+  const char *c = (const char *)p;
+  for (size_t o = 0; o < bytes; o += 64) {
+    if (write) __builtin_prefetch(c + o, 1, 3);
+    else __builtin_prefetch(c + o, 0, 3);
+  }
+  if (bytes && write) __builtin_prefetch(c + bytes - 1, 1, 3);
+  else if (bytes) __builtin_prefetch(c + bytes - 1, 0, 3);
+}
+static inline void cpu_prefetch(const ampc_tensor *t, int64_t i, size_t n, int write) {
+  cpu_prefetch_bytes(cpu_at(t, i), n * ampc_dtype_size(t->dtype), write);
+}
+
 /* Load n elements starting at element i as f32. When the tensor is already
  * f32 no copy is made and the tensor's own memory is returned. */
 static inline const float *cpu_load(const ampc_tensor *t, int64_t i, size_t n, float *tmp) {

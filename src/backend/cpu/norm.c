@@ -115,6 +115,24 @@ static const float *pool_dy(const ampc__op_call *c, const bn_geom *g, int64_t pl
   return d;
 }
 
+/* The memory backward's first pass reads for plane pl, asked for ahead. */
+static void bn_prefetch_bwd(const ampc__op_call *c, const bn_geom *g, int64_t pl) {
+  cpu_prefetch(&c->in[0], pl * g->HW, (size_t)g->HW, 0);
+  int64_t n = c->attr.pool ? g->PHW : g->HW;
+  cpu_prefetch(&c->dout, pl * n, (size_t)n, 0);
+  if (c->attr.relu) cpu_prefetch(&c->out, pl * n, (size_t)n, 0);
+  if (c->attr.pool) cpu_prefetch_bytes(bn_winners(c, g) + pl * g->PHW, (size_t)g->PHW, 0);
+}
+
+/* ... and forward's second: the output plane (pooled, with its winners),
+ * and the input when it is read again. */
+static void bn_prefetch_fwd(const ampc__op_call *c, const bn_geom *g, int64_t pl, int input) {
+  if (input) cpu_prefetch(&c->in[0], pl * g->HW, (size_t)g->HW, 0);
+  int64_t n = c->attr.pool ? g->PHW : g->HW;
+  cpu_prefetch(&c->out, pl * n, (size_t)n, 1);
+  if (c->attr.pool) cpu_prefetch_bytes(bn_winners(c, g) + pl * g->PHW, (size_t)g->PHW, 1);
+}
+
 static float param_at(const ampc_tensor *t, int64_t i) {
   float v;
   ampc_load_f32(&v, t->dtype, cpu_at(t, i), 1);
@@ -145,6 +163,7 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
       ampc_load_f32(&k0, x->dtype, cpu_at(x, ch * g.HW), 1);
       double sum = 0.0, sq = 0.0;
       for (int64_t n = 0; n < g.N; n++) {
+        if (n + CPU_AHEAD < g.N) cpu_prefetch(x, ((n + CPU_AHEAD) * g.C + ch) * g.HW, (size_t)g.HW, 0);
         const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, cache ? xc + n * g.HW : xs);
         float a, b;
         plane_sums(xp, k0, (size_t)g.HW, &a, &b);
@@ -171,6 +190,7 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
     float scale = param_at(gamma, ch) * invstd, shift = param_at(beta, ch) - mean * scale;
     for (int64_t n = 0; n < g.N; n++) {
       int64_t off = (n * g.C + ch) * g.HW;
+      if (n + CPU_AHEAD < g.N) bn_prefetch_fwd(c, &g, (n + CPU_AHEAD) * g.C + ch, !(cache && c->training));
       const float *xp = cache && c->training ? xc + n * g.HW : cpu_load(x, off, (size_t)g.HW, xs);
       float *yp = c->attr.pool ? ys : cpu_out(y, off, ys);
       plane_apply(xp, (size_t)g.HW, scale, shift, c->attr.relu, yp);
@@ -211,6 +231,7 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
     double sdy = 0.0, sdyx = 0.0;
     for (int64_t n = 0; n < g.N; n++) {
       int64_t off = (n * g.C + ch) * g.HW;
+      if (n + CPU_AHEAD < g.N) bn_prefetch_bwd(c, &g, (n + CPU_AHEAD) * g.C + ch);
       const float *xp = cpu_load(x, off, (size_t)g.HW, cache ? xc + n * g.HW : xs);
       const float *dp = c->attr.pool ? pool_dy(c, &g, n * g.C + ch, cache ? dc + n * g.HW : dys, ys)
                         : cache       ? cache_dy(c, off, (size_t)g.HW, dc + n * g.HW, ys)
@@ -228,6 +249,7 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
       float k = gm * invstd / (float)count;
       for (int64_t n = 0; n < g.N; n++) {
         int64_t off = (n * g.C + ch) * g.HW;
+        if (n + CPU_AHEAD < g.N) cpu_prefetch(dx, off + CPU_AHEAD * g.C * g.HW, (size_t)g.HW, 1);
         const float *xp = cache && x->dtype != AMPC_DTYPE_F32 ? xc + n * g.HW : cpu_load(x, off, (size_t)g.HW, xs);
         const float *dp = cache && (c->dout.dtype != AMPC_DTYPE_F32 || c->attr.relu || c->attr.pool) ? dc + n * g.HW
                           : c->attr.pool ? pool_dy(c, &g, n * g.C + ch, dys, ys)
