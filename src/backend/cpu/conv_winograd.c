@@ -39,7 +39,7 @@
 #include "backend/cpu/cpu_internal.h"
 
 enum { WG_M = 4, WG_A = 6, WG_NP = 36, WG_VL = 8, WG_MIN_TILES = 96 };
-#define WG_CHUNK_BYTES ((size_t)3 << 20)
+#define WG_CHUNK_BYTES ((size_t)1 << 20)
 
 /* Tiles per chunk when > 0 instead of the size chosen for the cache: a hook
  * for tests, which use it to exercise chunks of bands and of several samples. */
@@ -587,11 +587,13 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
         for (int64_t o = tid; o < O; o += nth) {
           float s = 0.0f;
           int64_t piece = g->band / g->ow * g->ow; /* whole rows that fit the band buffer */
-          for (int64_t n = 0; n < g->N; n++)
+          for (int64_t n = 0; n < g->N; n++) {
+            if (n + CPU_AHEAD < g->N) cpu_prefetch(dy, ((n + CPU_AHEAD) * O + o) * ohw, (size_t)ohw, 0);
             for (int64_t i = 0; i < ohw; i += piece) {
               size_t len = (size_t)(ohw - i < piece ? ohw - i : piece);
               s += cpu_sum(cpu_load(dy, (n * O + o) * ohw + i, len, band), len);
             }
+          }
           dbias[o] = s;
         }
       if (need_dw && L.du) {
