@@ -51,6 +51,15 @@ typedef cpu_v8 v8;
 
 static int64_t up8(int64_t n) { return (n + WG_VL - 1) / WG_VL * WG_VL; }
 
+/* Floats between the transform points of a chunk's V or M, at least n: an
+ * odd number of cache lines, so that the 36 points of a tile, which the
+ * transforms store or load together, fall in different sets of the L1 cache
+ * (a multiple of 4 KB apart they would all compete for one set's 8 ways). */
+static size_t wg_pstride(int64_t n) {
+  size_t s = ((size_t)n + 15) / 16 * 16;
+  return (s / 16) % 2 ? s : s + 16;
+}
+
 /* One convolution as Winograd sees it: ci input channels of ih x iw planes,
  * padded by pad, into co output channels of oh x ow. */
 typedef struct {
@@ -176,10 +185,10 @@ static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
   L.d = wg_geometry(N, O, C, OH, OW, H, W, 2 - p);
   int64_t c8 = up8(C > O ? C : O), tb = L.f.tbmax > L.d.tbmax ? L.f.tbmax : L.d.tbmax;
   L.off_v = (size_t)(WG_NP * c8 * c8);
-  L.off_m = L.off_v + (size_t)(WG_NP * c8 * tb);
+  L.off_m = L.off_v + WG_NP * wg_pstride(c8 * tb);
   /* the weight in f32 is needed only while U is made, before any chunk: it
    * shares V and M's space, growing it when it does not fit */
-  L.vm = 2 * (size_t)(WG_NP * c8 * tb);
+  L.vm = 2 * WG_NP * wg_pstride(c8 * tb);
   size_t vm = L.vm * (size_t)(nthreads < 1 ? 1 : nthreads), wf = (size_t)(O * C * 9);
   L.off_wf = L.off_v;
   L.off_db = L.off_v + (vm > wf ? vm : wf);
@@ -408,7 +417,7 @@ static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V,
   int64_t n0, nbe, ty0, ty1;
   wg_chunk(g, k, &n0, &nbe, &ty0, &ty1);
   int64_t nty = ty1 - ty0, bt = nty * g->tw, tb = nbe * bt;
-  size_t vstride = (size_t)(tb * g->ci8), mstride = (size_t)(tb * g->co8);
+  size_t vstride = wg_pstride(tb * g->ci8), mstride = wg_pstride(tb * g->co8);
   WG_ITEMS(it, nbe * cib, {
     int64_t s = it / cib, c0 = (it % cib) * WG_VL;
     wg_stage(g, a->in, (n0 + s) * g->ci, c0, g->ci, ty0, ty1, st, band);
@@ -545,7 +554,7 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
   int64_t n0, nbe, ty0, ty1;
   wg_chunk(g, k, &n0, &nbe, &ty0, &ty1);
   int64_t nty = ty1 - ty0, bt = nty * g->tw, tb = nbe * bt;
-  size_t vstride = (size_t)(tb * g->ci8), mstride = (size_t)(tb * g->co8);
+  size_t vstride = wg_pstride(tb * g->ci8), mstride = wg_pstride(tb * g->co8);
   WG_ITEMS(it, nbe * (cib + cob), {
     int64_t s = it / (cib + cob), blk = it % (cib + cob);
     if (blk < cib) {
