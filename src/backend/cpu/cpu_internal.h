@@ -93,13 +93,10 @@ static inline void cpu_commit(const ampc_tensor *t, int64_t i, const float *src,
  * order is fixed, so results are reproducible, and the same in every build. */
 typedef float cpu_v8f_al __attribute__((vector_size(32), aligned(4), may_alias));
 #define cpu_hsum8(a) ((((a)[0] + (a)[1]) + ((a)[2] + (a)[3])) + (((a)[4] + (a)[5]) + ((a)[6] + (a)[7])))
-static inline float cpu_sum(const float *x, size_t n) {
-  cpu_v8f_al acc = {0};
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) acc += *(const cpu_v8f_al *)(x + i);
-  for (; i < n; i++) acc[0] += x[i];
-  return cpu_hsum8(acc);
-}
+/* sum(x), out of line and built for AVX2 and the baseline (eltwise.c): its
+ * callers are plain loops, where GCC keeps the 8 sums in memory */
+float ampc__cpu_sum(const float *x, size_t n);
+static inline float cpu_sum(const float *x, size_t n) { return ampc__cpu_sum(x, n); }
 /* sum(x - k) and sum((x - k)^2) in one pass */
 static inline void cpu_sum_dev_sq(const float *x, float k, size_t n, float *s1, float *s2) {
   cpu_v8f_al a = {0}, b = {0};

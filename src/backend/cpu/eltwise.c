@@ -286,9 +286,18 @@ CPU_VECTOR static void pool2_scatter_plane(const float *dy, const unsigned char 
   }
 }
 
+CPU_VECTOR static float sum_f32(const float *x, size_t n) {
+  cpu_v8f_al acc = {0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) acc += *(const cpu_v8f_al *)(x + i);
+  for (; i < n; i++) acc[0] += x[i];
+  return cpu_hsum8(acc);
+}
+
 /* The entry points the other files call: a multiversioned (target_clones)
  * function must be defined before its first use in a file, and stays static
  * here. */
+float ampc__cpu_sum(const float *x, size_t n) { return sum_f32(x, n); }
 void ampc__cpu_pool2_select(const float *x, int64_t H, int64_t W, float *out, unsigned char *win) {
   pool2_select_plane(x, H, W, out, win);
 }
