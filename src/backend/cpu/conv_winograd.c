@@ -89,7 +89,7 @@ static wg_geom wg_geometry(int64_t N, int64_t ci, int64_t co, int64_t ih, int64_
 }
 
 /* Workspace. Shared: U (or dU), the chunk's V and M, the weight in f32, the
- * bias. Per thread: a staged band of 8 interleaved planes, one plane's band
+ * bias. Per thread: a staged band of 8 interleaved planes, 8 planes' bands
  * and its conversion buffer, a row of weights. */
 typedef struct {
   wg_geom f, d; /* forward (and backward weights); backward data */
@@ -208,7 +208,7 @@ static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
   size_t band = zmax((size_t)L.f.band, (size_t)L.d.band), wrow = (size_t)(9 * c8);
   L.off_st = 0;
   L.off_band = L.off_st + st;
-  L.off_tmp = L.off_band + band;
+  L.off_tmp = L.off_band + WG_VL * band;
   L.off_w = L.off_tmp + zmax(band, wrow);
   L.per_thread = L.off_w + wrow + 16;
   return L;
@@ -337,39 +337,91 @@ WG_VECTOR static void wg_grad_tiles(const float *st, int64_t nty, int64_t tw, fl
 
 /* ---- staging: planes <-> 8-channel interleaved bands ---- */
 
+/* r[j][k] <-> r[k][j] */
+static inline void wg_tr8(v8 r[8]) {
+  v8 a[8], b[8];
+  for (int i = 0; i < 8; i += 2) {
+    a[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    a[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int i = 0; i < 8; i += 4) /* b[i + c]: columns c and c + 4 of rows i .. i+3 */
+    for (int h = 0; h < 2; h++) {
+      b[i + 2 * h] = __builtin_shufflevector(a[i + h], a[i + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      b[i + 2 * h + 1] = __builtin_shufflevector(a[i + h], a[i + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  for (int i = 0; i < 4; i++) {
+    r[i] = __builtin_shufflevector(b[i], b[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    r[i + 4] = __builtin_shufflevector(b[i], b[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
+
+/* dst[8i + k] = src[k][i] for i < n (a channel without a source made
+ * zero), eight positions at a time through a transpose; n >= 8 lets a
+ * last partial step overlap the one before. */
+WG_VECTOR static void wg_interleave(const float *const src[WG_VL], int64_t n, float *dst) {
+  if (n >= WG_VL)
+    for (int64_t i = 0;; i += WG_VL) {
+      if (i + WG_VL > n) i = n - WG_VL;
+      v8 r[8];
+      for (int k = 0; k < 8; k++) r[k] = src[k] ? LD(src[k] + i) : (v8){0};
+      wg_tr8(r);
+      for (int j = 0; j < 8; j++) ST(dst + (i + j) * WG_VL, r[j]);
+      if (i + WG_VL >= n) return;
+    }
+  for (int k = 0; k < 8; k++)
+    for (int64_t j = 0; j < n; j++) dst[j * WG_VL + k] = src[k] ? src[k][j] : 0.0f;
+}
+
+/* dst[q][i] = src[8i + q] for i < n: the inverse of wg_interleave. */
+WG_VECTOR static void wg_deinterleave(const float *src, int64_t n, float *const dst[WG_VL]) {
+  if (n >= WG_VL)
+    for (int64_t i = 0;; i += WG_VL) {
+      if (i + WG_VL > n) i = n - WG_VL;
+      v8 r[8];
+      for (int j = 0; j < 8; j++) r[j] = LD(src + (i + j) * WG_VL);
+      wg_tr8(r);
+      for (int q = 0; q < 8; q++) ST(dst[q] + i, r[q]);
+      if (i + WG_VL >= n) return;
+    }
+  for (int q = 0; q < 8; q++)
+    for (int64_t j = 0; j < n; j++) dst[q][j] = src[j * WG_VL + q];
+}
+
 /* Stages tile rows [ty0, ty1) of channels [c0, c0 + 8) of one sample (plane
  * of channel c at element (base + c) * ih*iw of t; channels >= nch are zero)
  * as st[r][q][8]: row r is input row 4*ty0 - pad + r, column q input column
- * q - pad, zero outside the plane. */
+ * q - pad, zero outside the plane. bands: 8 planes' bands of g->band. */
 static void wg_stage(const wg_geom *g, const ampc_tensor *t, int64_t base, int64_t c0, int64_t nch, int64_t ty0, int64_t ty1,
-                     float *st, float *band) {
+                     float *st, float *bands) {
   int64_t rows = WG_M * (ty1 - ty0) + 2, iy0 = WG_M * ty0 - g->pad;
   int64_t lo = iy0 < 0 ? 0 : iy0, hi = iy0 + rows < g->ih ? iy0 + rows : g->ih;
   memset(st, 0, (size_t)(rows * g->scol * WG_VL) * sizeof(float));
   if (hi <= lo) return;
-  for (int64_t k = 0; k < WG_VL && c0 + k < nch; k++) {
-    const float *src = cpu_load(t, (base + c0 + k) * g->ih * g->iw + lo * g->iw, (size_t)((hi - lo) * g->iw), band);
-    for (int64_t iy = lo; iy < hi; iy++) {
-      float *dst = st + ((iy - iy0) * g->scol + g->pad) * WG_VL + k;
-      const float *s = src + (iy - lo) * g->iw;
-      for (int64_t ix = 0; ix < g->iw; ix++) dst[ix * WG_VL] = s[ix];
-    }
+  const float *src[WG_VL];
+  for (int64_t k = 0; k < WG_VL; k++)
+    src[k] = c0 + k < nch ? cpu_load(t, (base + c0 + k) * g->ih * g->iw + lo * g->iw, (size_t)((hi - lo) * g->iw), bands + k * g->band)
+                          : NULL;
+  for (int64_t iy = lo; iy < hi; iy++) {
+    const float *row[WG_VL];
+    for (int k = 0; k < WG_VL; k++) row[k] = src[k] ? src[k] + (iy - lo) * g->iw : NULL;
+    wg_interleave(row, g->iw, st + ((iy - iy0) * g->scol + g->pad) * WG_VL);
   }
 }
 
 /* Stages output rows [4*ty0, 4*ty1) of gradient channels [c0, c0 + 8) as
  * st[r][q][8], rows of 4*tw positions, zero past the plane. */
 static void wg_stage_grad(const wg_geom *g, const ampc_tensor *dy, int64_t base, int64_t c0, int64_t ty0, int64_t ty1, float *st,
-                          float *band) {
+                          float *bands) {
   int64_t yc = WG_M * g->tw, oy0 = WG_M * ty0, oy1 = WG_M * ty1 < g->oh ? WG_M * ty1 : g->oh;
   memset(st, 0, (size_t)(WG_M * (ty1 - ty0) * yc * WG_VL) * sizeof(float));
-  for (int64_t k = 0; k < WG_VL && c0 + k < g->co; k++) {
-    const float *src = cpu_load(dy, (base + c0 + k) * g->oh * g->ow + oy0 * g->ow, (size_t)((oy1 - oy0) * g->ow), band);
-    for (int64_t oy = oy0; oy < oy1; oy++) {
-      float *dst = st + ((oy - oy0) * yc) * WG_VL + k;
-      const float *s = src + (oy - oy0) * g->ow;
-      for (int64_t ox = 0; ox < g->ow; ox++) dst[ox * WG_VL] = s[ox];
-    }
+  const float *src[WG_VL];
+  for (int64_t k = 0; k < WG_VL; k++)
+    src[k] = c0 + k < g->co ? cpu_load(dy, (base + c0 + k) * g->oh * g->ow + oy0 * g->ow, (size_t)((oy1 - oy0) * g->ow), bands + k * g->band)
+                            : NULL;
+  for (int64_t oy = oy0; oy < oy1; oy++) {
+    const float *row[WG_VL];
+    for (int k = 0; k < WG_VL; k++) row[k] = src[k] ? src[k] + (oy - oy0) * g->ow : NULL;
+    wg_interleave(row, g->ow, st + ((oy - oy0) * yc) * WG_VL);
   }
 }
 
@@ -436,12 +488,15 @@ static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V,
     int64_t s = it / cob, o0 = (it % cob) * WG_VL;
     static const float zero8[WG_VL] = {0};
     wg_output_tiles(M + s * bt * g->co8 + o0, mstride, g->co8, nty, g->tw, a->bias ? a->bias + o0 : zero8, st);
+    for (int64_t r = 0; r < nrow; r++) {
+      float *row[WG_VL];
+      for (int q = 0; q < WG_VL; q++) row[q] = band + q * g->band + r * g->ow;
+      wg_deinterleave(st + r * yc * WG_VL, g->ow, row);
+    }
     for (int64_t q = 0; q < WG_VL && o0 + q < g->co; q++) {
-      for (int64_t r = 0; r < nrow; r++)
-        for (int64_t x = 0; x < g->ow; x++) band[r * g->ow + x] = st[(r * yc + x) * WG_VL + q];
       int64_t at = ((n0 + s) * g->co + o0 + q) * ohw + oy0 * g->ow;
-      if (a->grad) cpu_store_grad(a->c, a->out, at, band, (size_t)(nrow * g->ow), a->acc, tmp);
-      else cpu_store(a->out, at, band, (size_t)(nrow * g->ow), 0, NULL);
+      if (a->grad) cpu_store_grad(a->c, a->out, at, band + q * g->band, (size_t)(nrow * g->ow), a->acc, tmp);
+      else cpu_store(a->out, at, band + q * g->band, (size_t)(nrow * g->ow), 0, NULL);
     }
   })
 }
