@@ -191,6 +191,10 @@ static const op_case CASES[] = {
     /* wide enough for the vectorised 2x2 path (8 windows at a time) and its tail */
     {.name = "maxpool_k2_s2_wide", .k = K_MAXPOOL, .n = 2, .c = 2, .h = 4, .w = 35, .ks = 2, .stride = 2},
     {.name = "maxpool_k2_s2_odd", .k = K_MAXPOOL, .n = 3, .c = 2, .h = 5, .w = 7, .ks = 2, .stride = 2},
+    /* rows of 4 to 7 windows (one step per row pair), odd and even planes */
+    {.name = "maxpool_k2_s2_short", .k = K_MAXPOOL, .n = 2, .c = 3, .h = 9, .w = 13, .ks = 2, .stride = 2},
+    {.name = "maxpool_k2_s2_short4", .k = K_MAXPOOL, .n = 2, .c = 2, .h = 8, .w = 8, .ks = 2, .stride = 2},
+    {.name = "maxpool_k2_s2_short7", .k = K_MAXPOOL, .n = 2, .c = 2, .h = 14, .w = 15, .ks = 2, .stride = 2},
     {.name = "avgpool_k2_s2", .k = K_AVGPOOL, .n = 2, .c = 3, .h = 6, .w = 6, .ks = 2, .stride = 2},
     {.name = "avgpool_k3_s2_p1", .k = K_AVGPOOL, .n = 2, .c = 2, .h = 7, .w = 5, .ks = 3, .stride = 2, .pad = 1},
     {.name = "global_avgpool", .k = K_GAP, .n = 3, .c = 4, .h = 5, .w = 5},
@@ -1353,7 +1357,7 @@ TEST(backward_errors) {
  * and plain maxima in every position. */
 /* nw windows per row, R rows of windows: ties, one maximum, NaNs, through
  * the row path (nw >= 8, its last step overlapping when 8 does not divide
- * it) and the gathered one (nw < 8) */
+ * it), a step per row pair (4 <= nw < 8) and the gathered one (nw < 4) */
 static void pool_ties_case(int nw, int R) {
   int W = 2 * nw, H = 2 * R, nwin = nw * R;
   float *x = calloc((size_t)(H * W), sizeof *x), *head = calloc((size_t)(2 * nwin), sizeof *head);
@@ -1402,8 +1406,12 @@ static void pool_ties_case(int nw, int R) {
 }
 
 TEST(maxpool_backward_ties_and_nan) {
-  pool_ties_case(5, 7); /* gathered: windows in reading order */
+  pool_ties_case(5, 7); /* rows of 4 to 7 windows: a step per row pair */
   pool_ties_case(7, 3);
+  pool_ties_case(4, 5);
+  pool_ties_case(6, 1);
+  pool_ties_case(3, 6); /* rows of 1 to 3: gathered, windows in reading order */
+  pool_ties_case(1, 9);
   pool_ties_case(16, 2); /* along rows: whole steps */
   pool_ties_case(21, 1); /* along rows, the last step overlapping */
   pool_ties_case(37, 3);

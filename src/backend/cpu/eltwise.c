@@ -225,7 +225,21 @@ CPU_VECTOR static void pool2_select_plane(const float *x, int64_t H, int64_t W, 
     }
     return;
   }
-  /* short rows: the windows in reading order, 8 at a time */
+  if (OW >= 4) {
+    /* short rows: a step per row pair, its loads running into the next row
+     * pair and its stores past the row, where the next row pair's rewrite
+     * them; the last row pair through a staged copy, inside the plane */
+    for (int64_t oy = 0; oy + 1 < OH; oy++) pool2_select8(x + 2 * oy * W, x + (2 * oy + 1) * W, out + oy * OW, win + oy * OW);
+    float a[16] = {0}, b[16] = {0}, ob[8];
+    unsigned char wb[8];
+    memcpy(a, x + 2 * (OH - 1) * W, (size_t)(2 * OW) * sizeof(float));
+    memcpy(b, x + (2 * OH - 1) * W, (size_t)(2 * OW) * sizeof(float));
+    pool2_select8(a, b, ob, wb);
+    memcpy(out + (OH - 1) * OW, ob, (size_t)OW * sizeof(float));
+    memcpy(win + (OH - 1) * OW, wb, (size_t)OW);
+    return;
+  }
+  /* rows of 1 to 3 windows: the windows in reading order, 8 at a time */
   int64_t nwin = OH * OW, oy = 0, ox = 0;
   for (int64_t j = 0; j < nwin; j += 8) {
     int idx[8];
@@ -248,23 +262,8 @@ CPU_VECTOR static void pool2_select_plane(const float *x, int64_t H, int64_t W, 
   }
 }
 
-CPU_VECTOR static void pool2_scatter_plane(const float *dy, const unsigned char *win, int64_t H, int64_t W, float *dx) {
-  int64_t OH = H / 2, OW = W / 2;
-  if (W & 1) /* a last odd column is outside every window */
-    for (int64_t y = 0; y < 2 * OH; y++) dx[y * W + W - 1] = 0.0f;
-  if (H & 1) memset(dx + (H - 1) * W, 0, (size_t)W * sizeof(float));
-  if (OW >= 8) {
-    for (int64_t oy = 0; oy < OH; oy++) {
-      float *d0 = dx + 2 * oy * W, *d1 = d0 + W;
-      const float *g = dy + oy * OW;
-      const unsigned char *w = win + oy * OW;
-      for (int64_t s = 0; s < OW; s += 8) {
-        int64_t ox = s + 8 <= OW ? s : OW - 8;
-        pool2_scatter8(g + ox, w + ox, d0 + 2 * ox, d1 + 2 * ox);
-      }
-    }
-    return;
-  }
+/* rows of 1 to 3 windows: the windows in reading order, 8 at a time */
+static inline void pool2_scatter_gathered(const float *dy, const unsigned char *win, int64_t W, int64_t OH, int64_t OW, float *dx) {
   int64_t nwin = OH * OW, oy = 0, ox = 0;
   for (int64_t j = 0; j < nwin; j += 8) {
     int idx[8];
@@ -284,6 +283,37 @@ CPU_VECTOR static void pool2_scatter_plane(const float *dy, const unsigned char 
       p[W + 1] = gd[l];
     }
   }
+}
+
+CPU_VECTOR static void pool2_scatter_plane(const float *dy, const unsigned char *win, int64_t H, int64_t W, float *dx) {
+  int64_t OH = H / 2, OW = W / 2;
+  if (OW >= 8) {
+    for (int64_t oy = 0; oy < OH; oy++) {
+      float *d0 = dx + 2 * oy * W, *d1 = d0 + W;
+      const float *g = dy + oy * OW;
+      const unsigned char *w = win + oy * OW;
+      for (int64_t s = 0; s < OW; s += 8) {
+        int64_t ox = s + 8 <= OW ? s : OW - 8;
+        pool2_scatter8(g + ox, w + ox, d0 + 2 * ox, d1 + 2 * ox);
+      }
+    }
+  } else if (OW >= 4) {
+    /* as in the selection: each row pair's stores run into the next, which
+     * rewrites them (the odd last column is zeroed below) */
+    for (int64_t oy = 0; oy + 1 < OH; oy++) pool2_scatter8(dy + oy * OW, win + oy * OW, dx + 2 * oy * W, dx + (2 * oy + 1) * W);
+    float g[8] = {0}, d0[16], d1[16];
+    unsigned char w[8] = {0};
+    memcpy(g, dy + (OH - 1) * OW, (size_t)OW * sizeof(float));
+    memcpy(w, win + (OH - 1) * OW, (size_t)OW);
+    pool2_scatter8(g, w, d0, d1);
+    memcpy(dx + 2 * (OH - 1) * W, d0, (size_t)(2 * OW) * sizeof(float));
+    memcpy(dx + (2 * OH - 1) * W, d1, (size_t)(2 * OW) * sizeof(float));
+  } else {
+    pool2_scatter_gathered(dy, win, W, OH, OW, dx);
+  }
+  if (W & 1) /* a last odd column is outside every window */
+    for (int64_t y = 0; y < 2 * OH; y++) dx[y * W + W - 1] = 0.0f;
+  if (H & 1) memset(dx + (H - 1) * W, 0, (size_t)W * sizeof(float));
 }
 
 CPU_VECTOR static float sum_f32(const float *x, size_t n) {
