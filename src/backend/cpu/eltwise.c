@@ -19,12 +19,31 @@
     }                                                                              \
   } while (0)
 
+/* The loops of the element-wise ops, built for AVX2 and the baseline and
+ * free of branches (in the plain loop a data-dependent ternary became a
+ * branch, mispredicted on every other element). */
+CPU_VECTOR static void relu_f32(const float *x, size_t n, float *y) {
+  for (size_t i = 0; i < n; i++) y[i] = x[i] <= 0.0f ? 0.0f : x[i]; /* NaN stays NaN */
+}
+CPU_VECTOR static void mask_f32(const float *y, const float *dy, size_t n, float *out) {
+  for (size_t i = 0; i < n; i++) out[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+CPU_VECTOR static void add_f32(const float *a, const float *b, size_t n, int relu, float *y) {
+  if (relu)
+    for (size_t i = 0; i < n; i++) {
+      float v = a[i] + b[i];
+      y[i] = v <= 0.0f ? 0.0f : v;
+    }
+  else
+    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
 ampc_status ampc__cpu_relu_fwd(const ampc__op_call *c) {
   int64_t total = ampc_tensor_numel(&c->out);
   FOR_BLOCKS(c, total, {
     const float *x = cpu_load(&c->in[0], i0, n, t0);
     float *y = cpu_out(&c->out, i0, t1);
-    for (size_t i = 0; i < n; i++) y[i] = x[i] <= 0.0f ? 0.0f : x[i]; /* NaN stays NaN */
+    relu_f32(x, n, y);
     cpu_commit(&c->out, i0, y, n);
   });
   return AMPC_OK;
@@ -38,7 +57,7 @@ ampc_status ampc__cpu_relu_bwd(const ampc__op_call *c) {
   FOR_BLOCKS(c, total, {
     const float *y = cpu_load(&c->out, i0, n, t0);
     const float *dy = cpu_load(&c->dout, i0, n, t1);
-    for (size_t i = 0; i < n; i++) t2[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    mask_f32(y, dy, n, t2);
     cpu_store_grad(c, &c->din[0], i0, t2, n, c->din_acc[0], t3);
   });
   return AMPC_OK;
@@ -50,9 +69,7 @@ ampc_status ampc__cpu_add_fwd(const ampc__op_call *c) {
     const float *a = cpu_load(&c->in[0], i0, n, t0);
     const float *b = cpu_load(&c->in[1], i0, n, t1);
     float *y = cpu_out(&c->out, i0, t2);
-    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
-    if (c->attr.relu)
-      for (size_t i = 0; i < n; i++) y[i] = y[i] <= 0.0f ? 0.0f : y[i];
+    add_f32(a, b, n, c->attr.relu, y);
     cpu_commit(&c->out, i0, y, n);
   });
   return AMPC_OK;
@@ -64,13 +81,19 @@ ampc_status ampc__cpu_add_bwd(const ampc__op_call *c) {
     const float *dy = cpu_load(&c->dout, i0, n, t0);
     if (c->attr.relu) {
       const float *y = cpu_load(&c->out, i0, n, t3);
-      for (size_t i = 0; i < n; i++) t0[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+      mask_f32(y, dy, n, t0);
       dy = t0;
     }
     for (int j = 0; j < 2; j++) {
       if (!c->din[j].data) continue;
-      for (size_t i = 0; i < n; i++) t1[i] = dy[i];
-      cpu_store_grad(c, &c->din[j], i0, t1, n, c->din_acc[j], t2);
+      /* stored as it is (a store without accumulation only reads it), or
+       * through a copy the accumulation adds into */
+      float *g = (float *)dy;
+      if (c->din_acc[j]) {
+        memcpy(t1, dy, n * sizeof(float));
+        g = t1;
+      }
+      cpu_store_grad(c, &c->din[j], i0, g, n, c->din_acc[j], t2);
     }
   });
   return AMPC_OK;
