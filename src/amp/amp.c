@@ -1,5 +1,6 @@
 /* The graph-facing half of amp: opt-level application, master weights,
  * gradient folding and the fused unscale/check/step pass. */
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -245,18 +246,27 @@ static int check_pass(ampc_amp *a, float gmul, double *sumsq, int with_stats) {
     const amp_chunk *c = &a->chunks[ci];
     const amp_param *p = &a->params[c->p];
     const float *gv = a->mgrad ? a->mgrad + p->off + c->start : grad_chunk(a, p, c, thread_scratch(a));
-    double s = 0.0;
+    /* four partial sums (element i into sum i % 4, added in order at the
+     * end) and no branches, so that the pass pipelines */
+    double s4[4] = {0.0, 0.0, 0.0, 0.0};
+    float m4[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* the largest |v| (a NaN never wins) */
     int bad = 0;
-    for (size_t i = 0; i < c->n; i++) {
-      float v = gv[i] * gmul;
-      if (!isfinite(v)) bad = 1;
-      s += (double)v * v;
-      if (with_stats) {
-        float m = fabsf(v);
-        if (m > mx) mx = m;
+    size_t i = 0;
+    for (; i + 4 <= c->n; i += 4)
+      for (int k = 0; k < 4; k++) {
+        float v = gv[i + k] * gmul, m = fabsf(v);
+        bad |= !(m <= FLT_MAX);
+        s4[k] += (double)v * v;
+        m4[k] = m > m4[k] ? m : m4[k];
       }
+    for (; i < c->n; i++) {
+      float v = gv[i] * gmul, m = fabsf(v);
+      bad |= !(m <= FLT_MAX);
+      s4[0] += (double)v * v;
+      m4[0] = m > m4[0] ? m : m4[0];
     }
-    a->partial[ci] = s;
+    for (int k = 0; k < 4 && with_stats; k++) mx = m4[k] > mx ? m4[k] : mx;
+    a->partial[ci] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
     if (bad) {
       a->param_inf[c->p] = 1;
       any_inf = 1;
