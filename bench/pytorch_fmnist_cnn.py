@@ -2,8 +2,9 @@
 comparison with `ampc train --model cnn`: conv(1->32)-BN-ReLU-maxpool,
 conv(32->64)-BN-ReLU-maxpool, linear(3136->128)-ReLU-linear(128->10), batch 128.
 
-usage: python3 pytorch_fmnist_cnn.py EPOCHS [DATA_DIR]
+usage: python3 pytorch_fmnist_cnn.py EPOCHS [DATA_DIR] [SEED]
 Prints one JSON object per epoch: epoch, test_acc, seconds (training time of the epoch).
+SEED (default 0, the reference's) seeds torch: the initial weights and the batch order.
 """
 import gzip
 import json
@@ -25,7 +26,7 @@ def main():
     epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 1
     d = sys.argv[2] if len(sys.argv) > 2 else "/usr/share/datasets/fashion-mnist"
     torch.set_num_threads(2)
-    torch.manual_seed(0)
+    torch.manual_seed(int(sys.argv[3]) if len(sys.argv) > 3 else 0)
     img = lambda f: torch.tensor(read_idx(f"{d}/{f}", 16).reshape(-1, 1, 28, 28).astype(np.float32) / 255.0)
     lab = lambda f: torch.tensor(read_idx(f"{d}/{f}", 8).astype(np.int64))
     xtr, ytr = img("train-images-idx3-ubyte.gz"), lab("train-labels-idx1-ubyte.gz")
