@@ -144,18 +144,27 @@ static inline __attribute__((always_inline)) void wg_mk(int64_t k, const float *
 
 /* C (m x n) (+)= A (m x k) * B (k x n): A row-major with rows lda apart, or
  * (ta) stored transposed (k x m, rows lda apart); B's rows ldb apart, n a
- * multiple of 8, C's rows ldc apart; added to C when add. */
+ * multiple of 8, C's rows ldc apart; added to C when add. Rows go 6 at a
+ * time, then 4, then one by one. */
 #define WG_MK_ALL(TA)                                                                                            \
   do {                                                                                                           \
     int64_t j = 0;                                                                                               \
     for (; j + 16 <= n; j += 16) {                                                                               \
       int64_t i = 0;                                                                                             \
       for (; i + 6 <= m; i += 6) wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 6, 2); \
+      if (i + 4 <= m) {                                                                                          \
+        wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 4, 2);                  \
+        i += 4;                                                                                                  \
+      }                                                                                                          \
       for (; i < m; i++) wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 1, 2);         \
     }                                                                                                            \
     if (j < n) {                                                                                                 \
       int64_t i = 0;                                                                                             \
       for (; i + 6 <= m; i += 6) wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 6, 1); \
+      if (i + 4 <= m) {                                                                                          \
+        wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 4, 1);                  \
+        i += 4;                                                                                                  \
+      }                                                                                                          \
       for (; i < m; i++) wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 1, 1);         \
     }                                                                                                            \
   } while (0)
