@@ -142,36 +142,34 @@ static inline __attribute__((always_inline)) void wg_mk(int64_t k, const float *
     for (int v = 0; v < NV; v++) ST(C + r * ldc + 8 * v, acc[r][v]);
 }
 
+/* One block of 8 * NV columns of C (m x n) (+)= A (m x k) * B (k x n), rows
+ * 6 at a time, then 4, then one by one: see wg_gemm_small. */
+static inline __attribute__((always_inline)) void wg_mk_rows(int64_t m, int64_t k, const float *A, int64_t lda, const float *B,
+                                                            int64_t ldb, float *C, int64_t ldc, int add, const int TA,
+                                                            const int NV) {
+  int64_t i = 0;
+  for (; i + 6 <= m; i += 6) wg_mk(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 6, NV);
+  if (i + 4 <= m) {
+    wg_mk(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 4, NV);
+    i += 4;
+  }
+  for (; i < m; i++) wg_mk(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 1, NV);
+}
+
 /* C (m x n) (+)= A (m x k) * B (k x n): A row-major with rows lda apart, or
  * (ta) stored transposed (k x m, rows lda apart); B's rows ldb apart, n a
- * multiple of 8, C's rows ldc apart; added to C when add. Rows go 6 at a
- * time, then 4, then one by one. */
-#define WG_MK_ALL(TA)                                                                                            \
-  do {                                                                                                           \
-    int64_t j = 0;                                                                                               \
-    for (; j + 16 <= n; j += 16) {                                                                               \
-      int64_t i = 0;                                                                                             \
-      for (; i + 6 <= m; i += 6) wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 6, 2); \
-      if (i + 4 <= m) {                                                                                          \
-        wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 4, 2);                  \
-        i += 4;                                                                                                  \
-      }                                                                                                          \
-      for (; i < m; i++) wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 1, 2);         \
-    }                                                                                                            \
-    if (j < n) {                                                                                                 \
-      int64_t i = 0;                                                                                             \
-      for (; i + 6 <= m; i += 6) wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 6, 1); \
-      if (i + 4 <= m) {                                                                                          \
-        wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 4, 1);                  \
-        i += 4;                                                                                                  \
-      }                                                                                                          \
-      for (; i < m; i++) wg_mk(k, A + i * (TA ? 1 : lda), lda, B + j, ldb, C + i * ldc + j, ldc, add, TA, 1, 1);         \
-    }                                                                                                            \
-  } while (0)
+ * multiple of 8, C's rows ldc apart; added to C when add. */
+static inline __attribute__((always_inline)) void wg_mk_all(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                                                           const float *B, int64_t ldb, float *C, int64_t ldc, int add,
+                                                           const int TA) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) wg_mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 2);
+  if (j < n) wg_mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);
+}
 CPU_VECTOR static void wg_gemm_small(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B,
                                      int64_t ldb, float *C, int64_t ldc, int add) {
-  if (ta) WG_MK_ALL(1);
-  else WG_MK_ALL(0);
+  if (ta) wg_mk_all(m, n, k, A, lda, B, ldb, C, ldc, add, 1);
+  else wg_mk_all(m, n, k, A, lda, B, ldb, C, ldc, add, 0);
 }
 
 /* UT[xi] (cols, up8(rows)) = U[xi] (rows, up8(cols))^T, zero past rows; the
