@@ -225,7 +225,7 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
   /* backward's two caches (x and dy) together in L2, or dy's alone: x is
    * then converted again in the second pass (measured: the cnn's first batch
    * norm backward 7% faster than with both caches spilling) */
-  int cache_x = g.N * g.HW <= BN_CACHE_BOTH_FLOATS;
+  int cache_x = cache && g.N * g.HW <= BN_CACHE_BOTH_FLOATS;
   int64_t NHW = g.N * g.HW;
 #pragma omp parallel for num_threads(c->nthreads) schedule(dynamic, 1)
   for (int64_t ch = 0; ch < g.C; ch++) {
@@ -236,7 +236,7 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
     for (int64_t n = 0; n < g.N; n++) {
       int64_t off = (n * g.C + ch) * g.HW;
       if (n + CPU_AHEAD < g.N) bn_prefetch_bwd(c, &g, (n + CPU_AHEAD) * g.C + ch);
-      const float *xp = cpu_load(x, off, (size_t)g.HW, cache && cache_x ? xc + n * g.HW : xs);
+      const float *xp = cpu_load(x, off, (size_t)g.HW, cache_x ? xc + n * g.HW : xs);
       const float *dp = c->attr.pool ? pool_dy(c, &g, n * g.C + ch, cache ? dc + n * g.HW : dys, ys)
                         : cache       ? cache_dy(c, off, (size_t)g.HW, dc + n * g.HW, ys)
                                       : load_dy(c, off, (size_t)g.HW, dys, ys, 1);
@@ -254,7 +254,7 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
       for (int64_t n = 0; n < g.N; n++) {
         int64_t off = (n * g.C + ch) * g.HW;
         if (n + CPU_AHEAD < g.N) cpu_prefetch(dx, off + CPU_AHEAD * g.C * g.HW, (size_t)g.HW, 1);
-        const float *xp = cache && cache_x && x->dtype != AMPC_DTYPE_F32 ? xc + n * g.HW : cpu_load(x, off, (size_t)g.HW, xs);
+        const float *xp = cache_x && x->dtype != AMPC_DTYPE_F32 ? xc + n * g.HW : cpu_load(x, off, (size_t)g.HW, xs);
         const float *dp = cache && (c->dout.dtype != AMPC_DTYPE_F32 || c->attr.relu || c->attr.pool) ? dc + n * g.HW
                           : c->attr.pool ? pool_dy(c, &g, n * g.C + ch, dys, ys)
                                          : load_dy(c, off, (size_t)g.HW, dys, ys, 0);
