@@ -394,25 +394,34 @@ WG_VECTOR static void wg_deinterleave(const float *src, int64_t n, float *const 
     for (int64_t j = 0; j < n; j++) dst[q][j] = src[j * WG_VL + q];
 }
 
+/* Rows [r0, r0 + nrow) of the w-wide planes of channels [c0, c0 + 8) of t
+ * (channel c's plane at element (base + c) * plane; channels >= nch are
+ * zero), 8-interleaved into dst, ld floats from row to row; bands: 8 planes'
+ * bands of g->band, where 16-bit rows are converted. */
+static void wg_stage_rows(const wg_geom *g, const ampc_tensor *t, int64_t base, int64_t c0, int64_t nch, int64_t plane, int64_t r0,
+                          int64_t nrow, int64_t w, float *bands, float *dst, int64_t ld) {
+  const float *src[WG_VL];
+  for (int64_t k = 0; k < WG_VL; k++)
+    src[k] = c0 + k < nch ? cpu_load(t, (base + c0 + k) * plane + r0 * w, (size_t)(nrow * w), bands + k * g->band) : NULL;
+  for (int64_t r = 0; r < nrow; r++) {
+    const float *row[WG_VL];
+    for (int k = 0; k < WG_VL; k++) row[k] = src[k] ? src[k] + r * w : NULL;
+    wg_interleave(row, w, dst + r * ld);
+  }
+}
+
 /* Stages tile rows [ty0, ty1) of channels [c0, c0 + 8) of one sample (plane
  * of channel c at element (base + c) * ih*iw of t; channels >= nch are zero)
  * as st[r][q][8]: row r is input row 4*ty0 - pad + r, column q input column
- * q - pad, zero outside the plane. bands: 8 planes' bands of g->band. */
+ * q - pad, zero outside the plane. */
 static void wg_stage(const wg_geom *g, const ampc_tensor *t, int64_t base, int64_t c0, int64_t nch, int64_t ty0, int64_t ty1,
                      float *st, float *bands) {
   int64_t rows = WG_M * (ty1 - ty0) + 2, iy0 = WG_M * ty0 - g->pad;
   int64_t lo = iy0 < 0 ? 0 : iy0, hi = iy0 + rows < g->ih ? iy0 + rows : g->ih;
   memset(st, 0, (size_t)(rows * g->scol * WG_VL) * sizeof(float));
   if (hi <= lo) return;
-  const float *src[WG_VL];
-  for (int64_t k = 0; k < WG_VL; k++)
-    src[k] = c0 + k < nch ? cpu_load(t, (base + c0 + k) * g->ih * g->iw + lo * g->iw, (size_t)((hi - lo) * g->iw), bands + k * g->band)
-                          : NULL;
-  for (int64_t iy = lo; iy < hi; iy++) {
-    const float *row[WG_VL];
-    for (int k = 0; k < WG_VL; k++) row[k] = src[k] ? src[k] + (iy - lo) * g->iw : NULL;
-    wg_interleave(row, g->iw, st + ((iy - iy0) * g->scol + g->pad) * WG_VL);
-  }
+  wg_stage_rows(g, t, base, c0, nch, g->ih * g->iw, lo, hi - lo, g->iw, bands, st + ((lo - iy0) * g->scol + g->pad) * WG_VL,
+                g->scol * WG_VL);
 }
 
 /* Stages output rows [4*ty0, 4*ty1) of gradient channels [c0, c0 + 8) as
@@ -421,15 +430,7 @@ static void wg_stage_grad(const wg_geom *g, const ampc_tensor *dy, int64_t base,
                           float *bands) {
   int64_t yc = WG_M * g->tw, oy0 = WG_M * ty0, oy1 = WG_M * ty1 < g->oh ? WG_M * ty1 : g->oh;
   memset(st, 0, (size_t)(WG_M * (ty1 - ty0) * yc * WG_VL) * sizeof(float));
-  const float *src[WG_VL];
-  for (int64_t k = 0; k < WG_VL; k++)
-    src[k] = c0 + k < g->co ? cpu_load(dy, (base + c0 + k) * g->oh * g->ow + oy0 * g->ow, (size_t)((oy1 - oy0) * g->ow), bands + k * g->band)
-                            : NULL;
-  for (int64_t oy = oy0; oy < oy1; oy++) {
-    const float *row[WG_VL];
-    for (int k = 0; k < WG_VL; k++) row[k] = src[k] ? src[k] + (oy - oy0) * g->ow : NULL;
-    wg_interleave(row, g->ow, st + ((oy - oy0) * yc) * WG_VL);
-  }
+  wg_stage_rows(g, dy, base, c0, g->co, g->oh * g->ow, oy0, oy1 - oy0, g->ow, bands, st, yc * WG_VL);
 }
 
 /* ---- one convolution: in (N, ci, ih, iw) -> out (N, co, oh, ow) ---- */
