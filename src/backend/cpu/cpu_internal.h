@@ -215,6 +215,8 @@ size_t ampc__cpu_pool_ws(const ampc__op_call *c, int nthreads);
  * out gets each window's first maximum (a NaN beats any number), win its
  * place 0..3 in reading order; scatter sends dy to those places in an H x W
  * plane and zeroes the rest. */
+/* out = dy where y > 0, else 0 (a ReLU's gradient; out may be dy) */
+void ampc__cpu_relu_mask(const float *y, const float *dy, size_t n, float *out);
 void ampc__cpu_pool2_select(const float *x, int64_t H, int64_t W, float *out, unsigned char *win);
 void ampc__cpu_pool2_scatter(const float *dy, const unsigned char *win, int64_t H, int64_t W, float *dx);
 ampc_status ampc__cpu_gap_fwd(const ampc__op_call *c);

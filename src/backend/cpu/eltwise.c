@@ -351,6 +351,7 @@ CPU_VECTOR static float sum_f32(const float *x, size_t n) {
  * function must be defined before its first use in a file, and stays static
  * here. */
 float ampc__cpu_sum(const float *x, size_t n) { return sum_f32(x, n); }
+void ampc__cpu_relu_mask(const float *y, const float *dy, size_t n, float *out) { mask_f32(y, dy, n, out); }
 void ampc__cpu_pool2_select(const float *x, int64_t H, int64_t W, float *out, unsigned char *win) {
   pool2_select_plane(x, H, W, out, win);
 }

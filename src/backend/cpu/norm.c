@@ -64,9 +64,6 @@ CPU_VECTOR static void plane_apply(const float *x, size_t n, float scale, float 
   else
     for (size_t i = 0; i < n; i++) y[i] = x[i] * scale + shift;
 }
-CPU_VECTOR static void plane_mask(const float *y, const float *d, size_t n, float *out) {
-  for (size_t i = 0; i < n; i++) out[i] = y[i] > 0.0f ? d[i] : 0.0f;
-}
 CPU_VECTOR static void plane_dx(const float *x, const float *dy, size_t n, float mean, float invstd, float k, float count,
                                 float dbeta, float dgamma, float *o) {
   for (size_t i = 0; i < n; i++) {
@@ -84,7 +81,7 @@ static const float *load_dy(const ampc__op_call *c, int64_t off, size_t n, float
   const float *y = cpu_load(&c->out, off, n, ys);
   float *d = c->dout.dtype == AMPC_DTYPE_F32 ? (float *)c->dout.data + off : dys;
   if (d == dys) ampc_load_f32(dys, c->dout.dtype, cpu_at(&c->dout, off), n);
-  plane_mask(y, d, n, d);
+  ampc__cpu_relu_mask(y, d, n, d);
   if (d == dys) ampc_store_f32(c->dout.dtype, cpu_at(&c->dout, off), dys, n);
   return d;
 }
@@ -95,7 +92,7 @@ static const float *cache_dy(const ampc__op_call *c, int64_t off, size_t n, floa
   if (!c->attr.relu) return cpu_load(&c->dout, off, n, d);
   const float *y = cpu_load(&c->out, off, n, ys);
   ampc_load_f32(d, c->dout.dtype, cpu_at(&c->dout, off), n);
-  plane_mask(y, d, n, d);
+  ampc__cpu_relu_mask(y, d, n, d);
   return d;
 }
 
@@ -108,7 +105,7 @@ static const float *pool_dy(const ampc__op_call *c, const bn_geom *g, int64_t pl
   if (c->attr.relu) {
     const float *y = cpu_load(&c->out, plane * g->PHW, np, tmp + np);
     float *m = tmp + 2 * np;
-    plane_mask(y, dy, np, m);
+    ampc__cpu_relu_mask(y, dy, np, m);
     dy = m;
   }
   ampc__cpu_pool2_scatter(dy, bn_winners(c, g) + plane * g->PHW, g->H, g->W, d);
