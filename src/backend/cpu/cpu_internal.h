@@ -90,7 +90,8 @@ static inline void cpu_commit(const ampc_tensor *t, int64_t i, const float *src,
 
 /* Reductions with eight independent partial sums (lane k takes elements
  * 8i + k; the tail goes to lane 0), so that they pipeline and vectorise; the
- * order is fixed, so results are reproducible, and the same in every build. */
+ * order is fixed, so results are reproducible (the AVX2 build contracts
+ * products into FMAs, so it and the baseline differ in the last bits). */
 typedef float cpu_v8f_al __attribute__((vector_size(32), aligned(4), may_alias));
 #define cpu_hsum8(a) ((((a)[0] + (a)[1]) + ((a)[2] + (a)[3])) + (((a)[4] + (a)[5]) + ((a)[6] + (a)[7])))
 /* sum(x), out of line and built for AVX2 and the baseline (eltwise.c): its
