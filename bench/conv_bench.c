@@ -24,8 +24,11 @@ static int run(ampc_conv_algo algo, int64_t N, int64_t C, int64_t O, int64_t H, 
   ampc_value y = ampc_graph_conv2d(g, ampc_graph_add(g, x, p), w, AMPC_VALUE_NONE, 1, 1);
   ampc_value lab = ampc_graph_labels(g, "y", N);
   ampc_value loss = ampc_graph_cross_entropy(g, ampc_graph_flatten(g, ampc_graph_global_avgpool(g, y)), lab, 0.0f);
-  ampc_graph_precision pr = {dt, AMPC_DTYPE_F32, dt, 0, dt == AMPC_DTYPE_BF16 ? AMPC_DTYPE_BF16 : AMPC_DTYPE_F16};
-  if (ampc_graph_set_conv_algo(g, algo) < 0 || ampc_graph_set_precision(g, &pr) < 0 || ampc_graph_compile(g) < 0) {
+  ampc_graph_precision pr = {dt, AMPC_DTYPE_F32, dt, 0, dt == AMPC_DTYPE_BF16 ? AMPC_DTYPE_BF16 : AMPC_DTYPE_F16, NULL};
+  ampc_backend_opts bo;
+  ampc_backend_opts_default(&bo);
+  bo.conv = algo;
+  if (ampc_graph_set_backend(g, "cpu", &bo) < 0 || ampc_graph_set_precision(g, &pr) < 0 || ampc_graph_compile(g) < 0) {
     fprintf(stderr, "conv-bench: %s\n", ampc_last_error());
     ampc_graph_free(g);
     return -1;
@@ -35,13 +38,12 @@ static int run(ampc_conv_algo algo, int64_t N, int64_t C, int64_t O, int64_t H, 
     if (r == 1) ampc_graph_set_profiling(g, 1); /* after the warm-up */
     if (ampc_graph_forward(g, 1) < 0 || ampc_graph_backward(g, loss, 1.0f, 0) < 0) rc = -1;
   }
-  double fw[AMPC_OP_COUNT], bw[AMPC_OP_COUNT];
-  ampc_graph_op_times(g, fw, bw);
-  *tf = fw[AMPC_OP_CONV2D] / reps;
-  *tb = bw[AMPC_OP_CONV2D] / reps;
-  ampc_graph_conv_backward_times(g, tbd, tbw);
-  *tbd /= reps;
-  *tbw /= reps;
+  ampc_backend_stats st;
+  ampc_graph_backend_stats(g, &st, 0);
+  *tf = st.fwd[AMPC_OP_CONV2D] / reps;
+  *tb = st.bwd[AMPC_OP_CONV2D] / reps;
+  *tbd = st.conv_bwd_data / reps;
+  *tbw = st.conv_bwd_weights / reps;
   if (rc < 0) fprintf(stderr, "conv-bench: %s\n", ampc_last_error());
   ampc_graph_free(g);
   return rc;

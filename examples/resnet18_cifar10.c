@@ -46,7 +46,7 @@
 static const char *prog = "resnet18_cifar10";
 
 typedef struct {
-  const char *data;       /* NULL: the library's default, data/cifar-10-batches-bin */
+  const char *data_dir;   /* NULL: the library's default, data/cifar-10-batches-bin */
   long long steps;        /* 0: one epoch */
   long long batch;
   const char *opt_level;
@@ -86,7 +86,7 @@ static int parse_count(const char *flag, const char *v, long long min, long long
 }
 
 static int parse_args(int argc, char **argv, args *a) {
-  *a = (args){.data = NULL, .steps = 0, .batch = 128, .opt_level = "O2", .half = "f16",
+  *a = (args){.data_dir = NULL, .steps = 0, .batch = 128, .opt_level = "O2", .half = "f16",
               .test_limit = 0, .log_every = 10, .seed = 0};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
@@ -100,7 +100,7 @@ static int parse_args(int argc, char **argv, args *a) {
     }
     const char *v = argv[++i];
     int rc = 0;
-    if (strcmp(f, "--data") == 0) a->data = v;
+    if (strcmp(f, "--data") == 0) a->data_dir = v;
     else if (strcmp(f, "--steps") == 0) rc = parse_count(f, v, 1, LLONG_MAX / 2, &a->steps);
     else if (strcmp(f, "--batch") == 0) rc = parse_count(f, v, 2, 1 << 16, &a->batch); /* batch norm needs 2 */
     else if (strcmp(f, "--opt-level") == 0) a->opt_level = v;
@@ -129,73 +129,6 @@ static double now_s(void) {
   struct timespec t;
   timespec_get(&t, TIME_UTC);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* Mean cross entropy and top-1 accuracy over a dataset, in eval mode (batch
- * norm uses its running statistics), with the model in its training storage
- * types -- what model.eval() plus a forward pass gives under apex. */
-static int evaluate(ampc_amp *amp, ampc_model *m, const ampc_dataset *test, double *loss, double *acc) {
-  ampc_graph *g = ampc_model_graph(m);
-  ampc_value xv = ampc_model_input(m), yv = ampc_model_labels(m);
-  ampc_value lossv = ampc_model_loss(m), logv = ampc_model_logits(m);
-  ampc_loader_opts lo;
-  ampc_loader_opts_default(&lo); /* normalised, no augmentation */
-  lo.batch_size = (int)ampc_graph_max_batch(g);
-  lo.shuffle = 0;
-  lo.dtype = ampc_graph_tensor(g, xv).dtype;
-  ampc_loader *ld = NULL;
-  if (ampc_loader_create(&ld, test, &lo) < 0) return fail("test loader");
-  if (ampc_loader_start_epoch(ld, 0, 0) < 0) {
-    ampc_loader_free(ld);
-    return fail("test loader");
-  }
-  float row[10];
-  double total = 0.0;
-  int64_t correct = 0, seen = 0;
-  int rc = 0;
-  for (;;) {
-    /* The loader writes a full batch's worth of x and y; a short final
-     * batch then runs with the graph's batch lowered to n. */
-    if (ampc_graph_set_batch(g, ampc_graph_max_batch(g)) < 0) {
-      rc = fail("evaluate");
-      break;
-    }
-    ampc_tensor x = ampc_graph_tensor(g, xv), y = ampc_graph_tensor(g, yv);
-    int n = 0;
-    if (ampc_loader_next(ld, x.data, y.data, &n) < 0) {
-      rc = fail("test batch");
-      break;
-    }
-    if (n == 0) break;
-    if (ampc_graph_set_batch(g, n) < 0 || ampc_amp_forward(amp, 0) < 0) { /* torch: with torch.no_grad(): model(x) */
-      rc = fail("evaluate");
-      break;
-    }
-    total += (double)*(const float *)ampc_graph_tensor(g, lossv).data * n;
-    /* The logits are stored in the model's type (half at O2/O3): read them as f32. */
-    ampc_tensor lg = ampc_graph_tensor(g, logv); /* (N, 10) */
-    const int32_t *lab = y.data;
-    size_t es = ampc_dtype_size(lg.dtype);
-    for (int i = 0; i < n; i++) {
-      ampc_load_f32(row, lg.dtype, (const char *)lg.data + (size_t)i * 10 * es, 10);
-      int best = 0;
-      for (int k = 1; k < 10; k++)
-        if (row[k] > row[best]) best = k;
-      correct += best == lab[i];
-    }
-    seen += n;
-  }
-  ampc_loader_free(ld);
-  if (rc == 0 && ampc_graph_set_batch(g, ampc_graph_max_batch(g)) < 0) rc = fail("evaluate");
-  if (rc == 0 && seen == 0) {
-    fprintf(stderr, "%s: error: the test set is empty\n", prog);
-    rc = 1;
-  }
-  if (rc == 0) {
-    *loss = total / (double)seen;
-    *acc = (double)correct / (double)seen;
-  }
-  return rc;
 }
 
 int main(int argc, char **argv) {
@@ -229,13 +162,15 @@ int main(int argc, char **argv) {
   ampc_optim *opt = NULL;
   ampc_amp *amp = NULL;
   ampc_loader *ld = NULL;
+  void *x = NULL;   /* one batch of images, (N, 3, 32, 32) in the model's input type */
+  int32_t *y = NULL; /* its labels */
 
   /* torchvision: datasets.CIFAR10(root, train=True/False). Fully read into memory. */
-  if (ampc_dataset_open(&train, AMPC_DATASET_CIFAR10, a.data, 1, 0) < 0) {
+  if (ampc_dataset_open(&train, AMPC_DATASET_CIFAR10, a.data_dir, 1, 0) < 0) {
     rc = fail("training set");
     goto done;
   }
-  if (ampc_dataset_open(&test, AMPC_DATASET_CIFAR10, a.data, 0, (size_t)a.test_limit) < 0) {
+  if (ampc_dataset_open(&test, AMPC_DATASET_CIFAR10, a.data_dir, 0, (size_t)a.test_limit) < 0) {
     rc = fail("test set");
     goto done;
   }
@@ -271,9 +206,9 @@ int main(int argc, char **argv) {
 
   /* torch: DataLoader(train_set, batch_size=128, shuffle=True, drop_last=True)
    * with transforms RandomCrop(32, padding=4), RandomHorizontalFlip(),
-   * ToTensor(), Normalize(mean, std). The loader writes x directly in the
-   * model input's storage type: at O2/O3 that is the half type (apex casts
-   * the model's inputs to half), at O0/O1 f32. */
+   * ToTensor(), Normalize(mean, std). The loader fills host memory of ours
+   * with x in the model input's storage type -- at O2/O3 the half type (apex
+   * casts the model's inputs to half), at O0/O1 f32 -- and y as int32. */
   ampc_value xv = ampc_model_input(model), yv = ampc_model_labels(model), lossv = ampc_model_loss(model);
   ampc_loader_opts lo;
   ampc_loader_opts_default(&lo);
@@ -284,6 +219,13 @@ int main(int argc, char **argv) {
   lo.random_crop_padding = 4;
   lo.hflip = 1;
   lo.dtype = ampc_graph_tensor(g, xv).dtype;
+  x = malloc((size_t)a.batch * 3 * 32 * 32 * ampc_dtype_size(lo.dtype));
+  y = malloc((size_t)a.batch * sizeof *y);
+  if (!x || !y) {
+    fprintf(stderr, "%s: error: out of memory for a batch\n", prog);
+    rc = 1;
+    goto done;
+  }
   if (ampc_loader_create(&ld, train, &lo) < 0) {
     rc = fail("training loader");
     goto done;
@@ -319,19 +261,22 @@ int main(int argc, char **argv) {
     goto done;
   }
   for (int64_t step = 1; step <= steps; step++) {
-    /* The next batch, written straight into the graph's input and label
-     * tensors (torch: images.cuda(), labels.cuda()). */
-    ampc_tensor x = ampc_graph_tensor(g, xv), y = ampc_graph_tensor(g, yv);
+    /* The next batch into host memory, then onto the device: the graph's
+     * input and labels (torch: images.cuda(), labels.cuda()). */
     int n = 0;
-    if (ampc_loader_next(ld, x.data, y.data, &n) < 0) {
+    if (ampc_loader_next(ld, x, y, &n) < 0) {
       rc = fail("training batch");
       goto done;
     }
     if (n == 0) { /* end of the epoch: start the next one (a new shuffle) */
-      if (ampc_loader_start_epoch(ld, ++epoch, 0) < 0 || ampc_loader_next(ld, x.data, y.data, &n) < 0) {
+      if (ampc_loader_start_epoch(ld, ++epoch, 0) < 0 || ampc_loader_next(ld, x, y, &n) < 0) {
         rc = fail("training batch");
         goto done;
       }
+    }
+    if (ampc_graph_write(g, xv, x, lo.dtype) < 0 || ampc_graph_write(g, yv, y, AMPC_DTYPE_I32) < 0) {
+      rc = fail("training batch");
+      goto done;
     }
 
     /* optimizer.zero_grad() has no call of its own: ampc_amp_step() clears
@@ -343,7 +288,11 @@ int main(int argc, char **argv) {
       rc = fail("forward");
       goto done;
     }
-    float loss = *(const float *)ampc_graph_tensor(g, lossv).data; /* the loss is always f32 */
+    float loss; /* torch: loss.item() */
+    if (ampc_graph_read(g, lossv, &loss, AMPC_DTYPE_F32) < 0) {
+      rc = fail("forward");
+      goto done;
+    }
 
     /* apex: with amp.scale_loss(loss, optimizer) as scaled_loss:
      *           scaled_loss.backward()
@@ -398,17 +347,23 @@ int main(int argc, char **argv) {
     }
   }
 
-  /* torch: model.eval(); the test loop. */
-  double test_loss = 0.0, test_acc = 0.0;
-  if ((rc = evaluate(amp, model, test, &test_loss, &test_acc)) != 0) goto done;
-  printf("test: loss %.4f accuracy %.4f on %zu images; %lld of %lld steps skipped, final loss scale %g\n", test_loss,
-         test_acc, ampc_dataset_count(test), (long long)skipped, (long long)steps,
-         (double)ampc_scaler_scale(ampc_amp_scaler(amp, 0)));
+  /* torch: model.eval(); the test loop (with torch.no_grad(): model(x)):
+   * mean cross entropy and top-1 accuracy, batch norm on its running
+   * statistics, the model in its training storage types. */
+  ampc_eval_result ev;
+  if (ampc_model_evaluate(model, test, lo.normalize, &ev) < 0) {
+    rc = fail("evaluate");
+    goto done;
+  }
+  printf("test: loss %.4f accuracy %.4f on %zu images; %lld of %lld steps skipped, final loss scale %g\n", ev.loss,
+         ev.accuracy, ev.images, (long long)skipped, (long long)steps, (double)ampc_scaler_scale(ampc_amp_scaler(amp, 0)));
 
 done:
   /* Free in the reverse order of creation: the loader before the dataset it
    * reads, the amp handle before the graph and optimizer it uses. */
   ampc_loader_free(ld);
+  free(x);
+  free(y);
   ampc_amp_free(amp);
   ampc_optim_free(opt);
   ampc_model_free(model);

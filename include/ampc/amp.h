@@ -7,7 +7,8 @@
  *     ampc_optim *opt;  ampc_optim_create(&opt, &ocfg, ampc_graph_param_numel(g));
  *     ampc_amp *amp;    ampc_amp_initialize(&amp, g, opt, &cfg);  // casts, compiles
  *     for (...) {
- *         // write the batch into ampc_graph_tensor(g, x) (its dtype is the model's)
+ *         ampc_graph_write(g, x, images, AMPC_DTYPE_F32);   // converted to the model's type
+ *         ampc_graph_write(g, y, labels, AMPC_DTYPE_I32);
  *         ampc_amp_forward(amp, 1);
  *         ampc_amp_backward(amp, loss, 0, 0);      // loss * scale, backward
  *         ampc_amp_step(amp, lr, &info);           // unscale, check, step or skip
@@ -25,11 +26,19 @@
  * the f32 masters and writes the half model copy. An overflowing step changes
  * nothing: weights, optimizer moments and step count stay bit-identical, the
  * scale backs off, the gradients are cleared.
+ *
+ * Everything runs on the graph's device (ampc/backend.h): masters, f32
+ * gradients and the optimizer's state live there, the passes are the
+ * backend's, and a step reads one small result back to decide. With a
+ * communicator (ampc/comm.h) the same step averages the gradients over the
+ * ranks first and agrees on the overflow flag and the norm, so every rank
+ * skips or steps alike.
  */
 #ifndef AMPC_AMP_H
 #define AMPC_AMP_H
 
 #include "ampc/amp_config.h"
+#include "ampc/comm.h"
 #include "ampc/graph.h"
 #include "ampc/optim.h"
 
@@ -58,6 +67,11 @@ typedef struct {
   float max_abs;           /* largest unscaled gradient magnitude */
 } ampc_amp_grad_stats;
 
+/* apex's O1 op lists (the policy initialize gives the graph under autocast). */
+ampc_cast_policy ampc_amp_cast_policy(ampc_op_kind k);
+
+/* Applies the opt level to g and compiles it; takes opt's state to g's
+ * device. */
 ampc_status ampc_amp_initialize(ampc_amp **out, ampc_graph *g, ampc_optim *opt, const ampc_amp_config *cfg);
 void ampc_amp_free(ampc_amp *a);
 const ampc_amp_config *ampc_amp_get_config(const ampc_amp *a);
@@ -80,20 +94,32 @@ void ampc_amp_set_clip_grad_norm(ampc_amp *a, float max_norm);
 /* Stochastic rounding of updates written into half weights when there are no
  * f32 masters (O3, O2 without master weights); seeded, reproducible. */
 void ampc_amp_set_stochastic_rounding(ampc_amp *a, int on, uint64_t seed);
+/* Data-parallel training: the step averages the gradients over c's ranks
+ * and agrees on overflow and the norm (NULL: one process, the default). */
+void ampc_amp_set_comm(ampc_amp *a, ampc_comm *c);
 /* Unscale, check, clip, step or skip, update the scale(s), clear the gradients. */
 ampc_status ampc_amp_step(ampc_amp *a, float lr, ampc_amp_step_info *info);
 /* The unscaled f32 gradient of every parameter into out (param_numel floats,
- * in the flat order of ampc_graph_param_offset); returns 1 if any was
- * non-finite, 0 otherwise. Does not change the gradients. */
-int ampc_amp_unscaled_grads(ampc_amp *a, float *out);
+ * in the flat order of ampc_graph_param_offset); *found_inf (if not NULL)
+ * says whether any was non-finite. Does not change the gradients. */
+ampc_status ampc_amp_unscaled_grads(ampc_amp *a, float *out, int *found_inf);
 
 ampc_scaler *ampc_amp_scaler(ampc_amp *a, int loss_id);
-/* f32 master weights (param_numel), or NULL without master weights. */
-float *ampc_amp_master_weights(ampc_amp *a);
-/* The current f32 value of every parameter into out (masters or model). */
-void ampc_amp_param_values(ampc_amp *a, float *out);
+/* 1 if the step keeps f32 master weights. */
+int ampc_amp_has_master_weights(const ampc_amp *a);
+/* The current f32 value of every parameter into out (param_numel floats, flat
+ * order): the masters, or the model's copy converted. */
+ampc_status ampc_amp_param_values(ampc_amp *a, float *out);
 /* Sets every parameter (masters and the model copy) from f32 values. */
 ampc_status ampc_amp_load_params(ampc_amp *a, const float *values);
+/* One parameter's f32 master weights by name, n values (its numel):
+ * AMPC_ESTATE without masters, AMPC_ENOTFOUND for an unknown name,
+ * AMPC_EINVAL for a wrong n. */
+ampc_status ampc_amp_read_master(const ampc_amp *a, const char *param, float *dst, size_t n);
+ampc_status ampc_amp_write_master(ampc_amp *a, const char *param, const float *src, size_t n);
+/* One parameter's optimizer state of the given kind ("exp_avg", ...) by name. */
+ampc_status ampc_amp_read_optim_state(const ampc_amp *a, const char *state, const char *param, float *dst, size_t n);
+ampc_status ampc_amp_write_optim_state(ampc_amp *a, const char *state, const char *param, const float *src, size_t n);
 /* Gradient statistics (values, underflow, max_abs) since the last reset; the
  * underflow counts need ampc_amp_set_grad_stats(a, 1) first. */
 void ampc_amp_set_grad_stats(ampc_amp *a, int on);

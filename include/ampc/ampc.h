@@ -13,13 +13,17 @@
  *   data.h         IDX and CIFAR datasets, the batch loader
  *   safetensors.h  reading and writing safetensors files
  *   checkpoint.h   checkpoints and exact resume
+ *   backend.h      devices: choosing one, its options and statistics
+ *   comm.h         communicators for data-parallel training
  */
 #ifndef AMPC_AMPC_H
 #define AMPC_AMPC_H
 
 #include "ampc/amp.h"
 #include "ampc/amp_config.h"
+#include "ampc/backend.h"
 #include "ampc/checkpoint.h"
+#include "ampc/comm.h"
 #include "ampc/data.h"
 #include "ampc/dtype.h"
 #include "ampc/graph.h"

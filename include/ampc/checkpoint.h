@@ -45,9 +45,23 @@ typedef struct {
 ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt,
                                  const ampc_train_state *ts);
 /* Checks that the file is an ampc checkpoint of a supported version for the
- * same model and opt level, then restores everything. */
+ * same model and opt level, then restores everything: the model (as
+ * ampc_checkpoint_load_weights does), the optimizer state, each loss
+ * scaler's state and the run state. */
 ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt,
                                  ampc_train_state *ts);
+
+/* A weights file: every parameter as f32 (the masters' values, or the
+ * model's converted) and every buffer as stored, under the PyTorch names;
+ * meta as for ampc_st_write. Atomic like a checkpoint. */
+ampc_status ampc_checkpoint_save_weights(const char *path, ampc_model *m, ampc_amp *amp, const char *const *meta);
+/* Loads every parameter and buffer of m by name from a weights file or a
+ * checkpoint (a parameter from its f32 master copy where the file has one),
+ * into the model and, with master weights, the masters. Like PyTorch's
+ * load_state_dict(strict=True): a missing tensor, a wrong shape, or a tensor
+ * that belongs to neither the model nor a checkpoint's own sections is an
+ * error naming the file and the tensor. */
+ampc_status ampc_checkpoint_load_weights(const char *path, ampc_model *m, ampc_amp *amp);
 
 #ifdef __cplusplus
 }

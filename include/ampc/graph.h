@@ -15,8 +15,10 @@
  *     ...
  *     ampc_value loss = ampc_graph_cross_entropy(g, logits, y, 0.0f);
  *     if (ampc_graph_compile(g) < 0) ...;          // also reports any recording error
- *     // fill ampc_graph_tensor(g, x) and (g, y), then:
- *     ampc_graph_forward(g, 1); ampc_graph_backward(g, loss, 1.0f);
+ *     ampc_graph_write(g, x, images, AMPC_DTYPE_F32);   // host memory in, converted
+ *     ampc_graph_write(g, y, labels, AMPC_DTYPE_I32);
+ *     ampc_graph_forward(g, 1); ampc_graph_backward(g, loss, 1.0f, 0);
+ *     float l; ampc_graph_read(g, loss, &l, AMPC_DTYPE_F32);
  *
  * Recording calls return AMPC_VALUE_NONE on error and remember the first
  * error; ampc_graph_compile() returns it, so a model builder needs no
@@ -26,6 +28,12 @@
  * and accumulates in f32. The batch dimension (dim 0 of inputs and of every
  * activation) can be lowered at run time with ampc_graph_set_batch() for a
  * final partial batch.
+ *
+ * The graph runs on a device (ampc/backend.h; "cpu" unless another is set
+ * before compile), which owns every buffer. Values go in and out through
+ * ampc_graph_write() and ampc_graph_read(), which convert types; the data
+ * pointer of ampc_graph_tensor() is the device's memory only on a backend
+ * whose memory is host memory (cpu), and NULL elsewhere.
  */
 #ifndef AMPC_GRAPH_H
 #define AMPC_GRAPH_H
@@ -68,14 +76,14 @@ typedef enum {
 /* Name of an op kind: "conv2d", "batchnorm2d", ... */
 const char *ampc_op_name(ampc_op_kind k);
 
-/* How the autocast policy (apex O1) treats an op. */
+/* How an op runs under an autocast policy (apex O1's lists are amp's:
+ * ampc_amp_cast_policy in amp.h). */
 typedef enum {
   AMPC_CAST_POLICY_HALF,    /* run in half: inputs and weights cast to half */
   AMPC_CAST_POLICY_FP32,    /* run in fp32: output stored in fp32 */
   AMPC_CAST_POLICY_PROMOTE, /* output in the widest input type */
   AMPC_CAST_POLICY_KEEP     /* output in the input's type (relu, pooling, flatten) */
 } ampc_cast_policy;
-ampc_cast_policy ampc_op_cast_policy(ampc_op_kind k);
 
 ampc_status ampc_graph_create(ampc_graph **out);
 void ampc_graph_free(ampc_graph *g);
@@ -133,6 +141,7 @@ typedef struct {
   ampc_dtype act_type;        /* storage of inputs and activations */
   int autocast;               /* per-op policy (O1): half ops run in half_type */
   ampc_dtype half_type;       /* f16 or bf16 */
+  ampc_cast_policy (*policy)(ampc_op_kind op); /* with autocast: each op's policy */
 } ampc_graph_precision;
 
 /* Fusion of a ReLU into the batch norm or add before it (default on; off
@@ -144,16 +153,6 @@ ampc_status ampc_graph_set_fusion(ampc_graph *g, int on);
  * activation is meaningful only during backward. Parameter gradients are
  * always kept. Before compile. */
 ampc_status ampc_graph_set_retain_grads(ampc_graph *g, int on);
-/* How convolutions are computed. AUTO (the default) uses Winograd
- * F(4x4, 3x3) for stride-1 3x3 kernels where it is faster (8 or more input
- * and output channels), a direct loop for stride-1 3x3 kernels over inputs of
- * at most 4 channels (a first layer), and im2col matrix products elsewhere;
- * IM2COL forces the plain path (the reference the others are tested
- * against); WINOGRAD and DIRECT use theirs wherever it applies (stride 1,
- * 3x3, padding 0..2; the direct loop computes forward and the weight
- * gradient, the input gradient stays with im2col). Before compile. */
-typedef enum { AMPC_CONV_AUTO = 0, AMPC_CONV_IM2COL = 1, AMPC_CONV_WINOGRAD = 2, AMPC_CONV_DIRECT = 3 } ampc_conv_algo;
-ampc_status ampc_graph_set_conv_algo(ampc_graph *g, ampc_conv_algo a);
 /* Keeps a value readable after forward. By default the memory of an
  * intermediate value that backward does not need (a batch norm's output that
  * only feeds a residual add, a cast's input, ...) is reused once its last
@@ -175,34 +174,32 @@ ampc_status ampc_graph_forward(ampc_graph *g, int training);
 /* Backward from a scalar value, with d(loss) = seed (the loss scale).
  * Parameter gradients are written (accumulate = 0) or added (1). */
 ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int accumulate);
-/* Sets every parameter gradient to zero. */
-void ampc_graph_zero_grad(ampc_graph *g);
-/* Number of threads the kernels use (default: OpenMP's). The workspace is
- * sized at compile for the count then in force; after compile a larger count
- * is clamped to it. */
-void ampc_graph_set_threads(ampc_graph *g, int n);
+/* Sets every parameter gradient to zero (one memset per bucket). */
+ampc_status ampc_graph_zero_grad(ampc_graph *g);
 
-/* Per-op-kind wall time of forward and backward kernels, summed since
- * profiling was turned on (seconds; indexed by ampc_op_kind). */
-void ampc_graph_set_profiling(ampc_graph *g, int on);
-void ampc_graph_op_times(const ampc_graph *g, double fwd[AMPC_OP_COUNT], double bwd[AMPC_OP_COUNT]);
-
-/* Gradient values backward stored into 16-bit tensors since the last reset
- * (those non-zero in f32), and how many of them became zero or subnormal
- * there: what a 16-bit gradient loses without (enough) loss scaling. Counted
- * only while counting is on (off by default: it costs a pass over every
- * 16-bit gradient). */
-void ampc_graph_set_grad_underflow_counting(ampc_graph *g, int on);
-void ampc_graph_grad_underflow(ampc_graph *g, int64_t *values, int64_t *underflow, int reset);
-/* Convolution backward split in its two products (seconds, with profiling). */
-void ampc_graph_conv_backward_times(const ampc_graph *g, double *data, double *weights);
 /* Forward multiply-add FLOPs (2 per MAC) of the convolutions and linear
  * layers at the built batch. */
 double ampc_graph_forward_flops(const ampc_graph *g);
 
+/* ---- values in and out (after compile) ----
+ * The value's elements at the current batch (the shape ampc_graph_tensor()
+ * gives), converted between src/dst_type and the value's storage type: any
+ * two of f32, f16, bf16, or i32 and i64 (labels, num_batches_tracked).
+ * Writing a parameter sets the model's copy only (with amp, use
+ * ampc_amp_load_params, which sets the masters too). AMPC_EINVAL for a value
+ * with no memory of its own (a ReLU or batch norm fused into the op before
+ * it) or, for gradients, no gradient. */
+ampc_status ampc_graph_write(ampc_graph *g, ampc_value v, const void *src, ampc_dtype src_type);
+ampc_status ampc_graph_read(const ampc_graph *g, ampc_value v, void *dst, ampc_dtype dst_type);
+ampc_status ampc_graph_read_grad(const ampc_graph *g, ampc_value v, void *dst, ampc_dtype dst_type);
+/* Sets a gradient (between backward and the step: to clip or inject by hand). */
+ampc_status ampc_graph_write_grad(ampc_graph *g, ampc_value v, const void *src, ampc_dtype src_type);
+
 /* ---- access ---- */
-ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v);   /* data (after compile) */
-ampc_tensor ampc_graph_grad(const ampc_graph *g, ampc_value v);     /* data NULL if none */
+/* The value's type and shape at the current batch; data: its memory where
+ * the backend's memory is host memory (cpu), NULL elsewhere or before compile. */
+ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v);
+ampc_tensor ampc_graph_grad(const ampc_graph *g, ampc_value v);
 const char *ampc_graph_name(const ampc_graph *g, ampc_value v);
 ampc_op_kind ampc_graph_op(const ampc_graph *g, ampc_value v);
 ampc_value ampc_graph_find(const ampc_graph *g, const char *name);
@@ -211,7 +208,10 @@ size_t ampc_graph_param_count(const ampc_graph *g);
 ampc_value ampc_graph_param_at(const ampc_graph *g, size_t i);
 int ampc_graph_param_is_norm(const ampc_graph *g, ampc_value v);
 /* Total elements of all parameters, and each one's offset in that flat count
- * (the indexing shared by master weights and optimizer state). */
+ * (the indexing shared by master weights, optimizer state and gradients).
+ * Compile numbers the parameters of each storage type back to back (16-bit
+ * ones first, recording order within a type): before compile the offsets
+ * are not yet fixed. */
 size_t ampc_graph_param_numel(const ampc_graph *g);
 size_t ampc_graph_param_offset(const ampc_graph *g, ampc_value v);
 size_t ampc_graph_buffer_count(const ampc_graph *g);

@@ -20,6 +20,7 @@
 #ifndef AMPC_NN_H
 #define AMPC_NN_H
 
+#include "ampc/data.h"
 #include "ampc/graph.h"
 
 #ifdef __cplusplus
@@ -103,6 +104,16 @@ ampc_value ampc_model_logits(const ampc_model *m); /* (N, classes) */
 ampc_value ampc_model_loss(const ampc_model *m);   /* mean cross entropy */
 /* Trainable parameter count. */
 int64_t ampc_model_param_count(const ampc_model *m);
+
+/* Mean loss and accuracy (argmax of the logits) of the compiled model over
+ * every image of d, in eval mode (batch norm uses its running statistics),
+ * in batches of the model's batch size, the images normalised as the loader
+ * does when normalize is set (as they were in training). */
+typedef struct {
+  double loss, accuracy;
+  size_t images;
+} ampc_eval_result;
+ampc_status ampc_model_evaluate(ampc_model *m, const ampc_dataset *d, int normalize, ampc_eval_result *out);
 
 #ifdef __cplusplus
 }

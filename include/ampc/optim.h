@@ -5,7 +5,10 @@
  * An optimizer updates one flat f32 array of numel parameters (all of a
  * model's tensors carved from one buffer) from a gradient array of the same
  * length. Its state (exp_avg, ...) lives in buffers of numel floats each,
- * indexed like the parameters, so a checkpoint saves it as named arrays.
+ * indexed like the parameters, so a checkpoint saves it as named arrays. The
+ * state lives on a device (ampc/backend.h): the cpu's until the amp layer
+ * takes the optimizer to the graph's device; it is read and written through
+ * ampc_optim_state_read/write.
  *
  *     ampc_optim_config c;
  *     ampc_optim_config_default(&c, AMPC_OPTIM_SGD);
@@ -22,11 +25,9 @@
  *       }
  *     ampc_optim_free(opt);
  *
- * The mixed-precision layer uses the split form instead: ampc_optim_begin_step
- * once per step, then ampc_optim_update (or _update_at, for chunk-sized
- * buffers) over chunks, from several threads if it likes; it unscales the
- * gradient and writes the 16-bit model copy of each updated weight in the
- * same pass. Both forms give bit-identical results.
+ * The mixed-precision layer steps the optimizer itself, on the device: one
+ * fused pass that unscales the gradients, updates the f32 masters and
+ * writes the 16-bit model copy (ampc_amp_step). Both give the same bits.
  *
  * Parity with PyTorch: the arithmetic is torch 1.13's single-tensor
  * (foreach=False) CPU code, rounding for rounding: per-step constants are
@@ -83,31 +84,14 @@ typedef struct ampc_optim ampc_optim;
 ampc_status ampc_optim_create(ampc_optim **out, const ampc_optim_config *c, size_t numel);
 void ampc_optim_free(ampc_optim *o);
 
-/* One step over all numel values: increments the step count, then updates w
- * (numel floats) from g (numel floats). lr is this step's learning rate and
- * replaces c->lr (which is the base a schedule starts from: pass
- * ampc_lr_at(&s, ampc_optim_get_config(o)->lr, t), or the config's lr for a
- * constant rate). AMPC_EINVAL if lr is negative or not finite. Large arrays
- * are updated by the OpenMP threads; the result does not depend on how many. */
+/* One step over all numel values of host arrays: increments the step count,
+ * then updates w (numel floats) from g (numel floats). lr is this step's
+ * learning rate and replaces c->lr (which is the base a schedule starts
+ * from: pass ampc_lr_at(&s, ampc_optim_get_config(o)->lr, t), or the
+ * config's lr for a constant rate). AMPC_EINVAL if lr is negative or not
+ * finite; AMPC_ESTATE once the optimizer belongs to amp on a device whose
+ * memory is not host memory. The result does not depend on the thread count. */
 ampc_status ampc_optim_step(ampc_optim *o, float *w, const float *g, float lr);
-
-/* The split form of a step. begin_step increments the step count and fixes
- * the step's constants (lr: finite and >= 0; begin_step does not check).
- * update then does elements [offset, offset + n) of the flat arrays: w and g
- * are the whole arrays (indexed from 0, like the state), the gradient used is
- * g[i] * gmul (gmul = 1/loss_scale times the clipping coefficient; 1 for
- * none), and if copy != NULL, copy[i - offset] receives the updated w[i]
- * rounded to copy_type (AMPC_DTYPE_F32, _F16 or _BF16, nearest-even). Calls
- * on disjoint ranges may run concurrently, in any order; every element must
- * be updated exactly once between two begin_step calls. */
-void ampc_optim_begin_step(ampc_optim *o, float lr);
-void ampc_optim_update(ampc_optim *o, size_t offset, size_t n, float *w, const float *g, float gmul,
-                       ampc_dtype copy_type, void *copy);
-/* The same with every array given for the chunk alone: w[i], g[i], copy[i]
- * are element offset + i (n each), e.g. an f32 scratch copy of 16-bit
- * weights; only the state is addressed by offset. */
-void ampc_optim_update_at(ampc_optim *o, size_t offset, size_t n, float *w, const float *g, float gmul,
-                          ampc_dtype copy_type, void *copy);
 
 /* Steps taken (torch's state['step']). set_step_count restores it from a
  * checkpoint (with the state buffers); AMPC_EINVAL if step < 0. With SGD
@@ -119,11 +103,15 @@ ampc_status ampc_optim_set_step_count(ampc_optim *o, int64_t step);
 /* State buffers, numel floats each, named as in torch's state_dict:
  * SGD with momentum: "momentum_buffer"; SGD without: none;
  * Adam/AdamW: "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad.
- * data is writable, to restore a checkpoint. AMPC_ERANGE past the count;
- * find gives AMPC_ENOTFOUND for a name this optimizer does not keep. */
+ * name() is NULL past the count; index() gives AMPC_ENOTFOUND for a name
+ * this optimizer does not keep. read/write copy elements [offset, offset + n)
+ * of buffer i out of / into the device (AMPC_ERANGE past the count or the
+ * numel), e.g. to save and restore a checkpoint. */
 size_t ampc_optim_state_count(const ampc_optim *o);
-ampc_status ampc_optim_state_get(ampc_optim *o, size_t i, const char **name, float **data);
-ampc_status ampc_optim_state_find(ampc_optim *o, const char *name, float **data);
+const char *ampc_optim_state_name(const ampc_optim *o, size_t i);
+ampc_status ampc_optim_state_index(const ampc_optim *o, const char *name, size_t *i);
+ampc_status ampc_optim_state_read(const ampc_optim *o, size_t i, size_t offset, size_t n, float *dst);
+ampc_status ampc_optim_state_write(ampc_optim *o, size_t i, size_t offset, size_t n, const float *src);
 
 const ampc_optim_config *ampc_optim_get_config(const ampc_optim *o);
 size_t ampc_optim_numel(const ampc_optim *o);

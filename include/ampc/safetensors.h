@@ -35,7 +35,7 @@
  *     ampc_st_write("model.safetensors", t, 2, meta);
  *
  * Files written here are read by the official implementations and vice
- * versa. In memory, every tensor's `data` from ampc_st_open or
+ * versa. In memory, every tensor's `values` from ampc_st_open or
  * ampc_st_open_memory is aligned to 64 bytes (so it can be used as a typed
  * array directly), whatever its offset in the file.
  */
@@ -62,7 +62,7 @@ typedef struct {
   ampc_dtype dtype;
   int ndim;
   int64_t shape[AMPC_ST_MAX_DIMS];
-  const void *data;
+  const void *values;     /* nbytes of little-endian elements */
   size_t nbytes;
 } ampc_st_tensor;
 
@@ -118,6 +118,15 @@ const char *ampc_st_metadata_key(const ampc_st_file *f, size_t i);
  * of 8. */
 ampc_status ampc_st_write(const char *path, const ampc_st_tensor *tensors, size_t n,
                           const char *const *meta);
+
+/* The same, with the values of tensors whose `values` is NULL fetched one at a
+ * time while the file is written: fetch(ctx, i, buf) fills buf with
+ * tensors[i].nbytes bytes (a buffer of the largest such tensor, reused), and
+ * a negative status from it aborts the write. For data that is not in host
+ * memory (a device's), without a copy of all of it at once. */
+typedef ampc_status (*ampc_st_fetch)(void *ctx, size_t i, void *buf);
+ampc_status ampc_st_write_stream(const char *path, const ampc_st_tensor *tensors, size_t n,
+                                 const char *const *meta, ampc_st_fetch fetch, void *ctx);
 
 /* Number of elements (product of the shape; 1 for ndim 0); -1 if the
  * description is invalid (ndim out of range, a negative dim, overflow). */

@@ -1,46 +1,36 @@
 /* The graph-facing half of amp: opt-level application, master weights,
- * gradient folding and the fused unscale/check/step pass. */
+ * gradient folding, and the training step in phases. The arithmetic runs in
+ * the graph's backend over the flat parameter buckets; what stays here is
+ * the policy: which buffers, which multiplier, whether to step. */
 #include <float.h>
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ampc/amp.h"
-#include "ampc/rng.h"
+#include "core/graph_internal.h"
 #include "core/status_internal.h"
-
-enum { AMP_CHUNK = 8192 }; /* elements per unit of work in the fused passes */
-
-typedef struct {
-  ampc_value v;
-  const char *name;
-  size_t off, n;
-  ampc_dtype dtype;
-  void *data, *grad;
-} amp_param;
-
-typedef struct {
-  int p;
-  size_t start, n;
-} amp_chunk;
+#include "dist/comm_internal.h"
+#include "optim/optim_internal.h"
 
 struct ampc_amp {
   ampc_amp_config cfg;
   ampc_graph *g;
   ampc_optim *opt;
+  ampc__device *dev;
+  ampc_comm *comm;
   ampc_scaler *scalers;
-  int *loss_inf;               /* per loss: an inf/NaN was folded since the last step */
-  amp_param *params;
+  ampc__span spans[AMPC__MAX_BUCKETS]; /* the model's buckets: its copy and own gradients */
+  int nspans;
   size_t nparams, numel;
-  amp_chunk *chunks;
-  size_t nchunks;
-  float *master;               /* f32 masters, or NULL */
-  float *mgrad;                /* f32 gradients folded from the model's, or NULL */
-  unsigned char *param_inf;    /* per param: non-finite gradient this step */
-  float *scratch;              /* per thread: 2 * AMP_CHUNK floats */
-  double *partial;             /* per chunk: sum of squares */
-  int nthreads;
+  size_t *ranges;              /* per parameter: flat start, n (for the overflow report) */
+  const char **names;          /* per parameter */
+  unsigned char *flags;        /* per parameter: a non-finite gradient (filled on overflow) */
+  float *master;               /* device: f32 masters, or NULL */
+  float *mgrad;                /* device: f32 gradients folded from the model's, or NULL */
+  float *slots;                /* device: per loss {overflow in a fold, largest folded |g|} */
+  float *slots_host;           /* their copy, read with the check */
+  double *reduce;              /* host: the values the ranks reduce (2 + 2 * num_losses) */
   float clip;
   float loss_weight;
   int sr;
@@ -48,8 +38,48 @@ struct ampc_amp {
   float st_max;
 };
 
-static int is_half(ampc_dtype t) { return t == AMPC_DTYPE_F16 || t == AMPC_DTYPE_BF16; }
 
+/* apex's O1 lists (torch autocast's are close): matrix products in half;
+ * norms, softmaxes, losses and reductions in fp32; element-wise ops promote. */
+ampc_cast_policy ampc_amp_cast_policy(ampc_op_kind k) {
+  switch (k) {
+    case AMPC_OP_CONV2D:
+    case AMPC_OP_LINEAR: return AMPC_CAST_POLICY_HALF;
+    case AMPC_OP_BATCHNORM2D:
+    case AMPC_OP_SOFTMAX:
+    case AMPC_OP_LOG_SOFTMAX:
+    case AMPC_OP_CROSS_ENTROPY:
+    case AMPC_OP_GLOBAL_AVGPOOL: return AMPC_CAST_POLICY_FP32;
+    case AMPC_OP_ADD: return AMPC_CAST_POLICY_PROMOTE;
+    default: return AMPC_CAST_POLICY_KEEP;
+  }
+}
+
+/* The masters start from the recorded f32 values, not their half copy (from
+ * the model itself when those were released already). */
+static ampc_status init_masters(ampc_amp *a) {
+  ampc_graph *g = a->g;
+  float *tmp = NULL;
+  ampc_status s = AMPC_OK;
+  for (size_t i = 0; i < a->nparams && s == 0; i++) {
+    ampc_value v = ampc_graph_param_at(g, i);
+    size_t off = a->ranges[2 * i], n = a->ranges[2 * i + 1];
+    const float *w0 = ampc_graph_param_init(g, v);
+    if (!w0) {
+      float *t = realloc(tmp, n * sizeof *t);
+      if (!t) {
+        s = ampc__error(AMPC_ENOMEM, "amp: out of memory");
+        break;
+      }
+      tmp = t;
+      s = ampc_graph_read(g, v, tmp, AMPC_DTYPE_F32);
+      w0 = tmp;
+    }
+    if (s == 0) s = ampc__dev_write(a->dev, a->master + off, AMPC_DTYPE_F32, w0, AMPC_DTYPE_F32, n);
+  }
+  free(tmp);
+  return s;
+}
 
 ampc_status ampc_amp_initialize(ampc_amp **out, ampc_graph *g, ampc_optim *opt, const ampc_amp_config *cfg) {
   *out = NULL;
@@ -62,6 +92,7 @@ ampc_status ampc_amp_initialize(ampc_amp **out, ampc_graph *g, ampc_optim *opt, 
       .act_type = cfg->cast_model_type,
       .autocast = cfg->autocast,
       .half_type = cfg->half_type,
+      .policy = ampc_amp_cast_policy,
   };
   size_t numel = ampc_graph_param_numel(g);
   if (opt && ampc_optim_numel(opt) != numel)
@@ -75,55 +106,44 @@ ampc_status ampc_amp_initialize(ampc_amp **out, ampc_graph *g, ampc_optim *opt, 
   a->g = g;
   a->opt = opt;
   a->numel = numel;
-  a->nthreads = omp_get_max_threads();
+  a->dev = ampc__device_ref(ampc__graph_device(g));
+  a->nspans = ampc__graph_spans(g, a->spans);
   a->nparams = ampc_graph_param_count(g);
-  a->params = calloc(a->nparams ? a->nparams : 1, sizeof *a->params);
-  a->param_inf = calloc(a->nparams ? a->nparams : 1, 1);
-  a->scalers = calloc((size_t)cfg->num_losses, sizeof *a->scalers);
-  a->loss_inf = calloc((size_t)cfg->num_losses, sizeof *a->loss_inf);
-  size_t nch = 0;
-  for (size_t i = 0; i < a->nparams; i++) {
+  size_t np = a->nparams ? a->nparams : 1, nl = (size_t)cfg->num_losses;
+  a->ranges = calloc(2 * np, sizeof *a->ranges);
+  a->names = calloc(np, sizeof *a->names);
+  a->flags = calloc(np, 1);
+  a->scalers = calloc(nl, sizeof *a->scalers);
+  a->slots_host = calloc(2 * nl, sizeof *a->slots_host);
+  a->reduce = calloc(2 + 2 * nl, sizeof *a->reduce);
+  a->slots = ampc__dev_alloc(a->dev, 2 * nl * sizeof(float));
+  int bad = !a->ranges || !a->names || !a->flags || !a->scalers || !a->slots_host || !a->reduce || !a->slots;
+  for (size_t i = 0; !bad && i < a->nparams; i++) {
     ampc_value v = ampc_graph_param_at(g, i);
-    ampc_tensor t = ampc_graph_tensor(g, v), gr = ampc_graph_grad(g, v);
-    a->params[i] = (amp_param){v, ampc_graph_name(g, v), ampc_graph_param_offset(g, v), (size_t)ampc_tensor_numel(&t), t.dtype, t.data, gr.data};
-    nch += (a->params[i].n + AMP_CHUNK - 1) / AMP_CHUNK;
+    ampc_tensor t = ampc_graph_tensor(g, v);
+    a->ranges[2 * i] = ampc_graph_param_offset(g, v);
+    a->ranges[2 * i + 1] = (size_t)ampc_tensor_numel(&t);
+    a->names[i] = ampc_graph_name(g, v);
   }
-  a->chunks = calloc(nch ? nch : 1, sizeof *a->chunks);
-  a->partial = calloc(nch ? nch : 1, sizeof *a->partial);
-  a->scratch = malloc((size_t)a->nthreads * 2 * AMP_CHUNK * sizeof(float));
-  int bad = !a->params || !a->param_inf || !a->scalers || !a->loss_inf || !a->chunks || !a->partial || !a->scratch;
-  if (!bad && ampc_amp_config_uses_master_weights(cfg)) {
-    a->master = malloc((numel ? numel : 1) * sizeof(float));
-    bad = !a->master;
-  }
+  if (!bad && ampc_amp_config_uses_master_weights(cfg)) bad = !(a->master = ampc__dev_alloc(a->dev, numel * sizeof(float)));
   /* f32 gradients to fold into: needed with several losses (each unscaled by
    * its own scale); with master weights only once backward accumulates
    * (allocated then, see ampc_amp_backward) -- a single backward per step is
    * read straight from the model's gradients, converted as the step goes */
-  if (!bad && cfg->num_losses > 1) {
-    a->mgrad = calloc(numel ? numel : 1, sizeof(float));
-    bad = !a->mgrad;
-  }
+  if (!bad && cfg->num_losses > 1) bad = !(a->mgrad = ampc__dev_alloc(a->dev, numel * sizeof(float)));
   if (bad) {
     ampc_amp_free(a);
     return ampc__error(AMPC_ENOMEM, "amp: out of memory for %zu parameters", numel);
   }
-  for (size_t i = 0; i < a->nparams; i++)
-    for (size_t s = 0; s < a->params[i].n; s += AMP_CHUNK)
-      a->chunks[a->nchunks++] = (amp_chunk){(int)i, s, a->params[i].n - s < AMP_CHUNK ? a->params[i].n - s : AMP_CHUNK};
-  if (a->master)
-    for (size_t i = 0; i < a->nparams; i++) {
-      /* the masters start from the recorded f32 values, not their half copy
-       * (from the model itself when those were released already) */
-      const amp_param *p = &a->params[i];
-      const float *w0 = ampc_graph_param_init(g, p->v);
-      if (w0) memcpy(a->master + p->off, w0, p->n * sizeof(float));
-      else ampc_load_f32(a->master + p->off, p->dtype, p->data, p->n);
-    }
+  ampc_status s = a->master ? init_masters(a) : AMPC_OK;
+  if (s == 0 && opt) s = ampc__optim_bind(opt, a->dev);
+  if (s < 0) {
+    ampc_amp_free(a);
+    return s;
+  }
   /* the graph holds its parameters now (and the masters their f32 values) */
   ampc_graph_release_init(g);
   for (int k = 0; k < cfg->num_losses; k++) ampc_scaler_init(&a->scalers[k], cfg);
-  a->sr_seed = 0;
   a->loss_weight = 1.0f;
   *out = a;
   return AMPC_OK;
@@ -131,15 +151,18 @@ ampc_status ampc_amp_initialize(ampc_amp **out, ampc_graph *g, ampc_optim *opt, 
 
 void ampc_amp_free(ampc_amp *a) {
   if (!a) return;
-  free(a->params);
-  free(a->param_inf);
+  if (a->dev) {
+    ampc__dev_free(a->dev, a->master);
+    ampc__dev_free(a->dev, a->mgrad);
+    ampc__dev_free(a->dev, a->slots);
+    ampc__device_unref(a->dev);
+  }
+  free(a->ranges);
+  free(a->names);
+  free(a->flags);
   free(a->scalers);
-  free(a->loss_inf);
-  free(a->chunks);
-  free(a->partial);
-  free(a->scratch);
-  free(a->master);
-  free(a->mgrad);
+  free(a->slots_host);
+  free(a->reduce);
   free(a);
 }
 
@@ -147,26 +170,36 @@ const ampc_amp_config *ampc_amp_get_config(const ampc_amp *a) { return &a->cfg; 
 ampc_scaler *ampc_amp_scaler(ampc_amp *a, int loss_id) {
   return loss_id >= 0 && loss_id < a->cfg.num_losses ? &a->scalers[loss_id] : NULL;
 }
-float *ampc_amp_master_weights(ampc_amp *a) { return a->master; }
+int ampc_amp_has_master_weights(const ampc_amp *a) { return a->master != NULL; }
 void ampc_amp_set_clip_grad_norm(ampc_amp *a, float max_norm) { a->clip = max_norm; }
 void ampc_amp_set_loss_weight(ampc_amp *a, float w) { a->loss_weight = w; }
 void ampc_amp_set_stochastic_rounding(ampc_amp *a, int on, uint64_t seed) {
   a->sr = on;
   a->sr_seed = seed;
 }
+void ampc_amp_set_comm(ampc_amp *a, ampc_comm *c) { a->comm = c; }
 
 ampc_status ampc_amp_forward(ampc_amp *a, int training) { return ampc_graph_forward(a->g, training); }
 
-static float *thread_scratch(ampc_amp *a) { return a->scratch + (size_t)omp_get_thread_num() * 2 * AMP_CHUNK; }
-
-/* The f32 view of a chunk of a parameter's model gradient. */
-static const float *grad_chunk(ampc_amp *a, const amp_param *p, const amp_chunk *c, float *tmp) {
-  if (p->dtype == AMPC_DTYPE_F32) return (const float *)p->grad + c->start;
-  ampc_load_f32(tmp, p->dtype, (char *)p->grad + c->start * ampc_dtype_size(p->dtype), c->n);
-  return tmp;
+/* The gradients the step reads: the f32 ones folded into, or the model's. */
+static int grad_spans(const ampc_amp *a, ampc__span *out) {
+  if (!a->mgrad) {
+    memcpy(out, a->spans, (size_t)a->nspans * sizeof *out);
+    return a->nspans;
+  }
+  for (int i = 0; i < a->nspans; i++) {
+    out[i] = a->spans[i];
+    out[i].grad_type = AMPC_DTYPE_F32;
+    out[i].grad = a->mgrad + a->spans[i].start;
+  }
+  return a->nspans;
 }
 
-static void fold(ampc_amp *a, float f, int accumulate, int loss_id, float scale);
+/* mgrad (+)= f * the model's gradients, noting an overflow and the largest
+ * magnitude in the loss's slot. */
+static ampc_status fold(ampc_amp *a, float f, int accumulate, int loss_id, float scale) {
+  return a->dev->be->fold(a->dev, a->spans, a->nspans, a->mgrad, f, accumulate, a->slots + 2 * loss_id, scale);
+}
 
 ampc_status ampc_amp_backward(ampc_amp *a, ampc_value loss, int loss_id, int accumulate) {
   if (loss_id < 0 || loss_id >= a->cfg.num_losses)
@@ -175,108 +208,18 @@ ampc_status ampc_amp_backward(ampc_amp *a, ampc_value loss, int loss_id, int acc
   if (!a->mgrad && accumulate && a->master) {
     /* the first accumulating backward: from now on gradients add up in f32,
      * starting from the ones the model holds */
-    a->mgrad = calloc(a->numel ? a->numel : 1, sizeof(float));
+    a->mgrad = ampc__dev_alloc(a->dev, (a->numel ? a->numel : 1) * sizeof(float));
     if (!a->mgrad) return ampc__error(AMPC_ENOMEM, "amp: out of memory for %zu f32 gradients", a->numel);
-    fold(a, 1.0f, 0, loss_id, scale);
+    AMPC_TRY(fold(a, 1.0f, 0, loss_id, scale));
   }
   if (!a->mgrad) return ampc_graph_backward(a->g, loss, scale * a->loss_weight, accumulate);
   /* backward writes only the parameters this loss reaches: the others must
    * read zero, not the previous backward's gradient, when they are folded */
-  ampc_graph_zero_grad(a->g);
+  AMPC_TRY(ampc_graph_zero_grad(a->g));
   AMPC_TRY(ampc_graph_backward(a->g, loss, scale * a->loss_weight, 0));
   /* Fold the model's gradients into the f32 ones. With several losses each is
    * unscaled by its own scale now; with one, the unscale waits for step(). */
-  fold(a, a->cfg.num_losses > 1 ? 1.0f / scale : 1.0f, accumulate, loss_id, scale);
-  return AMPC_OK;
-}
-
-/* mgrad (+)= f * the model's gradients, noting non-finite values and the
- * largest magnitude. */
-static void fold(ampc_amp *a, float f, int accumulate, int loss_id, float scale) {
-  int any_inf = 0;
-  float mx = 0.0f;
-#pragma omp parallel for schedule(static) reduction(| : any_inf) reduction(max : mx)
-  for (size_t ci = 0; ci < a->nchunks; ci++) {
-    const amp_chunk *c = &a->chunks[ci];
-    const amp_param *p = &a->params[c->p];
-    const float *gsrc = grad_chunk(a, p, c, thread_scratch(a));
-    float *dst = a->mgrad + p->off + c->start;
-    int bad = 0;
-    for (size_t i = 0; i < c->n; i++) {
-      float v = gsrc[i];
-      if (!isfinite(v)) bad = 1;
-      float m = fabsf(v);
-      if (m > mx) mx = m;
-      dst[i] = accumulate ? dst[i] + v * f : v * f;
-    }
-    if (bad) {
-      a->param_inf[c->p] = 1;
-      any_inf = 1;
-    }
-  }
-  if (any_inf) a->loss_inf[loss_id] = 1;
-  if (isfinite(mx) && mx / scale > a->st_max) a->st_max = mx / scale;
-}
-
-/* Rounds w to a 16-bit type stochastically: up with probability equal to the
- * distance from the value below, from a counter-based stream. */
-static uint16_t round_stochastic(ampc_dtype t, float w, uint64_t r) {
-  uint16_t near = t == AMPC_DTYPE_F16 ? ampc_f32_to_f16(w) : ampc_f32_to_bf16(w);
-  float nv = t == AMPC_DTYPE_F16 ? ampc_f16_to_f32(near) : ampc_bf16_to_f32(near);
-  if (nv == w || !isfinite(w) || !isfinite(nv)) return near;
-  /* the neighbour on the other side of w, by stepping the magnitude */
-  uint16_t other = fabsf(nv) > fabsf(w) ? (uint16_t)(near - 1) : (uint16_t)(near + 1);
-  if ((near & 0x7fff) == 0) other = (uint16_t)((w < 0 ? 0x8000u : 0u) | 1u);
-  float ov = t == AMPC_DTYPE_F16 ? ampc_f16_to_f32(other) : ampc_bf16_to_f32(other);
-  if (!isfinite(ov)) return near;
-  float lo = fabsf(nv) < fabsf(ov) ? nv : ov, hi = lo == nv ? ov : nv;
-  uint16_t lo_b = lo == nv ? near : other, hi_b = lo == nv ? other : near;
-  float pr = (fabsf(w) - fabsf(lo)) / (fabsf(hi) - fabsf(lo)); /* chance of the larger magnitude */
-  float u = (float)(r >> 40) * (1.0f / 16777216.0f);
-  return u < pr ? hi_b : lo_b;
-}
-
-/* Pass 1: finiteness, sum of squares of the unscaled gradients, and (without
- * folding) the statistics. Returns found_inf. */
-static int check_pass(ampc_amp *a, float gmul, double *sumsq, int with_stats) {
-  int any_inf = 0;
-  float mx = 0.0f;
-#pragma omp parallel for schedule(static) reduction(| : any_inf) reduction(max : mx)
-  for (size_t ci = 0; ci < a->nchunks; ci++) {
-    const amp_chunk *c = &a->chunks[ci];
-    const amp_param *p = &a->params[c->p];
-    const float *gv = a->mgrad ? a->mgrad + p->off + c->start : grad_chunk(a, p, c, thread_scratch(a));
-    /* four partial sums (element i into sum i % 4, added in order at the
-     * end) and no branches, so that the pass pipelines */
-    double s4[4] = {0.0, 0.0, 0.0, 0.0};
-    float m4[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* the largest |v| (a NaN never wins) */
-    int bad = 0;
-    size_t i = 0;
-    for (; i + 4 <= c->n; i += 4)
-      for (int k = 0; k < 4; k++) {
-        float v = gv[i + k] * gmul, m = fabsf(v);
-        bad |= !(m <= FLT_MAX);
-        s4[k] += (double)v * v;
-        m4[k] = m > m4[k] ? m : m4[k];
-      }
-    for (; i < c->n; i++) {
-      float v = gv[i] * gmul, m = fabsf(v);
-      bad |= !(m <= FLT_MAX);
-      s4[0] += (double)v * v;
-      m4[0] = m > m4[0] ? m : m4[0];
-    }
-    for (int k = 0; k < 4 && with_stats; k++) mx = m4[k] > mx ? m4[k] : mx;
-    a->partial[ci] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
-    if (bad) {
-      a->param_inf[c->p] = 1;
-      any_inf = 1;
-    }
-  }
-  double t = 0.0;
-  for (size_t ci = 0; ci < a->nchunks; ci++) t += a->partial[ci]; /* fixed order */
-  *sumsq = t;
-  if (with_stats && isfinite(mx) && mx > a->st_max) a->st_max = mx;
-  return any_inf;
+  return fold(a, a->cfg.num_losses > 1 ? 1.0f / scale : 1.0f, accumulate, loss_id, scale);
 }
 
 /* What the step multiplies the gradients by to unscale them: with several
@@ -285,27 +228,76 @@ static float step_unscale(const ampc_amp *a) {
   return a->mgrad && a->cfg.num_losses > 1 ? 1.0f : ampc_scaler_inv_scale(&a->scalers[0]);
 }
 
-int ampc_amp_unscaled_grads(ampc_amp *a, float *out) {
+ampc_status ampc_amp_unscaled_grads(ampc_amp *a, float *out, int *found_inf) {
+  ampc__span s[AMPC__MAX_BUCKETS];
+  int ns = grad_spans(a, s);
   float gmul = step_unscale(a);
   int bad = 0;
-  for (size_t ci = 0; ci < a->nchunks; ci++) {
-    const amp_chunk *c = &a->chunks[ci];
-    const amp_param *p = &a->params[c->p];
-    float *dst = out + p->off + c->start;
-    const float *gv = a->mgrad ? a->mgrad + p->off + c->start : grad_chunk(a, p, c, dst);
-    for (size_t i = 0; i < c->n; i++) {
-      dst[i] = gv[i] * gmul;
-      if (!isfinite(dst[i])) bad = 1;
+  for (int i = 0; i < ns; i++) {
+    float *dst = out + s[i].start;
+    AMPC_TRY(ampc__dev_read(a->dev, dst, AMPC_DTYPE_F32, s[i].grad, s[i].grad_type, s[i].n));
+    for (size_t e = 0; e < s[i].n; e++) {
+      dst[e] *= gmul;
+      if (!isfinite(dst[e])) bad = 1;
     }
   }
-  return bad;
+  if (found_inf) *found_inf = bad;
+  return AMPC_OK;
 }
 
-static void clear_grads(ampc_amp *a) {
-  ampc_graph_zero_grad(a->g);
-  if (a->mgrad) memset(a->mgrad, 0, a->numel * sizeof(float));
-  memset(a->param_inf, 0, a->nparams);
-  for (int k = 0; k < a->cfg.num_losses; k++) a->loss_inf[k] = 0;
+static ampc_status clear_grads(ampc_amp *a) {
+  AMPC_TRY(ampc_graph_zero_grad(a->g));
+  if (a->mgrad) AMPC_TRY(ampc__dev_set(a->dev, a->mgrad, 0, a->numel * sizeof(float)));
+  return ampc__dev_set(a->dev, a->slots, 0, 2 * (size_t)a->cfg.num_losses * sizeof(float));
+}
+
+/* This rank's share of spans s for the check: flat elements [lo, hi). */
+static int clip_spans(const ampc__span *s, int ns, size_t lo, size_t hi, ampc__span *out) {
+  int k = 0;
+  for (int i = 0; i < ns; i++) {
+    size_t a = s[i].start > lo ? s[i].start : lo, b = s[i].start + s[i].n < hi ? s[i].start + s[i].n : hi;
+    if (a >= b) continue;
+    size_t skip = a - s[i].start;
+    out[k] = s[i];
+    out[k].start = a;
+    out[k].n = b - a;
+    if (out[k].model) out[k].model = (char *)out[k].model + skip * ampc_dtype_size(s[i].type);
+    out[k].grad = (const char *)out[k].grad + skip * ampc_dtype_size(s[i].grad_type);
+    k++;
+  }
+  return k;
+}
+
+/* Phases 1-3 of the step (see ampc/comm.h): the gradients all-reduced, the
+ * check over this rank's share, the overflow flags and the norm reduced. */
+static ampc_status check_phase(ampc_amp *a, const ampc__span *s, int ns, float gmul, ampc__check *chk) {
+  /* the largest magnitude for the grad stats: here, or (with f32 gradients)
+   * as they were folded */
+  int nl = a->cfg.num_losses, want_max = !a->mgrad;
+  ampc__span share[AMPC__MAX_BUCKETS];
+  int nshare = ns;
+  const ampc__span *cs = s;
+  if (a->comm && a->comm->size > 1) {
+    for (int i = 0; i < ns; i++)
+      AMPC_TRY(a->comm->ops->allreduce(a->comm, a->dev, (void *)s[i].grad, s[i].grad_type, s[i].n, AMPC__REDUCE_AVG));
+    size_t per = (a->numel + (size_t)a->comm->size - 1) / (size_t)a->comm->size, lo = per * (size_t)a->comm->rank;
+    nshare = clip_spans(s, ns, lo < a->numel ? lo : a->numel, lo + per < a->numel ? lo + per : a->numel, share);
+    cs = share;
+  }
+  AMPC_TRY(a->dev->be->check(a->dev, cs, nshare, gmul, want_max, a->slots, 2 * nl, a->slots_host, chk));
+  a->dev->reads++;
+  if (a->comm && a->comm->size > 1) {
+    double *m = a->reduce;
+    m[0] = chk->found_inf;
+    m[1] = chk->max_abs;
+    for (int k = 0; k < 2 * nl; k++) m[2 + k] = a->slots_host[k];
+    AMPC_TRY(a->comm->ops->allreduce_host(a->comm, m, 2 + 2 * (size_t)nl, AMPC__REDUCE_MAX));
+    chk->found_inf = m[0] != 0.0;
+    chk->max_abs = (float)m[1];
+    for (int k = 0; k < 2 * nl; k++) a->slots_host[k] = (float)m[2 + k];
+    AMPC_TRY(a->comm->ops->allreduce_host(a->comm, &chk->sumsq, 1, AMPC__REDUCE_SUM));
+  }
+  return AMPC_OK;
 }
 
 ampc_status ampc_amp_step(ampc_amp *a, float lr, ampc_amp_step_info *info) {
@@ -314,90 +306,129 @@ ampc_status ampc_amp_step(ampc_amp *a, float lr, ampc_amp_step_info *info) {
   memset(info, 0, sizeof *info);
   if (!a->opt) return ampc__error(AMPC_ESTATE, "amp: step without an optimizer");
   if (!(lr >= 0.0f) || !isfinite(lr)) return ampc__error(AMPC_EINVAL, "amp: learning rate %g", lr);
+  ampc__span s[AMPC__MAX_BUCKETS];
+  int ns = grad_spans(a, s);
   float unscale = step_unscale(a);
-  double sumsq = 0.0;
-  int found = check_pass(a, unscale, &sumsq, a->mgrad == NULL);
-  for (int k = 0; k < a->cfg.num_losses; k++) found |= a->loss_inf[k];
+  ampc__check chk;
+  AMPC_TRY(check_phase(a, s, ns, unscale, &chk));
+  int nl = a->cfg.num_losses, found = chk.found_inf, flagged = 0;
+  for (int k = 0; k < nl; k++) {
+    found |= a->slots_host[2 * k] != 0.0f;
+    flagged |= a->slots_host[2 * k] != 0.0f;
+    if (a->slots_host[2 * k + 1] > a->st_max) a->st_max = a->slots_host[2 * k + 1];
+  }
+  if (isfinite(chk.max_abs) && chk.max_abs > a->st_max) a->st_max = chk.max_abs;
   info->found_inf = found;
-  for (size_t i = 0; i < a->nparams; i++)
-    if (a->param_inf[i]) {
-      if (info->n_nonfinite < AMPC_AMP_MAX_REPORTED) info->nonfinite[info->n_nonfinite] = a->params[i].name;
-      info->n_nonfinite++;
-    }
-  int apply = 1, flagged = 0;
-  for (int k = 0; k < a->cfg.num_losses; k++) flagged |= a->loss_inf[k];
-  for (int k = 0; k < a->cfg.num_losses; k++) {
-    /* each loss's scaler backs off for its own overflow; an overflow no loss
-     * owns (the folded sum itself) backs all of them off */
-    int inf_k = a->cfg.num_losses > 1 ? (a->loss_inf[k] || (found && !flagged)) : found;
+  if (found) {
+    /* which parameters overflowed: a second pass, on skipped steps only */
+    AMPC_TRY(a->dev->be->nonfinite(a->dev, s, ns, a->ranges, a->nparams, unscale, a->flags));
+    a->dev->reads++;
+    for (size_t i = 0; i < a->nparams; i++)
+      if (a->flags[i]) {
+        if (info->n_nonfinite < AMPC_AMP_MAX_REPORTED) info->nonfinite[info->n_nonfinite] = a->names[i];
+        info->n_nonfinite++;
+      }
+  }
+  /* phase 4: the scalers. Each loss's backs off for its own overflow; an
+   * overflow no loss owns (the folded sum itself) backs all of them off */
+  int apply = !found;
+  for (int k = 0; k < nl; k++) {
+    int inf_k = nl > 1 ? (a->slots_host[2 * k] != 0.0f || (found && !flagged)) : found;
     if (!ampc_scaler_update(&a->scalers[k], inf_k)) apply = 0;
   }
-  if (found) apply = 0;
   info->scale = ampc_scaler_scale(&a->scalers[0]);
-  info->clip_coef = ampc_clip_coef(found ? INFINITY : sumsq, a->clip, &info->grad_norm);
-  if (!apply) {
-    clear_grads(a);
-    return AMPC_OK;
+  info->clip_coef = ampc_clip_coef(found ? INFINITY : chk.sumsq, a->clip, &info->grad_norm);
+  if (apply) {
+    /* phase 5: the optimizer on the masters (writing the model copy) or on
+     * the model itself */
+    ampc__update u;
+    int64_t step_no = ampc_optim_step_count(a->opt);
+    ampc__optim_begin_step(a->opt, lr, &u);
+    u.master = a->master;
+    u.gmul = unscale * info->clip_coef;
+    u.sr = a->sr && !a->master;
+    u.sr_seed = a->sr_seed;
+    u.sr_base = (uint64_t)step_no * a->numel;
+    AMPC_TRY(a->dev->be->update(a->dev, s, ns, &u));
+    info->applied = 1;
   }
-  float gmul = unscale * info->clip_coef;
-  int64_t step_no = ampc_optim_step_count(a->opt);
-  ampc_optim_begin_step(a->opt, lr);
-#pragma omp parallel for schedule(static)
-  for (size_t ci = 0; ci < a->nchunks; ci++) {
-    const amp_chunk *c = &a->chunks[ci];
-    const amp_param *p = &a->params[c->p];
-    size_t off = p->off + c->start, es = ampc_dtype_size(p->dtype);
-    void *model = (char *)p->data + c->start * es;
-    if (a->master) {
-      /* f32 masters: update them and write the model copy in the same pass */
-      const float *gv = a->mgrad ? a->mgrad + off : grad_chunk(a, p, c, thread_scratch(a));
-      ampc_optim_update_at(a->opt, off, c->n, a->master + off, gv, gmul, p->dtype, model);
-    } else if (p->dtype == AMPC_DTYPE_F32) {
-      const float *gv = a->mgrad ? a->mgrad + off : (const float *)p->grad + c->start;
-      ampc_optim_update_at(a->opt, off, c->n, model, gv, gmul, AMPC_DTYPE_F32, NULL);
-    } else {
-      /* half weights, no masters: update an f32 copy of the chunk, round back */
-      float *w = thread_scratch(a), *gs = w + AMP_CHUNK;
-      ampc_load_f32(w, p->dtype, model, c->n);
-      const float *gv = a->mgrad ? a->mgrad + off : grad_chunk(a, p, c, gs);
-      ampc_optim_update_at(a->opt, off, c->n, w, gv, gmul, AMPC_DTYPE_F32, NULL);
-      if (a->sr && is_half(p->dtype)) {
-        uint16_t *d = model;
-        for (size_t i = 0; i < c->n; i++)
-          d[i] = round_stochastic(p->dtype, w[i], ampc_rng_at(a->sr_seed, AMPC_RNG_STREAM_ROUNDING, (uint64_t)step_no * a->numel + off + i));
-      } else {
-        ampc_store_f32(p->dtype, model, w, c->n);
-      }
-    }
-  }
-  info->applied = 1;
-  clear_grads(a);
-  return AMPC_OK;
+  return clear_grads(a);
 }
 
-void ampc_amp_param_values(ampc_amp *a, float *out) {
-  if (a->master) {
-    memcpy(out, a->master, a->numel * sizeof(float));
-    return;
-  }
-  for (size_t i = 0; i < a->nparams; i++) ampc_load_f32(out + a->params[i].off, a->params[i].dtype, a->params[i].data, a->params[i].n);
+/* ---- values in and out ---- */
+
+ampc_status ampc_amp_param_values(ampc_amp *a, float *out) {
+  if (a->master) return ampc__dev_read(a->dev, out, AMPC_DTYPE_F32, a->master, AMPC_DTYPE_F32, a->numel);
+  for (int i = 0; i < a->nspans; i++)
+    AMPC_TRY(ampc__dev_read(a->dev, out + a->spans[i].start, AMPC_DTYPE_F32, a->spans[i].model, a->spans[i].type, a->spans[i].n));
+  return AMPC_OK;
 }
 
 ampc_status ampc_amp_load_params(ampc_amp *a, const float *values) {
-  for (size_t i = 0; i < a->nparams; i++) {
-    const amp_param *p = &a->params[i];
-    ampc_store_f32(p->dtype, p->data, values + p->off, p->n);
-    if (a->master) memcpy(a->master + p->off, values + p->off, p->n * sizeof(float));
-  }
+  for (int i = 0; i < a->nspans; i++)
+    AMPC_TRY(ampc__dev_write(a->dev, a->spans[i].model, a->spans[i].type, values + a->spans[i].start, AMPC_DTYPE_F32, a->spans[i].n));
+  if (a->master) AMPC_TRY(ampc__dev_write(a->dev, a->master, AMPC_DTYPE_F32, values, AMPC_DTYPE_F32, a->numel));
   return AMPC_OK;
 }
 
-void ampc_amp_set_grad_stats(ampc_amp *a, int on) { ampc_graph_set_grad_underflow_counting(a->g, on); }
+/* The flat range of the parameter called name, checked against n. */
+static ampc_status param_range(const ampc_amp *a, const char *name, size_t n, size_t *off) {
+  for (size_t i = 0; i < a->nparams; i++)
+    if (name && strcmp(a->names[i], name) == 0) {
+      if (n != a->ranges[2 * i + 1])
+        return ampc__error(AMPC_EINVAL, "amp: parameter '%s' has %zu values, not %zu", name, a->ranges[2 * i + 1], n);
+      *off = a->ranges[2 * i];
+      return AMPC_OK;
+    }
+  return ampc__error(AMPC_ENOTFOUND, "amp: no parameter named '%s'", name ? name : "");
+}
+
+static ampc_status master_range(const ampc_amp *a, const char *name, size_t n, size_t *off) {
+  if (!a->master) return ampc__error(AMPC_ESTATE, "amp: no master weights at %s", ampc_opt_level_name(a->cfg.opt_level));
+  return param_range(a, name, n, off);
+}
+
+ampc_status ampc_amp_read_master(const ampc_amp *a, const char *name, float *dst, size_t n) {
+  size_t off;
+  AMPC_TRY(master_range(a, name, n, &off));
+  return ampc__dev_read(a->dev, dst, AMPC_DTYPE_F32, a->master + off, AMPC_DTYPE_F32, n);
+}
+
+ampc_status ampc_amp_write_master(ampc_amp *a, const char *name, const float *src, size_t n) {
+  size_t off;
+  AMPC_TRY(master_range(a, name, n, &off));
+  return ampc__dev_write(a->dev, a->master + off, AMPC_DTYPE_F32, src, AMPC_DTYPE_F32, n);
+}
+
+static ampc_status state_at(const ampc_amp *a, const char *state, const char *name, size_t n, size_t *k, size_t *off) {
+  if (!a->opt) return ampc__error(AMPC_ESTATE, "amp: no optimizer");
+  AMPC_TRY(ampc_optim_state_index(a->opt, state, k));
+  return param_range(a, name, n, off);
+}
+
+ampc_status ampc_amp_read_optim_state(const ampc_amp *a, const char *state, const char *name, float *dst, size_t n) {
+  size_t k, off;
+  AMPC_TRY(state_at(a, state, name, n, &k, &off));
+  return ampc_optim_state_read(a->opt, k, off, n, dst);
+}
+
+ampc_status ampc_amp_write_optim_state(ampc_amp *a, const char *state, const char *name, const float *src, size_t n) {
+  size_t k, off;
+  AMPC_TRY(state_at(a, state, name, n, &k, &off));
+  return ampc_optim_state_write(a->opt, k, off, n, src);
+}
+
+/* ---- statistics and memory ---- */
+
+void ampc_amp_set_grad_stats(ampc_amp *a, int on) { ampc__graph_count_underflow(a->g, on); }
 
 void ampc_amp_get_grad_stats(ampc_amp *a, ampc_amp_grad_stats *st, int reset) {
   /* the underflow count comes from the kernels, which see each weight gradient
    * in f32 before it is rounded to its storage type */
-  ampc_graph_grad_underflow(a->g, &st->values, &st->underflow, reset);
+  ampc_backend_stats bs;
+  a->dev->be->stats(a->dev, &bs, reset ? AMPC__STATS_GRADS : 0);
+  st->values = bs.grad_values;
+  st->underflow = bs.grad_underflow;
   st->max_abs = a->st_max;
   if (reset) a->st_max = 0.0f;
 }
@@ -407,5 +438,4 @@ void ampc_amp_memory(const ampc_amp *a, ampc_mem_report *r) {
   if (a->master) r->bytes[AMPC_MEM_MASTER_WEIGHTS][AMPC_DTYPE_F32] += a->numel * sizeof(float);
   if (a->mgrad) r->bytes[AMPC_MEM_GRADIENTS][AMPC_DTYPE_F32] += a->numel * sizeof(float);
   if (a->opt) r->bytes[AMPC_MEM_OPTIMIZER_STATE][AMPC_DTYPE_F32] += ampc_optim_state_count(a->opt) * a->numel * sizeof(float);
-  r->bytes[AMPC_MEM_WORKSPACE][AMPC_DTYPE_F32] += (size_t)a->nthreads * 2 * AMP_CHUNK * sizeof(float);
 }

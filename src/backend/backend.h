@@ -1,18 +1,32 @@
 /*
- * backend.h -- the private interface between the graph and a compute backend.
+ * backend.h -- the private device interface.
  *
- * The graph hands a backend one op at a time as an ampc__op_call: typed views
- * of every input, output and gradient, with the effective batch applied. A
- * backend fills a table of forward and backward kernels per op kind; the CPU
- * backend is the reference, a CUDA one later implements the same table. Models,
- * optimizers and the amp layer never see this header.
+ * A backend is a device (ggml's backend, in spirit): it allocates and frees
+ * its own buffers, copies between the host and itself (converting types on
+ * the way) and within itself, sets memory, synchronises, says which ops and
+ * types it supports, runs the graph's op kernels, and runs the training
+ * step's flat-buffer passes -- unscale + finiteness check + sum of squares,
+ * folding gradients into f32, the optimizer update on f32 masters that also
+ * writes the 16-bit model copy. Device memory is addressed by pointers that
+ * only the backend may dereference: the graph and the amp layer do pointer
+ * arithmetic on them (offsets into buffers they planned), never loads or
+ * stores. A device is one instance of a backend with its options (the cpu
+ * backend's threads and convolution algorithm, profiling), shared by the
+ * graph, the amp layer and the optimizer that run on it (reference counted).
+ *
+ * Everything returns 0 or a negative ampc_status with a message.
  */
 #ifndef AMPC_BACKEND_H
 #define AMPC_BACKEND_H
 
+#include "ampc/backend.h"
 #include "ampc/graph.h"
+#include "ampc/optim.h"
+#include "backend/step_math.h"
 
 #define AMPC__MAX_INPUTS 6
+
+typedef struct ampc__device ampc__device;
 
 typedef struct {
   int stride, pad, k;      /* conv, pooling */
@@ -23,6 +37,8 @@ typedef struct {
                             * out and dout are the pooled planes */
 } ampc__op_attr;
 
+/* One op, as the graph hands it to a backend: typed views of device memory
+ * for every input, output and gradient, with the effective batch applied. */
 typedef struct {
   ampc_op_kind op;
   int n_in;
@@ -35,27 +51,144 @@ typedef struct {
   void *ws;                           /* workspace, ws_size bytes, for this call */
   size_t ws_size;
   int training;
-  int nthreads;
   float seed;                         /* d(loss) for the loss op's backward */
-  double *timers;                     /* profiling: conv backward data [0], weights [1] */
-  int64_t *grad_stats;                /* weight gradients stored: [0] values, [1] underflowed */
-  int conv_algo;                      /* ampc_conv_algo the graph asks for */
+  const void *ctx;                    /* the backend's own context for its kernels (set by run) */
 } ampc__op_call;
 
-typedef ampc_status (*ampc__kernel_fn)(const ampc__op_call *c);
-
+/* ---- the flat parameter state ----
+ *
+ * A model's parameters are numbered flat (the order of ampc_graph_param_offset),
+ * and stored per storage type in contiguous buckets: a span is one such run
+ * [start, start + n) of the numbering, with the model's copy of those
+ * parameters and their gradients (the model's own, of the same type, or a
+ * run of an f32 buffer). Masters and optimizer state are f32 arrays indexed
+ * by the flat number. */
 typedef struct {
+  size_t start, n;
+  ampc_dtype type;                    /* of model */
+  void *model;                        /* the model's copy (n elements), or NULL */
+  ampc_dtype grad_type;               /* of grad */
+  const void *grad;                   /* the gradients (n elements) */
+} ampc__span;
+
+/* What the step reads back from the device, once per step. */
+typedef struct {
+  int found_inf;                      /* some gradient (times gmul) is inf or NaN */
+  double sumsq;                       /* sum of squares of the gradients times gmul */
+  float max_abs;                      /* largest |gradient * gmul| (when asked for) */
+} ampc__check;
+
+/* One optimizer update over spans. */
+typedef struct {
+  ampc_optim_kind kind;
+  ampc__optim_consts k;               /* the step's constants (step_math.h) */
+  float *state[3];                    /* SGD: momentum_buffer or NULL; Adam: exp_avg,
+                                       * exp_avg_sq, max_exp_avg_sq (amsgrad) or NULL */
+  float *master;                      /* f32 masters (flat), or NULL: the model copy is the weight */
+  float gmul;                         /* the gradient multiplier: unscale x clip */
+  int sr;                             /* stochastic rounding of 16-bit weights without masters */
+  uint64_t sr_seed, sr_base;          /* counter of element i: sr_base + i (flat) */
+} ampc__update;
+
+typedef struct ampc__backend {
   const char *name;
-  ampc__kernel_fn fwd[AMPC_OP_COUNT];
-  ampc__kernel_fn bwd[AMPC_OP_COUNT];
-  /* Workspace bytes an op needs (forward and backward), for the built shapes. */
-  size_t (*workspace)(const ampc__op_call *c, int nthreads);
-  /* Floats of saved state an op keeps between forward and backward. */
-  size_t (*aux_floats)(const ampc__op_call *c);
-  void *(*alloc)(size_t bytes);       /* zeroed, 64-byte aligned */
-  void (*free)(void *p);
+  int host_memory;                    /* device pointers are host pointers (ampc_tensor.data) */
+  ampc_status (*create)(ampc__device *d);
+  void (*destroy)(ampc__device *d);
+
+  /* memory: zeroed, 64-byte aligned; NULL when out of memory */
+  void *(*alloc)(ampc__device *d, size_t bytes);
+  void (*free)(ampc__device *d, void *p);
+  /* n elements host -> device and device -> host, converting between float
+   * types (f32, f16, bf16) or between integer types (i32, i64) */
+  ampc_status (*write)(ampc__device *d, void *dst, ampc_dtype dt, const void *src, ampc_dtype st, size_t n);
+  ampc_status (*read)(ampc__device *d, void *dst, ampc_dtype dt, const void *src, ampc_dtype st, size_t n);
+  ampc_status (*copy)(ampc__device *d, void *dst, const void *src, size_t bytes);
+  ampc_status (*set)(ampc__device *d, void *dst, int byte, size_t bytes);
+  ampc_status (*synchronize)(ampc__device *d);
+
+  /* ops */
+  int (*supports)(const ampc__device *d, ampc_op_kind op, ampc_dtype t);
+  ampc_status (*run)(ampc__device *d, const ampc__op_call *c, int backward);
+  /* workspace bytes an op needs (forward and backward), for the built shapes */
+  size_t (*workspace)(ampc__device *d, const ampc__op_call *c);
+  /* floats of saved state an op keeps between forward and backward */
+  size_t (*aux_floats)(ampc__device *d, const ampc__op_call *c);
+
+  /* the step's flat passes */
+  /* Finiteness, sum of squares (and the largest magnitude when want_max) of
+   * grad * gmul over the spans, into *out; slots (device, nslots floats,
+   * may be NULL) come back into slots_out in the same read. */
+  ampc_status (*check)(ampc__device *d, const ampc__span *s, int ns, float gmul, int want_max,
+                       const float *slots, int nslots, float *slots_out, ampc__check *out);
+  /* dst[start + i] (+)= mul * grad[i] over the spans (dst: f32, flat); a
+   * non-finite value sets slot[0] = 1, and slot[1] = max(slot[1],
+   * max|grad| / max_div) over the finite ones (slot: 2 device floats). */
+  ampc_status (*fold)(ampc__device *d, const ampc__span *s, int ns, float *dst, float mul, int accumulate,
+                      float *slot, float max_div);
+  /* flags[r] = 1 where the flat range r (ranges: start, n pairs) holds a
+   * gradient that times gmul is not finite, else 0 (host array): which
+   * parameters overflowed. */
+  ampc_status (*nonfinite)(ampc__device *d, const ampc__span *s, int ns, const size_t *ranges, size_t nranges,
+                           float gmul, unsigned char *flags);
+  /* The optimizer update of every element of the spans: the weight is
+   * master[start + i] (its new value is also rounded into model[i]) or,
+   * without masters, model[i] itself (16-bit: updated in f32 and rounded
+   * back, stochastically with sr). */
+  ampc_status (*update)(ampc__device *d, const ampc__span *s, int ns, const ampc__update *u);
+
+  /* what the device measured; reset: which of it to zero after reading */
+  void (*stats)(ampc__device *d, ampc_backend_stats *out, int reset);
 } ampc__backend;
 
-const ampc__backend *ampc__backend_cpu(void);
+enum { AMPC__STATS_TIMES = 1, AMPC__STATS_GRADS = 2, AMPC__STATS_ALL = 3 };
+
+struct ampc__device {
+  const ampc__backend *be;
+  int refs;
+  ampc_backend_opts opts;             /* as resolved (threads >= 1) */
+  int count_underflow;                /* kernels count 16-bit gradient underflow */
+  int64_t reads;                      /* device-to-host reads (the generic wrappers count) */
+  void *impl;                         /* the backend's own state */
+};
+
+/* The backends built in (NULL-terminated), and one by name (NULL: "cpu");
+ * an unknown or unbuilt one is an error saying why. */
+const ampc__backend *const *ampc__backends(void);
+ampc_status ampc__backend_find(const char *name, const ampc__backend **out);
+
+/* A new device of the named backend (refs = 1). */
+ampc_status ampc__device_create(ampc__device **out, const char *name, const ampc_backend_opts *o);
+ampc__device *ampc__device_ref(ampc__device *d);
+void ampc__device_unref(ampc__device *d);
+
+/* Thin wrappers: every caller goes through these (they count reads). */
+static inline void *ampc__dev_alloc(ampc__device *d, size_t bytes) { return d->be->alloc(d, bytes); }
+static inline void ampc__dev_free(ampc__device *d, void *p) {
+  if (p) d->be->free(d, p);
+}
+static inline ampc_status ampc__dev_write(ampc__device *d, void *dst, ampc_dtype dt, const void *src, ampc_dtype st,
+                                          size_t n) {
+  return n ? d->be->write(d, dst, dt, src, st, n) : AMPC_OK;
+}
+static inline ampc_status ampc__dev_read(ampc__device *d, void *dst, ampc_dtype dt, const void *src, ampc_dtype st,
+                                         size_t n) {
+  if (!n) return AMPC_OK;
+  d->reads++;
+  return d->be->read(d, dst, dt, src, st, n);
+}
+static inline ampc_status ampc__dev_copy(ampc__device *d, void *dst, const void *src, size_t bytes) {
+  return bytes ? d->be->copy(d, dst, src, bytes) : AMPC_OK;
+}
+static inline ampc_status ampc__dev_set(ampc__device *d, void *dst, int byte, size_t bytes) {
+  return bytes ? d->be->set(d, dst, byte, bytes) : AMPC_OK;
+}
+
+/* The backends' tables. */
+extern const ampc__backend ampc__backend_cpu;
+extern const ampc__backend ampc__backend_cpu_guarded;
+#ifdef AMPC_HAVE_CUDA
+extern const ampc__backend ampc__backend_cuda;
+#endif
 
 #endif

@@ -1,11 +1,9 @@
-/* The computation graph: recording, the precision pass, compilation
- * (backward schedule and memory), and execution through a backend. */
+/* The computation graph: recording values and ops, recording options, and
+ * access by value (see graph_internal.h for the other parts). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <omp.h>
 
 #include "core/graph_internal.h"
 #include "core/status_internal.h"
@@ -16,22 +14,6 @@ static const char *const op_names[AMPC_OP_COUNT] = {
     "cross_entropy", "cast"};
 
 const char *ampc_op_name(ampc_op_kind k) { return (unsigned)k < AMPC_OP_COUNT ? op_names[k] : "?"; }
-
-/* The O1 op lists (apex / torch autocast): matrix products in half; norms,
- * softmaxes, losses and reductions in fp32; element-wise ops promote. */
-ampc_cast_policy ampc_op_cast_policy(ampc_op_kind k) {
-  switch (k) {
-    case AMPC_OP_CONV2D:
-    case AMPC_OP_LINEAR: return AMPC_CAST_POLICY_HALF;
-    case AMPC_OP_BATCHNORM2D:
-    case AMPC_OP_SOFTMAX:
-    case AMPC_OP_LOG_SOFTMAX:
-    case AMPC_OP_CROSS_ENTROPY:
-    case AMPC_OP_GLOBAL_AVGPOOL: return AMPC_CAST_POLICY_FP32;
-    case AMPC_OP_ADD: return AMPC_CAST_POLICY_PROMOTE;
-    default: return AMPC_CAST_POLICY_KEEP;
-  }
-}
 
 const char *ampc_mem_category_name(ampc_mem_category c) {
   static const char *const n[AMPC_MEM_COUNT] = {"parameters", "master_weights", "gradients",
@@ -52,9 +34,7 @@ ampc_status ampc_graph_create(ampc_graph **out) {
   *out = NULL;
   ampc_graph *g = calloc(1, sizeof *g);
   if (!g) return ampc__error(AMPC_ENOMEM, "graph: out of memory");
-  g->prec = (ampc_graph_precision){AMPC_DTYPE_F32, AMPC_DTYPE_F32, AMPC_DTYPE_F32, 0, AMPC_DTYPE_F16};
-  g->be = ampc__backend_cpu();
-  g->nthreads = omp_get_max_threads();
+  g->prec = (ampc_graph_precision){.param_type = AMPC_DTYPE_F32, .norm_param_type = AMPC_DTYPE_F32, .act_type = AMPC_DTYPE_F32, .half_type = AMPC_DTYPE_F16};
   g->max_batch = -1;
   g->fuse = 1;
   *out = g;
@@ -67,12 +47,16 @@ void ampc_graph_free(ampc_graph *g) {
     free(g->v[i].name);
     free(g->v[i].init);
   }
-  if (g->be) {
-    g->be->free(g->param_arena);
-    g->be->free(g->grad_arena);
-    g->be->free(g->act_arena);
-    g->be->free(g->actgrad_arena);
-    g->be->free(g->ws);
+  if (g->dev) {
+    for (int b = 0; b < g->nbuckets; b++) {
+      ampc__dev_free(g->dev, g->buckets[b].data);
+      ampc__dev_free(g->dev, g->buckets[b].grad);
+    }
+    ampc__dev_free(g->dev, g->buf_arena);
+    ampc__dev_free(g->dev, g->act_arena);
+    ampc__dev_free(g->dev, g->actgrad_arena);
+    ampc__dev_free(g->dev, g->ws);
+    ampc__device_unref(g->dev);
   }
   free(g->v);
   free(g->bw_reach);
@@ -100,7 +84,17 @@ static ampc_value fail(ampc_graph *g, ampc_status code, const char *fmt, ...) {
   return AMPC_VALUE_NONE;
 }
 
-static int valid(const ampc_graph *g, ampc_value v) { return v >= 0 && (size_t)v < g->nv; }
+int ampc__graph_valid(const ampc_graph *g, ampc_value v) { return v >= 0 && (size_t)v < g->nv; }
+static int valid(const ampc_graph *g, ampc_value v) { return ampc__graph_valid(g, v); }
+
+ampc_value ampc__graph_root(const ampc_graph *g, ampc_value x) {
+  while (g->v[x].alias != AMPC_VALUE_NONE) x = g->v[x].alias;
+  return x;
+}
+
+size_t ampc__value_bytes(const ampc__value *v) {
+  return (size_t)ampc_shape_numel(&v->store) * ampc_dtype_size(v->dtype);
+}
 
 static ampc_value add_value(ampc_graph *g, ampc_op_kind op, const char *name, ampc_shape shape) {
   if (g->err) return AMPC_VALUE_NONE;
@@ -377,613 +371,12 @@ ampc_value ampc_graph_cast(ampc_graph *g, ampc_value x, ampc_dtype to) {
   return r;
 }
 
-ampc_status ampc_graph_set_precision(ampc_graph *g, const ampc_graph_precision *p) {
-  if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: precision must be set before compile");
-  ampc_dtype ts[4] = {p->param_type, p->norm_param_type, p->act_type, p->half_type};
-  for (int i = 0; i < 4; i++)
-    if (ts[i] != AMPC_DTYPE_F32 && ts[i] != AMPC_DTYPE_F16 && ts[i] != AMPC_DTYPE_BF16)
-      return ampc__error(AMPC_EINVAL, "graph: precision type %s (expected f32, f16 or bf16)", ampc_dtype_name(ts[i]));
-  g->prec = *p;
-  return AMPC_OK;
-}
-
-/* ---------------- compile ---------------- */
-
-static ampc_dtype wider(ampc_dtype a, ampc_dtype b) {
-  if (a == b) return a;
-  return AMPC_DTYPE_F32; /* f32 with anything, or f16 with bf16 */
-}
-
-/* Inserts a cast of value x to type t before the current op (reusing one made
- * earlier for the same value and type: a weight is cast once per step). */
-static ampc_value cast_for(ampc_graph *g, ampc_value x, ampc_dtype t, ampc_value *cache) {
-  if (g->v[x].dtype == t) return x;
-  if (cache[x] >= 0 && g->v[cache[x]].dtype == t) return cache[x];
-  g->compiled = 0;
-  ampc_value c = ampc_graph_cast(g, x, t);
-  if (c < 0) return c;
-  g->order[g->norder++] = c;
-  cache[x] = c;
-  return c;
-}
-
-static ampc_status assign_types(ampc_graph *g, size_t n_recorded) {
-  const ampc_graph_precision *p = &g->prec;
-  /* Recorded ops run in recording order; casts the pass inserts go just before their user. */
-  size_t cap = n_recorded * 4 + 8;
-  g->order = calloc(cap, sizeof *g->order);
-  ampc_value *cache = malloc(cap * sizeof *cache);
-  if (!g->order || !cache) {
-    free(cache);
-    return ampc__error(AMPC_ENOMEM, "graph: out of memory");
-  }
-  for (size_t i = 0; i < cap; i++) cache[i] = AMPC_VALUE_NONE;
-  if (g->cap < cap) {
-    ampc__value *nv = realloc(g->v, cap * sizeof *nv);
-    if (!nv) {
-      free(cache);
-      return ampc__error(AMPC_ENOMEM, "graph: out of memory");
-    }
-    g->v = nv;
-    g->cap = cap;
-  }
-  for (size_t i = 0; i < n_recorded; i++) {
-    ampc__value *v = &g->v[i];
-    switch (v->op) {
-      case AMPC_OP_INPUT: v->dtype = p->act_type; continue;
-      case AMPC_OP_PARAM: v->dtype = v->is_norm ? p->norm_param_type : p->param_type; continue;
-      case AMPC_OP_LABELS:
-      case AMPC_OP_BUFFER: continue;
-      default: break;
-    }
-    ampc_value id = (ampc_value)i;
-    if (v->op == AMPC_OP_CAST) {
-      v->dtype = (ampc_dtype)v->attr.k;
-    } else if (v->op == AMPC_OP_FLATTEN) {
-      v->dtype = g->v[v->in[0]].dtype;
-    } else if (v->op == AMPC_OP_CROSS_ENTROPY) {
-      /* the model's output goes to the loss in fp32 */
-      ampc_value c = cast_for(g, g->v[id].in[0], AMPC_DTYPE_F32, cache);
-      if (c < 0) break;
-      g->v[id].in[0] = c;
-      g->v[id].dtype = AMPC_DTYPE_F32;
-    } else if (p->autocast) {
-      switch (ampc_op_cast_policy(v->op)) {
-        case AMPC_CAST_POLICY_HALF:
-          for (int j = 0; j < g->v[id].n_in; j++) {
-            ampc_value c = cast_for(g, g->v[id].in[j], p->half_type, cache);
-            if (c < 0) break;
-            g->v[id].in[j] = c;
-          }
-          g->v[id].dtype = p->half_type;
-          break;
-        case AMPC_CAST_POLICY_FP32: v->dtype = AMPC_DTYPE_F32; break;
-        case AMPC_CAST_POLICY_PROMOTE: v->dtype = wider(g->v[v->in[0]].dtype, g->v[v->in[1]].dtype); break;
-        case AMPC_CAST_POLICY_KEEP: v->dtype = g->v[v->in[0]].dtype; break;
-      }
-    } else {
-      v->dtype = p->act_type;
-    }
-    if (g->err) break;
-    /* an op's output follows the batch when one of its inputs does (a cast of a
-     * weight does not); the loss is a scalar */
-    int batched = 0;
-    for (int j = 0; j < g->v[id].n_in; j++)
-      if (g->v[id].in[j] >= 0 && g->v[g->v[id].in[j]].batched) batched = 1;
-    g->v[id].batched = batched && g->v[id].op != AMPC_OP_CROSS_ENTROPY;
-    g->order[g->norder++] = id;
-  }
-  free(cache);
-  g->compiled = 0;
-  return g->err;
-}
-
-static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
-
-static size_t value_bytes(const ampc__value *v) {
-  return (size_t)ampc_shape_numel(&v->store) * ampc_dtype_size(v->dtype);
-}
-
-static ampc_value root_of(const ampc_graph *g, ampc_value x) {
-  while (g->v[x].alias != AMPC_VALUE_NONE) x = g->v[x].alias;
-  return x;
-}
-
-static ampc__op_call make_call(const ampc_graph *g, const ampc__value *v, int64_t batch);
-
-/* A first-fit allocator over one arena's offsets, for planning. */
-typedef struct {
-  size_t *off, *len;
-  size_t n, cap, top;
-} plan_arena;
-
-static size_t plan_alloc(plan_arena *a, size_t len) {
-  for (size_t i = 0; i < a->n; i++)
-    if (a->len[i] >= len) {
-      size_t o = a->off[i];
-      a->off[i] += len;
-      a->len[i] -= len;
-      if (a->len[i] == 0) {
-        memmove(a->off + i, a->off + i + 1, (a->n - i - 1) * sizeof *a->off);
-        memmove(a->len + i, a->len + i + 1, (a->n - i - 1) * sizeof *a->len);
-        a->n--;
-      }
-      return o;
-    }
-  size_t o = a->top;
-  a->top += len;
-  return o;
-}
-
-static int plan_free(plan_arena *a, size_t off, size_t len) {
-  if (a->n == a->cap) {
-    size_t cap = a->cap ? a->cap * 2 : 64;
-    size_t *no = realloc(a->off, cap * sizeof *no);
-    if (!no) return -1;
-    a->off = no;
-    size_t *nl = realloc(a->len, cap * sizeof *nl);
-    if (!nl) return -1;
-    a->len = nl;
-    a->cap = cap;
-  }
-  size_t i = 0;
-  while (i < a->n && a->off[i] < off) i++;
-  memmove(a->off + i + 1, a->off + i, (a->n - i) * sizeof *a->off);
-  memmove(a->len + i + 1, a->len + i, (a->n - i) * sizeof *a->len);
-  a->off[i] = off;
-  a->len[i] = len;
-  a->n++;
-  /* coalesce with the neighbours */
-  if (i + 1 < a->n && a->off[i] + a->len[i] == a->off[i + 1]) {
-    a->len[i] += a->len[i + 1];
-    memmove(a->off + i + 1, a->off + i + 2, (a->n - i - 2) * sizeof *a->off);
-    memmove(a->len + i + 1, a->len + i + 2, (a->n - i - 2) * sizeof *a->len);
-    a->n--;
-  }
-  if (i > 0 && a->off[i - 1] + a->len[i - 1] == a->off[i]) {
-    a->len[i - 1] += a->len[i];
-    memmove(a->off + i, a->off + i + 1, (a->n - i - 1) * sizeof *a->off);
-    memmove(a->len + i, a->len + i + 1, (a->n - i - 1) * sizeof *a->len);
-    a->n--;
-  }
-  /* give the top back */
-  if (a->n && a->off[a->n - 1] + a->len[a->n - 1] == a->top) {
-    a->top = a->off[a->n - 1];
-    a->n--;
-  }
-  return 0;
-}
-
-/* Whether op v's backward reads its inputs, or its own output. */
-static int bwd_reads_inputs(const ampc__value *v) {
-  switch (v->op) {
-    case AMPC_OP_CONV2D:
-    case AMPC_OP_LINEAR:
-    case AMPC_OP_BATCHNORM2D:
-    case AMPC_OP_MAXPOOL2D:
-    case AMPC_OP_CROSS_ENTROPY: return 1;
-    default: return 0; /* relu, add, average pools, softmax, cast: not their inputs */
-  }
-}
-static int bwd_reads_output(const ampc__value *v) {
-  switch (v->op) {
-    case AMPC_OP_RELU:
-    case AMPC_OP_SOFTMAX:
-    case AMPC_OP_LOG_SOFTMAX: return 1;
-    case AMPC_OP_BATCHNORM2D:
-    case AMPC_OP_ADD: return v->attr.relu; /* the fused ReLU's mask */
-    default: return 0;
-  }
-}
-
-/* Plans the activation arena. A value backward reads (or that the user may
- * read: inputs, labels, values nothing consumes, kept ones, everything under
- * retain_grads) lives from its op to the end; any other lives only until its
- * last consumer has run in forward, and its memory is then reused. Sets
- * v->act_off and returns the arena size and its bytes by type at the peak. */
-static ampc_status plan_activations(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
-  size_t nv = g->nv;
-  int64_t *last_use = malloc(nv * sizeof *last_use);
-  char *needed = calloc(nv, 1), *done = calloc(nv, 1);
-  size_t live_by_type[AMPC_DTYPE_COUNT] = {0};
-  plan_arena a = {0};
-  ampc_status st = AMPC_OK;
-  if (!last_use || !needed || !done) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
-  for (size_t i = 0; st == 0 && i < nv; i++) {
-    last_use[i] = -1;
-    g->v[i].act_off = SIZE_MAX;
-    const ampc__value *v = &g->v[i];
-    if (v->op == AMPC_OP_INPUT || v->op == AMPC_OP_LABELS || v->keep || g->retain_grads) needed[root_of(g, (ampc_value)i)] = 1;
-  }
-  for (size_t k = 0; st == 0 && k < g->norder; k++) {
-    ampc__value *v = &g->v[g->order[k]];
-    if (v->alias != AMPC_VALUE_NONE) continue;
-    for (int j = 0; j < v->n_in; j++) {
-      if (v->in[j] < 0) continue;
-      ampc_value r = root_of(g, v->in[j]);
-      last_use[r] = (int64_t)k;
-      if (bwd_reads_inputs(v)) needed[r] = 1;
-    }
-    if (bwd_reads_output(v)) needed[g->order[k]] = 1;
-  }
-  size_t peak = 0;
-  /* leaves and values outside the order first, for good */
-  for (size_t i = 0; st == 0 && i < nv; i++) {
-    ampc__value *v = &g->v[i];
-    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE) continue;
-    if (v->op != AMPC_OP_INPUT && v->op != AMPC_OP_LABELS) continue;
-    v->act_off = plan_alloc(&a, align64(value_bytes(v)));
-    live_by_type[v->dtype] += value_bytes(v);
-  }
-  for (size_t k = 0; st == 0 && k < g->norder; k++) {
-    ampc_value id = g->order[k];
-    ampc__value *v = &g->v[id];
-    if (v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX || v->op <= AMPC_OP_BUFFER) continue;
-    if (last_use[id] < 0) needed[id] = 1; /* an output: nothing consumes it */
-    v->act_off = plan_alloc(&a, align64(value_bytes(v)));
-    live_by_type[v->dtype] += value_bytes(v);
-    if (a.top > peak) {
-      peak = a.top;
-      memcpy(peak_by_type, live_by_type, sizeof live_by_type);
-    }
-    for (int j = 0; j < v->n_in; j++) {
-      if (v->in[j] < 0) continue;
-      ampc_value r = root_of(g, v->in[j]);
-      ampc__value *rv = &g->v[r];
-      if (needed[r] || done[r] || last_use[r] != (int64_t)k || rv->act_off == SIZE_MAX || rv->op <= AMPC_OP_BUFFER) continue;
-      done[r] = 1;
-      live_by_type[rv->dtype] -= value_bytes(rv);
-      if (plan_free(&a, rv->act_off, align64(value_bytes(rv))) < 0) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
-    }
-  }
-  if (a.top > peak) {
-    peak = a.top;
-    memcpy(peak_by_type, live_by_type, sizeof live_by_type);
-  }
-  /* anything left unplaced (not reached by the order) gets its own space */
-  for (size_t i = 0; st == 0 && i < nv; i++) {
-    ampc__value *v = &g->v[i];
-    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX) continue;
-    v->act_off = peak;
-    peak += align64(value_bytes(v));
-    peak_by_type[v->dtype] += value_bytes(v);
-  }
-  *arena = peak;
-  free(last_use);
-  free(needed);
-  free(done);
-  free(a.off);
-  free(a.len);
-  return st;
-}
-
-/* Plans the activation-gradient arena. The gradient of a value lives from its
- * last consumer's backward (which writes it first) to its own op's backward
- * (which reads it last); buffers whose lifetimes do not overlap share memory.
- * Sets v->grad_off (SIZE_MAX: no gradient buffer) and returns the arena size. */
-static ampc_status plan_activation_grads(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
-  size_t nv = g->nv;
-  int64_t *pos = malloc(nv * sizeof *pos), *last_use = malloc(nv * sizeof *last_use);
-  size_t *live_by_type = calloc(AMPC_DTYPE_COUNT, sizeof *live_by_type);
-  plan_arena a = {0};
-  ampc_status st = AMPC_OK;
-  if (!pos || !last_use || !live_by_type) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
-  for (size_t i = 0; st == 0 && i < nv; i++) {
-    pos[i] = last_use[i] = -1;
-    g->v[i].grad_off = SIZE_MAX;
-  }
-  for (size_t k = 0; st == 0 && k < g->norder; k++) {
-    ampc__value *v = &g->v[g->order[k]];
-    pos[g->order[k]] = (int64_t)k;
-    if (v->alias != AMPC_VALUE_NONE) continue;
-    for (int j = 0; j < v->n_in; j++)
-      if (v->in[j] >= 0) last_use[root_of(g, v->in[j])] = (int64_t)k;
-  }
-  size_t peak = 0;
-  for (int64_t t = (int64_t)g->norder - 1; st == 0 && t >= 0; t--) {
-    ampc__value *v = &g->v[g->order[t]];
-    for (int j = 0; j < v->n_in && v->alias == AMPC_VALUE_NONE; j++) {
-      if (v->in[j] < 0) continue;
-      ampc_value r = root_of(g, v->in[j]);
-      ampc__value *rv = &g->v[r];
-      if (!rv->requires_grad || rv->op <= AMPC_OP_BUFFER || rv->grad_off != SIZE_MAX || last_use[r] != t) continue;
-      rv->grad_off = plan_alloc(&a, align64(value_bytes(rv)));
-      live_by_type[rv->dtype] += value_bytes(rv);
-      if (a.top > peak) {
-        peak = a.top;
-        memcpy(peak_by_type, live_by_type, AMPC_DTYPE_COUNT * sizeof *live_by_type);
-      }
-    }
-    /* after this op's backward its own output gradient is dead */
-    if (v->alias == AMPC_VALUE_NONE && v->grad_off != SIZE_MAX && !g->retain_grads) {
-      live_by_type[v->dtype] -= value_bytes(v);
-      if (plan_free(&a, v->grad_off, align64(value_bytes(v))) < 0) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
-    }
-  }
-  *arena = peak;
-  free(pos);
-  free(last_use);
-  free(live_by_type);
-  free(a.off);
-  free(a.len);
-  return st;
-}
-
-ampc_status ampc_graph_compile(ampc_graph *g) {
-  if (g->err) return g->err;
-  if (g->compiled) return AMPC_OK;
-  if (g->nv == 0 || g->max_batch < 1) return ampc__error(AMPC_ESTATE, "graph: nothing to compile (no input)");
-  size_t n_recorded = g->nv;
-  AMPC_TRY(assign_types(g, n_recorded));
-  const ampc__backend *be = g->be;
-
-  /* which values need a gradient */
-  for (size_t k = 0; k < g->norder; k++) {
-    ampc__value *v = &g->v[g->order[k]];
-    v->requires_grad = 0;
-    for (int j = 0; j < v->n_in; j++)
-      if (v->in[j] >= 0 && g->v[v->in[j]].requires_grad && g->v[v->in[j]].op != AMPC_OP_BUFFER) v->requires_grad = 1;
-  }
-
-  /* A ReLU whose input is a batch norm or an add used by nothing else runs
-   * inside that op: the ReLU's value becomes a view of the op's output, which
-   * saves one activation, its gradient and two passes over memory. */
-  int *uses = calloc(g->nv, sizeof *uses);
-  if (!uses) return ampc__error(AMPC_ENOMEM, "graph: out of memory");
-  for (size_t k = 0; k < g->norder; k++) {
-    const ampc__value *v = &g->v[g->order[k]];
-    for (int j = 0; j < v->n_in; j++)
-      if (v->in[j] >= 0) uses[v->in[j]]++;
-  }
-  for (size_t k = 0; k < g->norder; k++) {
-    ampc__value *r = &g->v[g->order[k]];
-    if (r->op != AMPC_OP_RELU || !g->fuse) continue;
-    ampc__value *x = &g->v[r->in[0]];
-    if ((x->op == AMPC_OP_BATCHNORM2D || x->op == AMPC_OP_ADD) && uses[r->in[0]] == 1 && x->dtype == r->dtype &&
-        x->alias == AMPC_VALUE_NONE && !x->keep) { /* a kept value keeps its pre-ReLU values */
-      x->attr.relu = 1;
-      r->alias = r->in[0];
-    }
-  }
-  /* A 2x2 stride-2 max pool that is the only reader of a batch norm (and its
-   * fused ReLU) runs inside the batch norm too: the full-size output is never
-   * stored, the batch norm writes the pooled planes and keeps each window's
-   * winner for backward, which sends the pooled gradient straight there. */
-  for (size_t k = 0; k < g->norder; k++) {
-    ampc__value *p = &g->v[g->order[k]];
-    if (p->op != AMPC_OP_MAXPOOL2D || !g->fuse || g->retain_grads) continue;
-    if (p->attr.k != 2 || p->attr.stride != 2 || p->attr.pad != 0) continue;
-    ampc_value in = p->in[0], b = root_of(g, in);
-    ampc__value *bv = &g->v[b];
-    if (bv->op != AMPC_OP_BATCHNORM2D || bv->keep || g->v[in].keep || uses[in] != 1 || (in != b && uses[b] != 1) ||
-        bv->dtype != p->dtype || bv->pool_out != AMPC_VALUE_NONE)
-      continue;
-    bv->attr.pool = 1;
-    bv->pool_out = g->order[k];
-    bv->store = p->shape;
-    p->alias = b;
-  }
-  free(uses);
-
-  /* params and buffers in recording order; flat element offsets */
-  memset(g->bytes_by_type, 0, sizeof g->bytes_by_type);
-  size_t pb = 0, ab = 0, agb = 0, ws = 0;
-  for (size_t i = 0; i < g->nv; i++) {
-    ampc__value *v = &g->v[i];
-    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER) pb += align64(value_bytes(v));
-  }
-  /* activations: every op output except aliases, inputs and labels, planned */
-  size_t ab_by_type[AMPC_DTYPE_COUNT] = {0};
-  AMPC_TRY(plan_activations(g, &ab, ab_by_type));
-  size_t values_bytes = ab;
-  size_t agb_by_type[AMPC_DTYPE_COUNT] = {0};
-  AMPC_TRY(plan_activation_grads(g, &agb, agb_by_type));
-  for (int t = 0; t < AMPC_DTYPE_COUNT; t++) g->bytes_by_type[3][t] = agb_by_type[t];
-  /* saved state and workspace per op */
-  for (size_t k = 0; k < g->norder; k++) {
-    ampc__value *v = &g->v[g->order[k]];
-    ampc__op_call c = make_call(g, v, g->max_batch);
-    v->aux_floats = be->aux_floats(&c);
-    ab += align64(v->aux_floats * sizeof(float));
-    size_t w = be->workspace(&c, g->nthreads);
-    if (w > ws) ws = w;
-  }
-  size_t gb = 0;
-  for (size_t i = 0; i < g->nparams; i++) gb += align64(value_bytes(&g->v[g->params[i]]));
-
-  g->param_arena = be->alloc(pb ? pb : 64);
-  g->grad_arena = be->alloc(gb ? gb : 64);
-  g->act_arena = be->alloc(ab ? ab : 64);
-  g->actgrad_arena = be->alloc(agb ? agb : 64);
-  g->ws = be->alloc(ws ? ws : 64);
-  if (!g->param_arena || !g->grad_arena || !g->act_arena || !g->actgrad_arena || !g->ws)
-    return ampc__error(AMPC_ENOMEM, "graph: out of memory allocating %zu bytes of activations", ab);
-  g->param_bytes = pb; g->grad_bytes = gb; g->act_bytes = ab; g->actgrad_bytes = agb; g->ws_bytes = ws;
-
-  char *pp = g->param_arena, *gp = g->grad_arena, *ap = g->act_arena, *agp = g->actgrad_arena;
-  for (size_t i = 0; i < g->nv; i++) {
-    ampc__value *v = &g->v[i];
-    size_t nb = value_bytes(v);
-    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER) {
-      v->data = pp;
-      pp += align64(nb);
-      g->bytes_by_type[0][v->dtype] += nb;
-      size_t n = (size_t)ampc_shape_numel(&v->shape);
-      if (v->dtype == AMPC_DTYPE_I64) {
-        for (size_t e = 0; e < n; e++) ((int64_t *)v->data)[e] = (int64_t)v->init[e];
-      } else {
-        ampc_store_f32(v->dtype, v->data, v->init, n);
-      }
-      if (v->op == AMPC_OP_PARAM) {
-        v->grad = gp;
-        gp += align64(nb);
-        g->bytes_by_type[1][v->dtype] += nb;
-      }
-    } else if (v->alias == AMPC_VALUE_NONE) {
-      v->data = ap + v->act_off;
-      if (v->grad_off != SIZE_MAX) v->grad = agp + v->grad_off;
-    }
-  }
-  for (int t = 0; t < AMPC_DTYPE_COUNT; t++) g->bytes_by_type[2][t] += ab_by_type[t];
-  ap += values_bytes;
-  for (size_t k = 0; k < g->norder; k++) {
-    ampc__value *v = &g->v[g->order[k]];
-    if (v->aux_floats) {
-      v->aux = (float *)ap;
-      ap += align64(v->aux_floats * sizeof(float));
-      g->bytes_by_type[2][AMPC_DTYPE_F32] += v->aux_floats * sizeof(float);
-    }
-  }
-  for (size_t i = 0; i < g->nv; i++) {
-    ampc__value *v = &g->v[i];
-    if (v->alias != AMPC_VALUE_NONE) {
-      ampc__value *r = &g->v[root_of(g, (ampc_value)i)];
-      v->data = r->data;
-      v->grad = r->grad;
-    }
-  }
-
-  g->bw_reach = calloc(g->nv, 1);
-  g->bw_written = calloc(g->nv, 1);
-  if (!g->bw_reach || !g->bw_written) return ampc__error(AMPC_ENOMEM, "graph: out of memory");
-  g->batch = g->max_batch;
-  g->ws_threads = g->nthreads;
-  g->compiled = 1;
-  return AMPC_OK;
-}
-
-int ampc_graph_is_compiled(const ampc_graph *g) { return g->compiled; }
-
-/* ---------------- execution ---------------- */
-
-/* A value's tensor with the given shape (its own or its memory's) at batch. */
-static ampc_tensor view_as(const ampc__value *v, const ampc_shape *shape, void *data, int64_t batch) {
-  ampc_tensor t = {data, v->dtype, *shape};
-  if (v->batched && t.shape.ndim > 0) t.shape.d[0] = batch;
-  return t;
-}
-static ampc_tensor view(const ampc_graph *g, const ampc__value *v, void *data, int64_t batch) {
-  return view_as(v, &v->store, data, batch);
-}
-
-static ampc__op_call make_call(const ampc_graph *g, const ampc__value *v, int64_t batch) {
-  ampc__op_call c;
-  memset(&c, 0, sizeof c);
-  c.op = v->op;
-  c.n_in = v->n_in;
-  for (int j = 0; j < v->n_in; j++) {
-    if (v->in[j] < 0) continue;
-    const ampc__value *x = &g->v[v->in[j]];
-    c.in[j] = view(g, x, x->data, batch);
-    if (x->requires_grad && x->op != AMPC_OP_BUFFER) c.din[j] = view(g, x, x->grad, batch);
-    else c.din[j].data = NULL;
-  }
-  c.out = view(g, v, v->data, batch);
-  c.dout = view(g, v, v->grad, batch);
-  c.attr = v->attr;
-  c.aux = v->aux;
-  c.ws = g->ws;
-  c.ws_size = g->ws_bytes;
-  c.nthreads = g->nthreads;
-  c.conv_algo = g->conv_algo;
-  return c;
-}
-
-ampc_status ampc_graph_set_batch(ampc_graph *g, int64_t n) {
-  if (n < 1 || n > g->max_batch)
-    return ampc__error(AMPC_EINVAL, "graph: batch %lld outside 1..%lld", (long long)n, (long long)g->max_batch);
-  g->batch = n;
-  return AMPC_OK;
-}
-int64_t ampc_graph_batch(const ampc_graph *g) { return g->batch; }
-int64_t ampc_graph_max_batch(const ampc_graph *g) { return g->max_batch; }
-void ampc_graph_set_threads(ampc_graph *g, int n) {
-  if (n <= 0) n = omp_get_max_threads();
-  /* the workspace is laid out for the thread count at compile time */
-  if (g->compiled && n > g->ws_threads) n = g->ws_threads;
-  g->nthreads = n;
-}
-
-/* Runs one kernel, timing it into times[op] when profiling. */
-static ampc_status run_kernel(ampc_graph *g, ampc__kernel_fn f, const ampc__op_call *c, double *times, const char *pass) {
-  AMPC_ASSERT(f != NULL);
-  double t0 = g->profiling ? omp_get_wtime() : 0.0;
-  ampc_status s = f(c);
-  if (g->profiling) times[c->op] += omp_get_wtime() - t0;
-  if (s < 0) return ampc__error_prefix(s, "%s %s", ampc_op_name(c->op), pass);
-  return AMPC_OK;
-}
-
-ampc_status ampc_graph_forward(ampc_graph *g, int training) {
-  AMPC_TRY(ampc_graph_compile(g));
-  for (size_t k = 0; k < g->norder; k++) {
-    ampc__value *v = &g->v[g->order[k]];
-    if (v->alias != AMPC_VALUE_NONE) continue; /* views: flatten, fused relu */
-    ampc__op_call c = make_call(g, v, g->batch);
-    c.training = training;
-    AMPC_TRY(run_kernel(g, g->be->fwd[v->op], &c, g->t_fwd, "forward"));
-  }
-  return AMPC_OK;
-}
-
-ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int accumulate) {
-  if (!g->compiled) return ampc__error(AMPC_ESTATE, "graph: backward before forward");
-  if (!valid(g, loss) || g->v[loss].op != AMPC_OP_CROSS_ENTROPY)
-    return ampc__error(AMPC_EINVAL, "graph: backward needs a loss value");
-  /* only the ops this loss depends on run; the first to produce a value's
-   * gradient overwrites it (a parameter's: unless accumulating), later ones add */
-  unsigned char *reach = g->bw_reach, *written = g->bw_written;
-  memset(reach, 0, g->nv);
-  memset(written, 0, g->nv);
-  reach[loss] = 1;
-  for (size_t k = g->norder; k-- > 0;) {
-    ampc_value id = g->order[k];
-    ampc__value *v = &g->v[id];
-    if (!reach[id]) continue;
-    if (v->alias != AMPC_VALUE_NONE) reach[v->alias] = 1;
-    for (int j = 0; j < v->n_in; j++)
-      if (v->in[j] >= 0) reach[v->in[j]] = 1;
-  }
-  for (size_t k = g->norder; k-- > 0;) {
-    ampc_value id = g->order[k];
-    ampc__value *v = &g->v[id];
-    if (!reach[id] || v->alias != AMPC_VALUE_NONE || !v->requires_grad) continue;
-    /* an output nothing differentiates (not the loss, which is seeded) has no gradient */
-    if (!v->grad && v->op != AMPC_OP_CROSS_ENTROPY) continue;
-    ampc__op_call c = make_call(g, v, g->batch);
-    c.training = 1;
-    c.seed = seed;
-    for (int j = 0; j < v->n_in; j++) {
-      if (v->in[j] < 0 || !c.din[j].data) continue;
-      ampc_value r = root_of(g, v->in[j]);
-      c.din_acc[j] = written[r] ? 1 : (g->v[r].op == AMPC_OP_PARAM ? accumulate : 0);
-      written[r] = 1;
-    }
-    c.timers = g->profiling ? g->t_conv_split : NULL;
-    c.grad_stats = g->count_underflow ? g->grad_stats : NULL;
-    AMPC_TRY(run_kernel(g, g->be->bwd[v->op], &c, g->t_bwd, "backward"));
-  }
-  return AMPC_OK;
-}
-
-void ampc_graph_set_grad_underflow_counting(ampc_graph *g, int on) { g->count_underflow = on != 0; }
-
-void ampc_graph_zero_grad(ampc_graph *g) {
-  if (g->grad_arena) memset(g->grad_arena, 0, g->grad_bytes);
-}
+/* ---------------- options ---------------- */
 
 ampc_status ampc_graph_keep(ampc_graph *g, ampc_value v) {
   if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: values to keep must be chosen before compile");
   if (!valid(g, v)) return ampc__error(AMPC_EINVAL, "graph: keep of an invalid value %d", (int)v);
   g->v[v].keep = 1;
-  return AMPC_OK;
-}
-
-ampc_status ampc_graph_set_conv_algo(ampc_graph *g, ampc_conv_algo a) {
-  if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: the convolution algorithm must be chosen before compile");
-  if (a < AMPC_CONV_AUTO || a > AMPC_CONV_DIRECT)
-    return ampc__error(AMPC_EINVAL, "graph: unknown convolution algorithm %d", (int)a);
-  g->conv_algo = a;
   return AMPC_OK;
 }
 
@@ -999,23 +392,7 @@ ampc_status ampc_graph_set_fusion(ampc_graph *g, int on) {
   return AMPC_OK;
 }
 
-void ampc_graph_set_profiling(ampc_graph *g, int on) {
-  g->profiling = on;
-  memset(g->t_fwd, 0, sizeof g->t_fwd);
-  memset(g->t_bwd, 0, sizeof g->t_bwd);
-  memset(g->t_conv_split, 0, sizeof g->t_conv_split);
-}
-
-void ampc_graph_grad_underflow(ampc_graph *g, int64_t *values, int64_t *underflow, int reset) {
-  *values = g->grad_stats[0];
-  *underflow = g->grad_stats[1];
-  if (reset) g->grad_stats[0] = g->grad_stats[1] = 0;
-}
-
-void ampc_graph_conv_backward_times(const ampc_graph *g, double *data, double *weights) {
-  *data = g->t_conv_split[0];
-  *weights = g->t_conv_split[1];
-}
+/* ---------------- access ---------------- */
 
 double ampc_graph_forward_flops(const ampc_graph *g) {
   double f = 0.0;
@@ -1031,25 +408,16 @@ double ampc_graph_forward_flops(const ampc_graph *g) {
   return f;
 }
 
-void ampc_graph_op_times(const ampc_graph *g, double fwd[AMPC_OP_COUNT], double bwd[AMPC_OP_COUNT]) {
-  memcpy(fwd, g->t_fwd, sizeof g->t_fwd);
-  memcpy(bwd, g->t_bwd, sizeof g->t_bwd);
-}
 
-/* ---------------- access ---------------- */
-
-/* A batch norm whose max pool was fused into it, and its fused ReLU, have no
- * full-size values (their memory holds the pool's): their tensors say their
- * type and shape, with no data. */
-static ampc_tensor value_tensor(const ampc_graph *g, ampc_value v, void *data) {
-  ampc_tensor t = {0};
-  if (!valid(g, v)) return t;
-  ampc_value r = root_of(g, v);
-  if (g->v[r].pool_out != AMPC_VALUE_NONE && g->v[r].pool_out != v) return view_as(&g->v[v], &g->v[v].shape, NULL, g->batch);
-  return view(g, &g->v[v], data, g->batch);
+/* Device memory is a host pointer only on a backend whose memory is host
+ * memory; elsewhere the tensor says its type and shape, with no data. */
+static ampc_tensor host_view(const ampc_graph *g, ampc_value v, int grad) {
+  ampc_tensor t = ampc__graph_view(g, v, grad);
+  if (!g->dev || !g->dev->be->host_memory) t.data = NULL;
+  return t;
 }
-ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v) { return value_tensor(g, v, valid(g, v) ? g->v[v].data : NULL); }
-ampc_tensor ampc_graph_grad(const ampc_graph *g, ampc_value v) { return value_tensor(g, v, valid(g, v) ? g->v[v].grad : NULL); }
+ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v) { return host_view(g, v, 0); }
+ampc_tensor ampc_graph_grad(const ampc_graph *g, ampc_value v) { return host_view(g, v, 1); }
 const char *ampc_graph_name(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].name : NULL; }
 ampc_op_kind ampc_graph_op(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].op : AMPC_OP_COUNT; }
 ampc_value ampc_graph_find(const ampc_graph *g, const char *name) {

@@ -1,4 +1,17 @@
-/* Internal layout of the graph (shared by graph.c and the memory report). */
+/*
+ * Internal layout of the graph, shared by its parts:
+ *
+ *   graph.c            recording (values, leaves, ops) and access by value
+ *   graph_precision.c  the precision pass: storage types and inserted casts
+ *   graph_plan.c       the memory planner for activations and their gradients
+ *   graph_compile.c    compile: what needs a gradient, fusion, the flat
+ *                      parameter buckets, allocation on the device
+ *   graph_exec.c       execution (forward, backward), the device, reading
+ *                      and writing values
+ *
+ * Device memory (every value's data and grad, the arenas) is only ever used
+ * for pointer arithmetic here; the backend alone dereferences it.
+ */
 #ifndef AMPC_CORE_GRAPH_INTERNAL_H
 #define AMPC_CORE_GRAPH_INTERNAL_H
 
@@ -19,15 +32,25 @@ typedef struct {
   ampc_value alias;      /* flatten, fused ops: the value whose memory this one shares */
   ampc_value pool_out;   /* batch norm with a fused 2x2 max pool: the pool's value */
   ampc_shape store;      /* the shape of its memory: shape, or pool_out's */
-  float *init;           /* params and buffers: recorded f32 values */
-  void *data, *grad;
-  float *aux;
+  float *init;           /* params and buffers: recorded f32 values (host) */
+  void *data, *grad;     /* device memory */
+  float *aux;            /* device memory */
   size_t aux_floats;
   size_t param_offset;   /* params: offset in the flat element numbering */
   size_t grad_off;       /* activations: offset in the planned gradient arena */
   size_t act_off;        /* activations: offset in the planned value arena */
   int keep;              /* readable after forward even if backward does not need it */
 } ampc__value;
+
+/* A run of the flat parameter numbering in one storage type: the model's
+ * parameters of that type, back to back, and their gradients likewise. */
+typedef struct {
+  ampc_dtype type;
+  size_t start, n;       /* flat elements [start, start + n) */
+  void *data, *grad;     /* device memory, n elements each */
+} ampc__bucket;
+
+#define AMPC__MAX_BUCKETS 3 /* one per float storage type; at most two are used */
 
 struct ampc_graph {
   ampc__value *v;
@@ -40,21 +63,44 @@ struct ampc_graph {
   ampc_value *params, *buffers;
   size_t nparams, nbuffers, param_numel, cap_params, cap_buffers;
   int64_t max_batch, batch;
-  int nthreads;
-  int profiling;
   int fuse;              /* fuse ReLUs into batch norm / add (default on) */
   int retain_grads;      /* every activation gradient its own buffer */
-  int conv_algo;         /* ampc_conv_algo */
   unsigned char *bw_reach, *bw_written; /* per backward: ops that reach the loss, gradients written */
-  double t_fwd[AMPC_OP_COUNT], t_bwd[AMPC_OP_COUNT];
-  double t_conv_split[2];
-  int count_underflow;   /* backward fills grad_stats */
-  int64_t grad_stats[2];  /* weight-gradient values stored, and those lost to underflow */
-  int ws_threads;        /* threads the workspace was sized for */
-  const ampc__backend *be;
-  void *param_arena, *grad_arena, *act_arena, *actgrad_arena, *ws;
-  size_t param_bytes, grad_bytes, act_bytes, actgrad_bytes, ws_bytes;
+  ampc__device *dev;     /* NULL until set or compiled (then "cpu") */
+  ampc__bucket buckets[AMPC__MAX_BUCKETS];
+  int nbuckets;
+  void *buf_arena, *act_arena, *actgrad_arena, *ws; /* buffers (running statistics), activations, ... */
+  size_t buf_bytes, act_bytes, actgrad_bytes, ws_bytes;
   size_t bytes_by_type[4][AMPC_DTYPE_COUNT]; /* params, grads, acts, actgrads */
 };
+
+/* graph.c */
+int ampc__graph_valid(const ampc_graph *g, ampc_value v);
+ampc_value ampc__graph_root(const ampc_graph *g, ampc_value x);
+size_t ampc__value_bytes(const ampc__value *v);
+static inline size_t ampc__align64(size_t n) { return (n + 63) & ~(size_t)63; }
+/* v's tensor over device memory (data NULL where a fusion left it no memory). */
+ampc_tensor ampc__graph_view(const ampc_graph *g, ampc_value v, int grad);
+/* The call of op value v at the given batch. */
+ampc__op_call ampc__graph_call(const ampc_graph *g, const ampc__value *v, int64_t batch);
+
+/* graph_precision.c: storage types of the first n_recorded values and the
+ * casts the policy needs; fills g->order. */
+ampc_status ampc__graph_assign_types(ampc_graph *g, size_t n_recorded);
+
+/* graph_plan.c: activation and activation-gradient arenas (offsets in
+ * act_off / grad_off; sizes and the bytes by type at the peak). */
+ampc_status ampc__graph_plan_activations(ampc_graph *g, size_t *arena, size_t *peak_by_type);
+ampc_status ampc__graph_plan_activation_grads(ampc_graph *g, size_t *arena, size_t *peak_by_type);
+
+/* graph_exec.c: the device, made with the defaults if none was set. */
+ampc_status ampc__graph_need_device(ampc_graph *g);
+
+/* For the amp layer: the device, and the parameter buckets as spans (model
+ * copy and own gradients); returns the count. */
+ampc__device *ampc__graph_device(const ampc_graph *g);
+int ampc__graph_spans(const ampc_graph *g, ampc__span *out);
+/* Backward counts 16-bit weight-gradient underflow while on (amp's grad stats). */
+void ampc__graph_count_underflow(ampc_graph *g, int on);
 
 #endif

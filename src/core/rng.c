@@ -2,17 +2,9 @@
 
 #include <math.h>
 
-static inline uint64_t splitmix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+#include "core/rng_internal.h"
 
-uint64_t ampc_rng_at(uint64_t seed, uint64_t stream, uint64_t counter) {
-  uint64_t k = splitmix64(seed ^ splitmix64(stream * 0xd1b54a32d192ed03ull));
-  return splitmix64(k ^ splitmix64(counter + 0x632be59bd9b4e019ull));
-}
+uint64_t ampc_rng_at(uint64_t seed, uint64_t stream, uint64_t counter) { return ampc__rng_at(seed, stream, counter); }
 
 uint64_t ampc_rng_below(ampc_rng *r, uint64_t n) {
   /* Rejection sampling on the top bits: exact for every n. */

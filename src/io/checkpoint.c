@@ -1,4 +1,6 @@
-/* Checkpoints: model, masters, optimizer and run state in one safetensors file. */
+/* Checkpoints and weights files: the model's tensors by their PyTorch names,
+ * masters and optimizer state, and the run state -- each saved and loaded as
+ * one walk over the parameters, through the device's read and write calls. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,43 +10,96 @@
 #include "ampc/safetensors.h"
 #include "core/status_internal.h"
 
+/* ---- saving ---- */
+
+typedef enum { SRC_VALUE, SRC_VALUE_F32, SRC_MASTER, SRC_OPTIM } src_kind;
+
+/* Where a tensor of the file comes from. */
 typedef struct {
+  src_kind kind;
+  ampc_value v;          /* the graph value (every kind: names and shapes) */
+  const char *state;     /* SRC_OPTIM: the optimizer state's name */
+} src;
+
+typedef struct {
+  ampc_graph *g;
+  ampc_amp *amp;
   ampc_st_tensor *t;
+  src *src;
   char **names;
   size_t n, cap;
-} tlist;
+} walk;
 
-static int tl_add(tlist *l, const char *prefix, const char *name, ampc_dtype dt, const ampc_shape *s, const void *data, size_t nbytes) {
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? l->cap * 2 : 256;
-    ampc_st_tensor *t = realloc(l->t, cap * sizeof *t);
-    if (!t) return -1;
-    l->t = t;
-    char **nm = realloc(l->names, cap * sizeof *nm);
-    if (!nm) return -1;
-    l->names = nm;
-    l->cap = cap;
+static ampc_status walk_add(walk *w, src_kind kind, ampc_value v, const char *state, const char *prefix) {
+  if (w->n == w->cap) {
+    size_t cap = w->cap ? w->cap * 2 : 256;
+    ampc_st_tensor *t = realloc(w->t, cap * sizeof *t);
+    if (t) w->t = t;
+    src *s = realloc(w->src, cap * sizeof *s);
+    if (s) w->src = s;
+    char **nm = realloc(w->names, cap * sizeof *nm);
+    if (nm) w->names = nm;
+    if (!t || !s || !nm) return ampc__error(AMPC_ENOMEM, "checkpoint: out of memory");
+    w->cap = cap;
   }
+  const char *name = ampc_graph_name(w->g, v);
   size_t len = strlen(prefix) + strlen(name) + 1;
   char *full = malloc(len);
-  if (!full) return -1;
+  if (!full) return ampc__error(AMPC_ENOMEM, "checkpoint: out of memory");
   snprintf(full, len, "%s%s", prefix, name);
-  l->names[l->n] = full;
-  ampc_st_tensor *t = &l->t[l->n++];
+  ampc_tensor tv = ampc_graph_tensor(w->g, v);
+  ampc_dtype dt = kind == SRC_VALUE ? tv.dtype : AMPC_DTYPE_F32;
+  ampc_st_tensor *t = &w->t[w->n];
   memset(t, 0, sizeof *t);
   t->name = full;
   t->dtype = dt;
-  t->ndim = s->ndim;
-  for (int i = 0; i < s->ndim; i++) t->shape[i] = s->d[i];
-  t->data = data;
-  t->nbytes = nbytes;
-  return 0;
+  t->ndim = tv.shape.ndim;
+  for (int i = 0; i < tv.shape.ndim; i++) t->shape[i] = tv.shape.d[i];
+  t->nbytes = (size_t)ampc_tensor_numel(&tv) * ampc_dtype_size(dt);
+  w->names[w->n] = full;
+  w->src[w->n] = (src){kind, v, state};
+  w->n++;
+  return AMPC_OK;
 }
 
-static void tl_free(tlist *l) {
-  for (size_t i = 0; i < l->n; i++) free(l->names[i]);
-  free(l->names);
-  free(l->t);
+static void walk_free(walk *w) {
+  for (size_t i = 0; i < w->n; i++) free(w->names[i]);
+  free(w->names);
+  free(w->src);
+  free(w->t);
+}
+
+static ampc_status fetch(void *ctx, size_t i, void *buf) {
+  walk *w = ctx;
+  const src *s = &w->src[i];
+  size_t n = w->t[i].nbytes / ampc_dtype_size(w->t[i].dtype);
+  const char *name = ampc_graph_name(w->g, s->v);
+  switch (s->kind) {
+    case SRC_VALUE: return ampc_graph_read(w->g, s->v, buf, w->t[i].dtype);
+    case SRC_VALUE_F32:
+      if (ampc_amp_has_master_weights(w->amp)) return ampc_amp_read_master(w->amp, name, buf, n);
+      return ampc_graph_read(w->g, s->v, buf, AMPC_DTYPE_F32);
+    case SRC_MASTER: return ampc_amp_read_master(w->amp, name, buf, n);
+    case SRC_OPTIM: return ampc_amp_read_optim_state(w->amp, s->state, name, buf, n);
+  }
+  return AMPC_OK;
+}
+
+/* Parameters (as stored, or f32 from the masters), then buffers. */
+static ampc_status walk_model(walk *w, int params_f32) {
+  ampc_graph *g = w->g;
+  for (size_t i = 0; i < ampc_graph_param_count(g); i++)
+    AMPC_TRY(walk_add(w, params_f32 ? SRC_VALUE_F32 : SRC_VALUE, ampc_graph_param_at(g, i), NULL, ""));
+  for (size_t i = 0; i < ampc_graph_buffer_count(g); i++) AMPC_TRY(walk_add(w, SRC_VALUE, ampc_graph_buffer_at(g, i), NULL, ""));
+  return AMPC_OK;
+}
+
+ampc_status ampc_checkpoint_save_weights(const char *path, ampc_model *m, ampc_amp *amp, const char *const *meta) {
+  walk w = {ampc_model_graph(m), amp, NULL, NULL, NULL, 0, 0};
+  ampc_status s = walk_model(&w, 1);
+  if (s == 0) s = ampc_st_write_stream(path, w.t, w.n, meta, fetch, &w);
+  walk_free(&w);
+  return s;
 }
 
 static json_t *amp_json(const ampc_amp_config *c) {
@@ -59,43 +114,7 @@ static json_t *amp_json(const ampc_amp_config *c) {
                    "consecutive_hysteresis", c->consecutive_hysteresis, "num_losses", c->num_losses);
 }
 
-ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_train_state *ts) {
-  ampc_graph *g = ampc_model_graph(m);
-  tlist l = {0};
-  int bad = 0;
-  size_t np = ampc_graph_param_count(g);
-  for (size_t i = 0; i < np && !bad; i++) {
-    ampc_value v = ampc_graph_param_at(g, i);
-    ampc_tensor t = ampc_graph_tensor(g, v);
-    bad = tl_add(&l, "", ampc_graph_name(g, v), t.dtype, &t.shape, t.data, ampc_tensor_nbytes(&t));
-  }
-  for (size_t i = 0; i < ampc_graph_buffer_count(g) && !bad; i++) {
-    ampc_value v = ampc_graph_buffer_at(g, i);
-    ampc_tensor t = ampc_graph_tensor(g, v);
-    bad = tl_add(&l, "", ampc_graph_name(g, v), t.dtype, &t.shape, t.data, ampc_tensor_nbytes(&t));
-  }
-  float *master = ampc_amp_master_weights(amp);
-  for (size_t i = 0; master && i < np && !bad; i++) {
-    ampc_value v = ampc_graph_param_at(g, i);
-    ampc_tensor t = ampc_graph_tensor(g, v);
-    bad = tl_add(&l, "master.", ampc_graph_name(g, v), AMPC_DTYPE_F32, &t.shape, master + ampc_graph_param_offset(g, v), (size_t)ampc_tensor_numel(&t) * 4);
-  }
-  for (size_t k = 0; opt && k < ampc_optim_state_count(opt) && !bad; k++) {
-    const char *sname;
-    float *data;
-    ampc_optim_state_get(opt, k, &sname, &data);
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "optim.%s.", sname);
-    for (size_t i = 0; i < np && !bad; i++) {
-      ampc_value v = ampc_graph_param_at(g, i);
-      ampc_tensor t = ampc_graph_tensor(g, v);
-      bad = tl_add(&l, prefix, ampc_graph_name(g, v), AMPC_DTYPE_F32, &t.shape, data + ampc_graph_param_offset(g, v), (size_t)ampc_tensor_numel(&t) * 4);
-    }
-  }
-  if (bad) {
-    tl_free(&l);
-    return ampc__error(AMPC_ENOMEM, "checkpoint: out of memory");
-  }
+static char *run_json(ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_train_state *ts) {
   const ampc_amp_config *c = ampc_amp_get_config(amp);
   json_t *scalers = json_array();
   for (int k = 0; k < c->num_losses; k++) {
@@ -111,43 +130,157 @@ ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp,
                            "batch", (json_int_t)ts->batch, "step", (json_int_t)ts->step, "loss_sum", ts->loss_sum,
                            "seen", (json_int_t)ts->seen, "skipped", (json_int_t)ts->skipped,
                            "skipped_total", (json_int_t)ts->skipped_total, "train_seconds", ts->train_seconds);
-  if (opt) {
+  if (root && opt) {
     json_object_set_new(root, "optimizer", json_string(ampc_optim_kind_name(ampc_optim_get_config(opt)->kind)));
     json_object_set_new(root, "optimizer_step", json_integer((json_int_t)ampc_optim_step_count(opt)));
   }
   char *js = root ? json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17)) : NULL;
   json_decref(root);
-  if (!js) {
-    tl_free(&l);
-    return ampc__error(AMPC_ENOMEM, "checkpoint: out of memory");
+  return js;
+}
+
+ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_train_state *ts) {
+  ampc_graph *g = ampc_model_graph(m);
+  walk w = {g, amp, NULL, NULL, NULL, 0, 0};
+  ampc_status s = walk_model(&w, 0);
+  size_t np = ampc_graph_param_count(g);
+  for (size_t i = 0; s == 0 && ampc_amp_has_master_weights(amp) && i < np; i++)
+    s = walk_add(&w, SRC_MASTER, ampc_graph_param_at(g, i), NULL, "master.");
+  for (size_t k = 0; s == 0 && opt && k < ampc_optim_state_count(opt); k++) {
+    const char *sname = ampc_optim_state_name(opt, k);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "optim.%s.", sname);
+    for (size_t i = 0; s == 0 && i < np; i++) s = walk_add(&w, SRC_OPTIM, ampc_graph_param_at(g, i), sname, prefix);
   }
-  char ver[16];
-  snprintf(ver, sizeof ver, "%d", AMPC_CHECKPOINT_VERSION);
-  const char *meta[] = {"format", AMPC_CHECKPOINT_FORMAT, "format_version", ver, "ampc", js, NULL};
-  ampc_status s = ampc_st_write(path, l.t, l.n, meta);
+  char *js = s == 0 ? run_json(m, amp, opt, ts) : NULL;
+  if (s == 0 && !js) s = ampc__error(AMPC_ENOMEM, "checkpoint: out of memory");
+  if (s == 0) {
+    char ver[16];
+    snprintf(ver, sizeof ver, "%d", AMPC_CHECKPOINT_VERSION);
+    const char *meta[] = {"format", AMPC_CHECKPOINT_FORMAT, "format_version", ver, "ampc", js, NULL};
+    s = ampc_st_write_stream(path, w.t, w.n, meta, fetch, &w);
+  }
   free(js);
-  tl_free(&l);
+  walk_free(&w);
   return s;
 }
 
-static ampc_status restore_tensor(const char *path, const ampc_st_file *f, const char *name, ampc_tensor *t) {
-  const ampc_st_tensor *s = ampc_st_find(f, name);
-  if (!s) return ampc__error(AMPC_EFORMAT, "checkpoint: %s: missing tensor '%s'", path, name);
-  if (ampc_st_numel(s) != ampc_tensor_numel(t))
-    return ampc__error(AMPC_EFORMAT, "checkpoint: %s: tensor '%s' has %lld values, the model has %lld", path, name,
-                       (long long)ampc_st_numel(s), (long long)ampc_tensor_numel(t));
-  if (s->dtype == t->dtype) {
-    memcpy(t->data, s->data, ampc_tensor_nbytes(t));
+/* ---- loading ---- */
+
+static int same_shape(const ampc_st_tensor *t, const ampc_tensor *v) {
+  if (t->ndim != v->shape.ndim) return 0;
+  for (int i = 0; i < t->ndim; i++)
+    if (t->shape[i] != v->shape.d[i]) return 0;
+  return 1;
+}
+
+/* The integer values of t (numel n) as i64. */
+static ampc_status read_i64(const ampc_st_tensor *t, int64_t *dst, size_t n) {
+  if (t->dtype == AMPC_DTYPE_I64) {
+    memcpy(dst, t->values, n * sizeof *dst);
     return AMPC_OK;
   }
-  if (!ampc_dtype_is_float(t->dtype)) return ampc__error(AMPC_EFORMAT, "checkpoint: %s: tensor '%s' is %s, expected %s", path, name, ampc_dtype_name(s->dtype), ampc_dtype_name(t->dtype));
-  size_t n = (size_t)ampc_tensor_numel(t);
-  float *tmp = malloc((n ? n : 1) * sizeof *tmp);
+  int32_t *tmp = malloc(n * sizeof *tmp);
   if (!tmp) return ampc__error(AMPC_ENOMEM, "checkpoint: out of memory");
-  ampc_status st = ampc_st_read_f32(s, tmp, n);
-  if (st == 0) ampc_store_f32(t->dtype, t->data, tmp, n);
+  ampc_status s = ampc_st_read_i32(t, tmp, n);
+  for (size_t i = 0; s == 0 && i < n; i++) dst[i] = tmp[i];
   free(tmp);
-  return st;
+  return s;
+}
+
+/* Every parameter and buffer of m from f by name: a parameter from its f32
+ * master copy ("master.<name>") where the file has one, else from its own
+ * tensor (any float type), into the model's copy and the masters. With
+ * strict, a tensor that is neither the model's nor a checkpoint's own
+ * section is an error. */
+static ampc_status load_model(const ampc_st_file *f, ampc_model *m, ampc_amp *amp, int strict) {
+  const char *path = ampc_st_label(f), *model = ampc_model_name(m);
+  ampc_graph *g = ampc_model_graph(m);
+  size_t np = ampc_graph_param_count(g), nb = ampc_graph_buffer_count(g), most = 1;
+  for (size_t i = 0; i < np + nb; i++) {
+    ampc_tensor t = ampc_graph_tensor(g, i < np ? ampc_graph_param_at(g, i) : ampc_graph_buffer_at(g, i - np));
+    if ((size_t)ampc_tensor_numel(&t) > most) most = (size_t)ampc_tensor_numel(&t);
+  }
+  void *tmp = malloc(most * 8);
+  if (!tmp) return ampc__error(AMPC_ENOMEM, "checkpoint: out of memory");
+  ampc_status s = AMPC_OK;
+  for (size_t i = 0; i < np + nb && s == 0; i++) {
+    ampc_value v = i < np ? ampc_graph_param_at(g, i) : ampc_graph_buffer_at(g, i - np);
+    const char *name = ampc_graph_name(g, v);
+    ampc_tensor tv = ampc_graph_tensor(g, v);
+    size_t n = (size_t)ampc_tensor_numel(&tv);
+    char mname[256];
+    snprintf(mname, sizeof mname, "master.%s", name);
+    /* a checkpoint's f32 master copy is the exact value; the model copy may be half */
+    const ampc_st_tensor *t = i < np ? ampc_st_find(f, mname) : NULL;
+    if (!t) t = ampc_st_find(f, name);
+    char sh[64];
+    if (!t) {
+      s = ampc__error(AMPC_EFORMAT, "%s: missing tensor '%s' for model %s", path, name, model);
+    } else if (!same_shape(t, &tv)) {
+      s = ampc__error(AMPC_EFORMAT, "%s: tensor '%s' has the wrong shape for model %s (expected %s)", path, t->name, model,
+                      ampc_shape_str(&tv.shape, sh, sizeof sh));
+    } else if (tv.dtype == AMPC_DTYPE_I64) {
+      s = read_i64(t, tmp, n);
+      if (s == 0) s = ampc_graph_write(g, v, tmp, AMPC_DTYPE_I64);
+    } else {
+      s = ampc_st_read_f32(t, tmp, n);
+      if (s == 0) s = ampc_graph_write(g, v, tmp, AMPC_DTYPE_F32);
+      if (s == 0 && i < np && amp && ampc_amp_has_master_weights(amp)) s = ampc_amp_write_master(amp, name, tmp, n);
+    }
+  }
+  free(tmp);
+  for (size_t i = 0; s == 0 && strict && i < ampc_st_count(f); i++) {
+    const char *name = ampc_st_get(f, i)->name;
+    if (ampc_graph_find(g, name) >= 0 || strncmp(name, "master.", 7) == 0 || strncmp(name, "optim.", 6) == 0) continue;
+    s = ampc__error(AMPC_EFORMAT, "%s: unexpected tensor '%s' for model %s", path, name, model);
+  }
+  return s;
+}
+
+ampc_status ampc_checkpoint_load_weights(const char *path, ampc_model *m, ampc_amp *amp) {
+  ampc_st_file *f;
+  AMPC_TRY(ampc_st_open(&f, path));
+  ampc_status s = load_model(f, m, amp, 1);
+  ampc_st_close(f);
+  return s;
+}
+
+static ampc_status load_optim(const ampc_st_file *f, ampc_model *m, ampc_amp *amp, ampc_optim *opt) {
+  const char *path = ampc_st_label(f);
+  ampc_graph *g = ampc_model_graph(m);
+  float *tmp = NULL;
+  ampc_status s = AMPC_OK;
+  for (size_t k = 0; k < ampc_optim_state_count(opt) && s == 0; k++) {
+    const char *sname = ampc_optim_state_name(opt, k);
+    for (size_t i = 0; i < ampc_graph_param_count(g) && s == 0; i++) {
+      ampc_value v = ampc_graph_param_at(g, i);
+      ampc_tensor tv = ampc_graph_tensor(g, v);
+      size_t n = (size_t)ampc_tensor_numel(&tv);
+      char name[256];
+      snprintf(name, sizeof name, "optim.%s.%s", sname, ampc_graph_name(g, v));
+      const ampc_st_tensor *t = ampc_st_find(f, name);
+      if (!t) {
+        s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: missing tensor '%s'", path, name);
+        break;
+      }
+      if (ampc_st_numel(t) != (int64_t)n) {
+        s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: tensor '%s' has %lld values, the model has %zu", path, name,
+                        (long long)ampc_st_numel(t), n);
+        break;
+      }
+      float *p = realloc(tmp, n * sizeof *p);
+      if (!p) {
+        s = ampc__error(AMPC_ENOMEM, "checkpoint: out of memory");
+        break;
+      }
+      tmp = p;
+      s = ampc_st_read_f32(t, tmp, n);
+      if (s == 0) s = ampc_amp_write_optim_state(amp, sname, ampc_graph_name(g, v), tmp, n);
+    }
+  }
+  free(tmp);
+  return s;
 }
 
 static int64_t jint(json_t *o, const char *k) { return (int64_t)json_integer_value(json_object_get(o, k)); }
@@ -155,7 +288,6 @@ static int64_t jint(json_t *o, const char *k) { return (int64_t)json_integer_val
 ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt, ampc_train_state *ts) {
   ampc_st_file *f;
   AMPC_TRY(ampc_st_open(&f, path));
-  ampc_graph *g = ampc_model_graph(m);
   ampc_status s = AMPC_OK;
   const char *fmt = ampc_st_metadata(f, "format"), *ver = ampc_st_metadata(f, "format_version"), *js = ampc_st_metadata(f, "ampc");
   json_t *root = NULL;
@@ -191,39 +323,12 @@ ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp,
     s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: %zu loss scalers saved, the run has %d", path, json_array_size(scalers), c->num_losses);
     goto done;
   }
-  size_t np = ampc_graph_param_count(g);
-  for (size_t i = 0; i < np && s == 0; i++) {
-    ampc_value v = ampc_graph_param_at(g, i);
-    ampc_tensor t = ampc_graph_tensor(g, v);
-    s = restore_tensor(path, f, ampc_graph_name(g, v), &t);
+  s = load_model(f, m, amp, 0);
+  if (s < 0) {
+    ampc__error_prefix(s, "checkpoint");
+    goto done;
   }
-  for (size_t i = 0; i < ampc_graph_buffer_count(g) && s == 0; i++) {
-    ampc_value v = ampc_graph_buffer_at(g, i);
-    ampc_tensor t = ampc_graph_tensor(g, v);
-    s = restore_tensor(path, f, ampc_graph_name(g, v), &t);
-  }
-  float *master = ampc_amp_master_weights(amp);
-  for (size_t i = 0; master && i < np && s == 0; i++) {
-    ampc_value v = ampc_graph_param_at(g, i);
-    ampc_tensor t = ampc_graph_tensor(g, v);
-    char name[256];
-    snprintf(name, sizeof name, "master.%s", ampc_graph_name(g, v));
-    ampc_tensor mt = {master + ampc_graph_param_offset(g, v), AMPC_DTYPE_F32, t.shape};
-    s = restore_tensor(path, f, name, &mt);
-  }
-  for (size_t k = 0; opt && k < ampc_optim_state_count(opt) && s == 0; k++) {
-    const char *sname;
-    float *data;
-    ampc_optim_state_get(opt, k, &sname, &data);
-    for (size_t i = 0; i < np && s == 0; i++) {
-      ampc_value v = ampc_graph_param_at(g, i);
-      ampc_tensor t = ampc_graph_tensor(g, v);
-      char name[256];
-      snprintf(name, sizeof name, "optim.%s.%s", sname, ampc_graph_name(g, v));
-      ampc_tensor ot = {data + ampc_graph_param_offset(g, v), AMPC_DTYPE_F32, t.shape};
-      s = restore_tensor(path, f, name, &ot);
-    }
-  }
+  if (opt) s = load_optim(f, m, amp, opt);
   if (s == 0 && opt) s = ampc_optim_set_step_count(opt, jint(root, "optimizer_step"));
   for (int k = 0; k < c->num_losses && s == 0; k++) {
     json_t *o = json_array_get(scalers, (size_t)k);

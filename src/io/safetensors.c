@@ -301,7 +301,7 @@ static ampc_status st_build(ampc_st_file *f, const char *hdr, size_t hlen, uint6
   unsigned char *slot = f->arena;
   for (i = 0; i < n; i++) {
     f->tensors[i] = es[i].t;
-    f->tensors[i].data = slot;
+    f->tensors[i].values = slot;
     if (src_read(src, slot, es[i].t.nbytes) != 0) {
       s = st_err(label, AMPC_EIO, "read failed in tensor '%s' (file truncated while reading?)", es[i].t.name);
       goto done;
@@ -494,7 +494,7 @@ static ampc_status check_read(const ampc_st_tensor *t, size_t n, const char *wha
   int64_t numel = ampc_st_numel(t);
   size_t es = ampc_dtype_size(t->dtype);
   if (numel < 0 || es == 0 || (uint64_t)numel > SIZE_MAX / es || t->nbytes != (size_t)numel * es ||
-      (!t->data && t->nbytes))
+      (!t->values && t->nbytes))
     return ampc__error(AMPC_EINVAL, "safetensors: tensor '%s': inconsistent description (dtype, shape, "
                        "nbytes or data)", tname(t));
   if ((uint64_t)numel != (uint64_t)n) {
@@ -508,7 +508,7 @@ static ampc_status check_read(const ampc_st_tensor *t, size_t n, const char *wha
 
 ampc_status ampc_st_read_f32(const ampc_st_tensor *t, float *dst, size_t n) {
   AMPC_TRY(check_read(t, n, "read_f32"));
-  const unsigned char *src = t->data;
+  const unsigned char *src = t->values;
   switch (t->dtype) {
     case AMPC_DTYPE_F32:
       if (n) memcpy(dst, src, n * 4);
@@ -550,7 +550,7 @@ ampc_status ampc_st_read_f32(const ampc_st_tensor *t, float *dst, size_t n) {
 
 ampc_status ampc_st_read_i32(const ampc_st_tensor *t, int32_t *dst, size_t n) {
   AMPC_TRY(check_read(t, n, "read_i32"));
-  const unsigned char *src = t->data;
+  const unsigned char *src = t->values;
   switch (t->dtype) {
     case AMPC_DTYPE_I64:
       for (size_t i = 0; i < n; i++) {
@@ -592,7 +592,7 @@ ampc_status ampc_st_read_i32(const ampc_st_tensor *t, int32_t *dst, size_t n) {
 /* Builds the header object: "__metadata__" first (as the official writer
  * does), then the tensors in the caller's order, packed back to back. */
 static ampc_status build_header(const char *path, const ampc_st_tensor *ts, size_t n,
-                                const char *const *meta, json_t **out) {
+                                const char *const *meta, int streamed, json_t **out) {
   json_t *root = json_object();
   if (!root) return st_err(path, AMPC_ENOMEM, "out of memory");
   ampc_status s = AMPC_OK;
@@ -653,7 +653,7 @@ static ampc_status build_header(const char *path, const ampc_st_tensor *ts, size
                  t->nbytes, st_dtype_name(t->dtype), sh, (uint64_t)numel * es);
       goto fail;
     }
-    if (!t->data && t->nbytes) {
+    if (!t->values && t->nbytes && !streamed) {
       s = st_err(path, AMPC_EINVAL, "tensor '%s': data is NULL", t->name);
       goto fail;
     }
@@ -701,34 +701,90 @@ fail:
   return s;
 }
 
-ampc_status ampc_st_write(const char *path, const ampc_st_tensor *tensors, size_t n,
-                          const char *const *meta) {
+/* The header as the file starts: its length (8 bytes), the JSON, and spaces
+ * so that the data buffer starts at a multiple of 8. */
+typedef struct {
+  unsigned char len[8];
+  char *json;
+  size_t jlen, pad;
+} st_header;
+
+static ampc_status make_header(const char *path, const ampc_st_tensor *tensors, size_t n, const char *const *meta,
+                               int streamed, st_header *h) {
   if (!path) return ampc__error(AMPC_EINVAL, "safetensors: write: path is NULL");
   if (n && !tensors) return st_err(path, AMPC_EINVAL, "tensors is NULL");
   json_t *root = NULL;
-  AMPC_TRY(build_header(path, tensors, n, meta, &root));
-  char *json = json_dumps(root, JSON_COMPACT);
+  AMPC_TRY(build_header(path, tensors, n, meta, streamed, &root));
+  h->json = json_dumps(root, JSON_COMPACT);
   json_decref(root);
-  if (!json) return st_err(path, AMPC_ENOMEM, "out of memory for the header");
+  if (!h->json) return st_err(path, AMPC_ENOMEM, "out of memory for the header");
+  h->jlen = strlen(h->json);
+  h->pad = (8 - (8 + h->jlen) % 8) % 8;
+  uint64_t hlen = h->jlen + h->pad;
+  for (int i = 0; i < 8; i++) h->len[i] = (unsigned char)(hlen >> (8 * i));
+  return AMPC_OK;
+}
 
-  /* Pad with spaces so the data buffer starts at a multiple of 8 in the file. */
-  size_t jlen = strlen(json), pad = (8 - (8 + jlen) % 8) % 8;
-  uint64_t hlen = jlen + pad;
-  unsigned char lenb[8];
-  for (int i = 0; i < 8; i++) lenb[i] = (unsigned char)(hlen >> (8 * i));
-  static const char spaces[] = "        ";
+static const char st_spaces[] = "        ";
+
+ampc_status ampc_st_write(const char *path, const ampc_st_tensor *tensors, size_t n,
+                          const char *const *meta) {
+  st_header h;
+  AMPC_TRY(make_header(path, tensors, n, meta, 0, &h));
   ampc__chunk *ch = malloc((n + 3) * sizeof *ch);
   if (!ch) {
-    free(json);
+    free(h.json);
     return st_err(path, AMPC_ENOMEM, "out of memory");
   }
-  ch[0] = (ampc__chunk){lenb, 8};
-  ch[1] = (ampc__chunk){json, jlen};
-  ch[2] = (ampc__chunk){spaces, pad};
-  for (size_t i = 0; i < n; i++) ch[3 + i] = (ampc__chunk){tensors[i].data, tensors[i].nbytes};
+  ch[0] = (ampc__chunk){h.len, 8};
+  ch[1] = (ampc__chunk){h.json, h.jlen};
+  ch[2] = (ampc__chunk){st_spaces, h.pad};
+  for (size_t i = 0; i < n; i++) ch[3 + i] = (ampc__chunk){tensors[i].values, tensors[i].nbytes};
   ampc_status s = ampc__write_file_atomic_chunks(path, ch, n + 3);
   free(ch);
-  free(json);
+  free(h.json);
+  if (s < 0) return ampc__error_prefix(s, "safetensors");
+  return AMPC_OK;
+}
+
+typedef struct {
+  const st_header *h;
+  const ampc_st_tensor *t;
+  size_t n;
+  ampc_st_fetch fetch;
+  void *ctx;
+} st_stream;
+
+static ampc_status fill_stream(void *ctx, ampc__wfile *w) {
+  const st_stream *st = ctx;
+  AMPC_TRY(ampc__wfile_write(w, st->h->len, 8));
+  AMPC_TRY(ampc__wfile_write(w, st->h->json, st->h->jlen));
+  AMPC_TRY(ampc__wfile_write(w, st_spaces, st->h->pad));
+  size_t most = 0;
+  for (size_t i = 0; i < st->n; i++)
+    if (!st->t[i].values && st->t[i].nbytes > most) most = st->t[i].nbytes;
+  void *buf = most ? malloc(most) : NULL;
+  if (most && !buf) return ampc__error(AMPC_ENOMEM, "out of memory for %zu bytes", most);
+  ampc_status s = AMPC_OK;
+  for (size_t i = 0; i < st->n && s == 0; i++) {
+    const void *p = st->t[i].values;
+    if (!p && st->t[i].nbytes) {
+      s = st->fetch(st->ctx, i, buf);
+      p = buf;
+    }
+    if (s == 0) s = ampc__wfile_write(w, p, st->t[i].nbytes);
+  }
+  free(buf);
+  return s;
+}
+
+ampc_status ampc_st_write_stream(const char *path, const ampc_st_tensor *tensors, size_t n, const char *const *meta,
+                                 ampc_st_fetch fetch, void *ctx) {
+  st_header h;
+  AMPC_TRY(make_header(path, tensors, n, meta, fetch != NULL, &h));
+  st_stream st = {&h, tensors, n, fetch, ctx};
+  ampc_status s = ampc__write_file_atomic(path, fill_stream, &st);
+  free(h.json);
   if (s < 0) return ampc__error_prefix(s, "safetensors");
   return AMPC_OK;
 }

@@ -1,10 +1,10 @@
-/* Optimizer objects: configuration, state buffers, the step and its split form. */
+/* Optimizer objects: configuration, the state's layout on a device, the
+ * per-step constants. The element updates are the backend's (step_math.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "core/dtype_internal.h"
 #include "core/status_internal.h"
 #include "optim/optim_internal.h"
 
@@ -14,16 +14,13 @@ struct ampc_optim {
   ampc_optim_config cfg;
   size_t numel;
   int64_t step;
-  ampc__optim_consts k; /* this step's constants, set by begin_step */
-  const ampc__optim_kernels *kern;
-  /* One allocation holding nstate buffers of numel floats, each starting on a
-   * 64-byte boundary: (nstate, stride) with stride >= numel. */
+  ampc__device *dev;    /* where the state lives: a cpu device until amp binds it */
+  /* One device allocation holding nstate buffers of numel floats, each
+   * starting on a 64-byte boundary: (nstate, stride) with stride >= numel,
+   * in the order of names (torch's state_dict order). */
   float *state;
   size_t stride, nstate;
   const char *names[OPTIM_MAX_STATE];
-  float *bufs[OPTIM_MAX_STATE];
-  /* Views into bufs; NULL where the configuration keeps no such state. */
-  float *momentum_buffer, *exp_avg, *exp_avg_sq, *max_exp_avg_sq;
 };
 
 static const char *const kind_names[] = {
@@ -88,63 +85,34 @@ ampc_status ampc_optim_config_validate(const ampc_optim_config *c) {
   return AMPC_OK;
 }
 
-const ampc__optim_kernels *ampc__optim_kernels_best(void) {
-  if (ampc__optim_kernels_avx2 && ampc__cpu_has_avx2_f16c()) return ampc__optim_kernels_avx2;
-  return &ampc__optim_kernels_scalar;
-}
-
-void ampc__optim_set_kernels(ampc_optim *o, const ampc__optim_kernels *k) {
-  AMPC_ASSERT(k != NULL);
-  o->kern = k;
-}
-
-const ampc__optim_kernels *ampc__optim_get_kernels(const ampc_optim *o) { return o->kern; }
-
-static float *add_state(ampc_optim *o, const char *name) {
-  AMPC_ASSERT(o->nstate < OPTIM_MAX_STATE);
-  float *buf = o->state + o->nstate * o->stride;
-  o->names[o->nstate] = name;
-  o->bufs[o->nstate] = buf;
-  o->nstate++;
-  return buf;
-}
+static size_t state_bytes(const ampc_optim *o) { return o->nstate * o->stride * sizeof(float); }
 
 ampc_status ampc_optim_create(ampc_optim **out, const ampc_optim_config *c, size_t numel) {
   *out = NULL;
   AMPC_TRY(ampc_optim_config_validate(c));
-  if (numel == 0) return ampc__error(AMPC_EINVAL, "%s: empty parameter list (numel 0)", ampc_optim_kind_name(c->kind));
-  size_t nstate = 0;
-  if (c->kind == AMPC_OPTIM_SGD)
-    nstate = c->momentum != 0.0f;
-  else
-    nstate = 2 + (c->amsgrad != 0);
+  const char *who = ampc_optim_kind_name(c->kind);
+  if (numel == 0) return ampc__error(AMPC_EINVAL, "%s: empty parameter list (numel 0)", who);
   const size_t align = 16; /* floats: 64 bytes */
   if (numel > (SIZE_MAX / sizeof(float) - align) / OPTIM_MAX_STATE)
-    return ampc__error(AMPC_ENOMEM, "%s: %zu parameters is too many", ampc_optim_kind_name(c->kind), numel);
-  size_t stride = (numel + align - 1) / align * align;
-
+    return ampc__error(AMPC_ENOMEM, "%s: %zu parameters is too many", who, numel);
   ampc_optim *o = calloc(1, sizeof *o);
-  if (!o) return ampc__error(AMPC_ENOMEM, "%s: out of memory", ampc_optim_kind_name(c->kind));
+  if (!o) return ampc__error(AMPC_ENOMEM, "%s: out of memory", who);
   o->cfg = *c;
   o->numel = numel;
-  o->stride = stride;
-  o->kern = ampc__optim_kernels_best();
-  if (nstate) {
-    size_t bytes = nstate * stride * sizeof(float);
-    o->state = aligned_alloc(64, bytes);
-    if (!o->state) {
-      free(o);
-      return ampc__error(AMPC_ENOMEM, "%s: out of memory for %zu state values",
-                         ampc_optim_kind_name(c->kind), nstate * numel);
-    }
-    memset(o->state, 0, bytes);
-  }
+  o->stride = (numel + align - 1) / align * align;
   if (c->kind == AMPC_OPTIM_SGD) {
-    if (nstate) o->momentum_buffer = add_state(o, "momentum_buffer");
+    if (c->momentum != 0.0f) o->names[o->nstate++] = "momentum_buffer";
   } else {
-    o->exp_avg = add_state(o, "exp_avg");
-    o->exp_avg_sq = add_state(o, "exp_avg_sq");
-    if (c->amsgrad) o->max_exp_avg_sq = add_state(o, "max_exp_avg_sq");
+    o->names[o->nstate++] = "exp_avg";
+    o->names[o->nstate++] = "exp_avg_sq";
+    if (c->amsgrad) o->names[o->nstate++] = "max_exp_avg_sq";
+  }
+  ampc_status s = ampc__device_create(&o->dev, "cpu", NULL);
+  if (s == 0 && o->nstate && !(o->state = ampc__dev_alloc(o->dev, state_bytes(o))))
+    s = ampc__error(AMPC_ENOMEM, "%s: out of memory for %zu state values", who, o->nstate * numel);
+  if (s < 0) {
+    ampc_optim_free(o);
+    return s;
   }
   *out = o;
   return AMPC_OK;
@@ -152,15 +120,45 @@ ampc_status ampc_optim_create(ampc_optim **out, const ampc_optim_config *c, size
 
 void ampc_optim_free(ampc_optim *o) {
   if (!o) return;
-  free(o->state);
+  if (o->dev) ampc__dev_free(o->dev, o->state);
+  ampc__device_unref(o->dev);
   free(o);
 }
 
-void ampc_optim_begin_step(ampc_optim *o, float lr) {
+ampc_status ampc__optim_bind(ampc_optim *o, ampc__device *d) {
+  if (o->dev == d) return AMPC_OK;
+  float *st = NULL;
+  if (o->nstate) {
+    size_t bytes = state_bytes(o);
+    float *host = malloc(bytes);
+    st = ampc__dev_alloc(d, bytes);
+    ampc_status s = host && st ? AMPC_OK : ampc__error(AMPC_ENOMEM, "%s: out of memory for its state", ampc_optim_kind_name(o->cfg.kind));
+    /* the state carries over (zeros for a new optimizer, or what was restored) */
+    if (s == 0) s = ampc__dev_read(o->dev, host, AMPC_DTYPE_F32, o->state, AMPC_DTYPE_F32, bytes / sizeof(float));
+    if (s == 0) s = ampc__dev_write(d, st, AMPC_DTYPE_F32, host, AMPC_DTYPE_F32, bytes / sizeof(float));
+    free(host);
+    if (s < 0) {
+      ampc__dev_free(d, st);
+      return s;
+    }
+    ampc__dev_free(o->dev, o->state);
+  }
+  ampc__device_unref(o->dev);
+  o->dev = ampc__device_ref(d);
+  o->state = st;
+  return AMPC_OK;
+}
+
+ampc__device *ampc__optim_device(const ampc_optim *o) { return o->dev; }
+
+void ampc__optim_begin_step(ampc_optim *o, float lr, ampc__update *u) {
   const ampc_optim_config *c = &o->cfg;
-  ampc__optim_consts *k = &o->k;
+  memset(u, 0, sizeof *u);
+  u->kind = c->kind;
+  for (size_t i = 0; i < o->nstate; i++) u->state[i] = o->state + i * o->stride;
+  u->gmul = 1.0f;
+  ampc__optim_consts *k = &u->k;
   o->step++;
-  memset(k, 0, sizeof *k);
   /* torch computes these from Python floats (doubles) and the kernels round
    * them to f32; the config's f32 values are exact in double. */
   double dlr = lr, dwd = c->weight_decay;
@@ -191,52 +189,17 @@ void ampc_optim_begin_step(ampc_optim *o, float lr) {
   k->eps = c->eps;
 }
 
-/* Elements per pass: the just-updated weights are rounded into the copy
- * while they are still in L1 (4 KB of f32). */
-enum { OPTIM_BLOCK = 1024 };
-
-void ampc_optim_update_at(ampc_optim *o, size_t offset, size_t n, float *w, const float *g, float gmul,
-                          ampc_dtype copy_type, void *copy) {
-  AMPC_ASSERT(offset <= o->numel && n <= o->numel - offset);
-  AMPC_ASSERT(!copy || copy_type == AMPC_DTYPE_F32 || copy_type == AMPC_DTYPE_F16 ||
-              copy_type == AMPC_DTYPE_BF16);
-  const ampc__optim_kernels *kern = o->kern;
-  const ampc__optim_consts *k = &o->k;
-  size_t esize = copy ? ampc_dtype_size(copy_type) : 0;
-  for (size_t j = 0; j < n;) {
-    size_t len = copy && n - j > OPTIM_BLOCK ? OPTIM_BLOCK : n - j;
-    size_t s = offset + j; /* state index of element j */
-    if (o->cfg.kind == AMPC_OPTIM_SGD)
-      kern->sgd(k, len, w + j, g + j, gmul, o->momentum_buffer ? o->momentum_buffer + s : NULL);
-    else
-      kern->adam(k, len, w + j, g + j, gmul, o->exp_avg + s, o->exp_avg_sq + s,
-                 o->max_exp_avg_sq ? o->max_exp_avg_sq + s : NULL);
-    if (copy) ampc_store_f32(copy_type, (char *)copy + j * esize, w + j, len);
-    j += len;
-  }
-}
-
-void ampc_optim_update(ampc_optim *o, size_t offset, size_t n, float *w, const float *g, float gmul,
-                       ampc_dtype copy_type, void *copy) {
-  ampc_optim_update_at(o, offset, n, w + offset, g + offset, gmul, copy_type, copy);
-}
-
-/* Per OpenMP chunk in ampc_optim_step: large enough to amortise the fork. */
-enum { OPTIM_PAR_CHUNK = 1 << 16 };
-
 ampc_status ampc_optim_step(ampc_optim *o, float *w, const float *g, float lr) {
   const char *who = ampc_optim_kind_name(o->cfg.kind);
   if (!w || !g) return ampc__error(AMPC_EINVAL, "%s: step: NULL %s", who, w ? "gradient" : "parameters");
   if (!nonneg(lr)) return ampc__error(AMPC_EINVAL, "%s: step: invalid learning rate: %g (must be finite and >= 0)", who, lr);
-  ampc_optim_begin_step(o, lr);
-  size_t nchunks = (o->numel + OPTIM_PAR_CHUNK - 1) / OPTIM_PAR_CHUNK;
-#pragma omp parallel for schedule(static) if (nchunks > 1)
-  for (size_t c = 0; c < nchunks; c++) {
-    size_t off = c * OPTIM_PAR_CHUNK;
-    size_t len = o->numel - off < OPTIM_PAR_CHUNK ? o->numel - off : OPTIM_PAR_CHUNK;
-    ampc_optim_update(o, off, len, w, g, 1.0f, AMPC_DTYPE_F32, NULL);
-  }
-  return AMPC_OK;
+  if (!o->dev->be->host_memory)
+    return ampc__error(AMPC_ESTATE, "%s: step on host arrays, but the state lives on backend %s (step through amp)", who,
+                       o->dev->be->name);
+  ampc__update u;
+  ampc__optim_begin_step(o, lr, &u);
+  ampc__span s = {0, o->numel, AMPC_DTYPE_F32, w, AMPC_DTYPE_F32, g};
+  return o->dev->be->update(o->dev, &s, 1, &u);
 }
 
 int64_t ampc_optim_step_count(const ampc_optim *o) { return o->step; }
@@ -251,23 +214,37 @@ ampc_status ampc_optim_set_step_count(ampc_optim *o, int64_t step) {
 
 size_t ampc_optim_state_count(const ampc_optim *o) { return o->nstate; }
 
-ampc_status ampc_optim_state_get(ampc_optim *o, size_t i, const char **name, float **data) {
+const char *ampc_optim_state_name(const ampc_optim *o, size_t i) { return i < o->nstate ? o->names[i] : NULL; }
+
+ampc_status ampc_optim_state_index(const ampc_optim *o, const char *name, size_t *i) {
+  for (size_t k = 0; k < o->nstate; k++)
+    if (name && strcmp(name, o->names[k]) == 0) {
+      *i = k;
+      return AMPC_OK;
+    }
+  return ampc__error(AMPC_ENOTFOUND, "%s: no state named '%s'", ampc_optim_kind_name(o->cfg.kind), name ? name : "");
+}
+
+static ampc_status state_range(const ampc_optim *o, size_t i, size_t offset, size_t n, float **at) {
+  const char *who = ampc_optim_kind_name(o->cfg.kind);
   if (i >= o->nstate)
-    return ampc__error(AMPC_ERANGE, "%s: state index %zu out of range (this optimizer keeps %zu)",
-                       ampc_optim_kind_name(o->cfg.kind), i, o->nstate);
-  if (name) *name = o->names[i];
-  if (data) *data = o->bufs[i];
+    return ampc__error(AMPC_ERANGE, "%s: state index %zu out of range (this optimizer keeps %zu)", who, i, o->nstate);
+  if (offset > o->numel || n > o->numel - offset)
+    return ampc__error(AMPC_ERANGE, "%s: state elements [%zu, %zu) outside [0, %zu)", who, offset, offset + n, o->numel);
+  *at = o->state + i * o->stride + offset;
   return AMPC_OK;
 }
 
-ampc_status ampc_optim_state_find(ampc_optim *o, const char *name, float **data) {
-  for (size_t i = 0; i < o->nstate; i++)
-    if (name && strcmp(name, o->names[i]) == 0) {
-      if (data) *data = o->bufs[i];
-      return AMPC_OK;
-    }
-  return ampc__error(AMPC_ENOTFOUND, "%s: no state named '%s'", ampc_optim_kind_name(o->cfg.kind),
-                     name ? name : "");
+ampc_status ampc_optim_state_read(const ampc_optim *o, size_t i, size_t offset, size_t n, float *dst) {
+  float *at = NULL;
+  AMPC_TRY(state_range(o, i, offset, n, &at));
+  return ampc__dev_read(o->dev, dst, AMPC_DTYPE_F32, at, AMPC_DTYPE_F32, n);
+}
+
+ampc_status ampc_optim_state_write(ampc_optim *o, size_t i, size_t offset, size_t n, const float *src) {
+  float *at = NULL;
+  AMPC_TRY(state_range(o, i, offset, n, &at));
+  return ampc__dev_write(o->dev, at, AMPC_DTYPE_F32, src, AMPC_DTYPE_F32, n);
 }
 
 const ampc_optim_config *ampc_optim_get_config(const ampc_optim *o) { return &o->cfg; }

@@ -42,7 +42,7 @@ static void check_file(const ampc_st_file *f, const char *label, size_t size, co
     int64_t numel = ampc_st_numel(t);
     FUZZ_CHECK(numel >= 0);
     FUZZ_CHECK((uint64_t)t->nbytes == (uint64_t)numel * ampc_dtype_size(t->dtype));
-    FUZZ_CHECK(t->nbytes == 0 || (t->data && (uintptr_t)t->data % 64 == 0));
+    FUZZ_CHECK(t->nbytes == 0 || (t->values && (uintptr_t)t->values % 64 == 0));
     total += t->nbytes;
     /* numel <= data_len here, so the buffer is at most the input's size. */
     size_t cnt = (size_t)numel;
@@ -97,7 +97,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (size_t i = 0; i < ampc_st_count(mf); i++) {
       const ampc_st_tensor *a = ampc_st_get(mf, i), *b = ampc_st_get(ff, i);
       FUZZ_CHECK(strcmp(a->name, b->name) == 0 && a->dtype == b->dtype && a->nbytes == b->nbytes);
-      FUZZ_CHECK(a->nbytes == 0 || memcmp(a->data, b->data, a->nbytes) == 0);
+      FUZZ_CHECK(a->nbytes == 0 || memcmp(a->values, b->values, a->nbytes) == 0);
     }
   }
   ampc_st_close(mf);

@@ -115,15 +115,9 @@ static int rig_init(rig *r, const ampc_amp_config *cfg, const ampc_optim_config 
 
 static size_t numel_of(rig *r) { return ampc_graph_param_numel(r->g); }
 
-static void set_input(rig *r, const float *vals) {
-  ampc_tensor t = ampc_graph_tensor(r->g, r->x);
-  ampc_store_f32(t.dtype, t.data, vals, (size_t)(r->n * r->features));
-}
+static void set_input(rig *r, const float *vals) { CHECK_OK(ampc_graph_write(r->g, r->x, vals, AMPC_DTYPE_F32)); }
 
-static void set_labels(rig *r, const int32_t *lab) {
-  ampc_tensor t = ampc_graph_tensor(r->g, r->y);
-  memcpy(t.data, lab, (size_t)r->n * sizeof(int32_t));
-}
+static void set_labels(rig *r, const int32_t *lab) { CHECK_OK(ampc_graph_write(r->g, r->y, lab, AMPC_DTYPE_I32)); }
 
 /* Inputs uniform in (-a, a) and random labels, reproducible from seed. */
 static void random_batch(rig *r, uint64_t seed, float a) {
@@ -161,8 +155,9 @@ static unsigned char *model_bytes(rig *r, size_t *len) {
   }
   unsigned char *b = malloc(total ? total : 1), *p = b;
   for (size_t i = 0; i < ampc_graph_param_count(r->g); i++) {
-    ampc_tensor t = ampc_graph_tensor(r->g, ampc_graph_param_at(r->g, i));
-    memcpy(p, t.data, ampc_tensor_nbytes(&t));
+    ampc_value v = ampc_graph_param_at(r->g, i);
+    ampc_tensor t = ampc_graph_tensor(r->g, v);
+    CHECK_OK(ampc_graph_read(r->g, v, p, t.dtype)); /* in its own type: the bits */
     p += ampc_tensor_nbytes(&t);
   }
   *len = total;
@@ -171,13 +166,14 @@ static unsigned char *model_bytes(rig *r, size_t *len) {
 
 static float *param_values(rig *r) {
   float *v = malloc(numel_of(r) * sizeof *v);
-  ampc_amp_param_values(r->amp, v);
+  CHECK_OK(ampc_amp_param_values(r->amp, v));
   return v;
 }
 
 static float *unscaled(rig *r, int *bad) {
   float *v = malloc(numel_of(r) * sizeof *v);
-  int b = ampc_amp_unscaled_grads(r->amp, v);
+  int b = 0;
+  CHECK_OK(ampc_amp_unscaled_grads(r->amp, v, &b));
   if (bad) *bad = b;
   return v;
 }
@@ -197,18 +193,15 @@ static snapshot take_snapshot(rig *r) {
   snapshot s;
   memset(&s, 0, sizeof s);
   s.numel = numel_of(r);
-  float *m = ampc_amp_master_weights(r->amp);
-  if (m) {
+  if (ampc_amp_has_master_weights(r->amp)) {
     s.master = malloc(s.numel * sizeof(float));
-    memcpy(s.master, m, s.numel * sizeof(float));
+    CHECK_OK(ampc_amp_param_values(r->amp, s.master)); /* with masters: the masters */
   }
   s.model = model_bytes(r, &s.model_len);
   s.nstate = ampc_optim_state_count(r->opt);
   for (size_t i = 0; i < s.nstate && i < 4; i++) {
-    float *d = NULL;
-    CHECK_OK(ampc_optim_state_get(r->opt, i, NULL, &d));
     s.state[i] = malloc(s.numel * sizeof(float));
-    if (d) memcpy(s.state[i], d, s.numel * sizeof(float));
+    CHECK_OK(ampc_optim_state_read(r->opt, i, 0, s.numel, s.state[i]));
   }
   s.steps = ampc_optim_step_count(r->opt);
   return s;
@@ -247,13 +240,18 @@ static int same_snapshot(const snapshot *a, const snapshot *b, const char *what)
 
 /* 1 if every parameter's model gradient is all zero bits. */
 static int model_grads_zero(rig *r) {
-  for (size_t i = 0; i < ampc_graph_param_count(r->g); i++) {
-    ampc_tensor t = ampc_graph_grad(r->g, ampc_graph_param_at(r->g, i));
-    const unsigned char *p = t.data;
-    for (size_t k = 0; p && k < ampc_tensor_nbytes(&t); k++)
-      if (p[k]) return 0;
+  int zero = 1;
+  for (size_t i = 0; i < ampc_graph_param_count(r->g) && zero; i++) {
+    ampc_value v = ampc_graph_param_at(r->g, i);
+    ampc_tensor t = ampc_graph_grad(r->g, v);
+    unsigned char *p = malloc(ampc_tensor_nbytes(&t));
+    if (!p) return 0;
+    CHECK_OK(ampc_graph_read_grad(r->g, v, p, t.dtype));
+    for (size_t k = 0; k < ampc_tensor_nbytes(&t); k++)
+      if (p[k]) zero = 0;
+    free(p);
   }
-  return 1;
+  return zero;
 }
 
 static int all_zero(const float *v, size_t n) {
@@ -278,8 +276,18 @@ static void poke_grad(rig *r, const char *param, size_t idx, float v) {
   CHECK(p >= 0);
   if (p < 0) return;
   ampc_tensor t = ampc_graph_grad(r->g, p);
-  CHECK(t.data != NULL);
-  if (t.data) ampc_store_f32(t.dtype, (char *)t.data + idx * ampc_dtype_size(t.dtype), &v, 1);
+  size_t n = (size_t)ampc_tensor_numel(&t);
+  CHECK(idx < n);
+  float *g = malloc(n * sizeof *g);
+  if (!g || idx >= n) {
+    free(g);
+    return;
+  }
+  /* through f32 and back: exact for every storage type */
+  CHECK_OK(ampc_graph_read_grad(r->g, p, g, AMPC_DTYPE_F32));
+  g[idx] = v;
+  CHECK_OK(ampc_graph_write_grad(r->g, p, g, AMPC_DTYPE_F32));
+  free(g);
 }
 
 /* ------------------------------------------------- 1. storage types */
@@ -749,10 +757,10 @@ enum { UF_N = 16, UF_D = 32, UF_K = 4 };
 /* Mean cross entropy of the current logits, in double (the library's f32 loss
  * cannot resolve values near 1e-7). */
 static double loss_of(rig *r) {
-  ampc_tensor t = ampc_graph_tensor(r->g, r->logits);
   float l[UF_N * UF_K];
-  ampc_load_f32(l, t.dtype, t.data, UF_N * UF_K);
-  const int32_t *y = ampc_graph_tensor(r->g, r->y).data;
+  int32_t y[UF_N];
+  CHECK_OK(ampc_graph_read(r->g, r->logits, l, AMPC_DTYPE_F32));
+  CHECK_OK(ampc_graph_read(r->g, r->y, y, AMPC_DTYPE_I32));
   double s = 0;
   for (int n = 0; n < UF_N; n++) {
     double e = 0;
@@ -916,15 +924,17 @@ TEST(resume_restores_scaler_masters_and_optimizer_bit_identically) {
     ampc_scaler_state st;
     ampc_scaler_get_state(ampc_amp_scaler(b.amp, 0), &st);
     CHECK_OK(ampc_scaler_set_state(ampc_amp_scaler(c.amp, 0), &st));
-    CHECK(ampc_amp_master_weights(b.amp) && ampc_amp_master_weights(c.amp));
-    CHECK_OK(ampc_amp_load_params(c.amp, ampc_amp_master_weights(b.amp)));
+    CHECK(ampc_amp_has_master_weights(b.amp) && ampc_amp_has_master_weights(c.amp));
+    float *mb = param_values(&b);
+    CHECK_OK(ampc_amp_load_params(c.amp, mb));
+    free(mb);
     if (restore_optim) {
-      for (size_t i = 0; i < ampc_optim_state_count(b.opt); i++) {
-        float *src = NULL, *dst = NULL;
-        CHECK_OK(ampc_optim_state_get(b.opt, i, NULL, &src));
-        CHECK_OK(ampc_optim_state_get(c.opt, i, NULL, &dst));
-        if (src && dst) memcpy(dst, src, numel_of(&b) * sizeof(float));
+      float *st = malloc(numel_of(&b) * sizeof *st);
+      for (size_t i = 0; st && i < ampc_optim_state_count(b.opt); i++) {
+        CHECK_OK(ampc_optim_state_read(b.opt, i, 0, numel_of(&b), st));
+        CHECK_OK(ampc_optim_state_write(c.opt, i, 0, numel_of(&b), st));
       }
+      free(st);
       CHECK_OK(ampc_optim_set_step_count(c.opt, ampc_optim_step_count(b.opt)));
     }
     for (int s = K1; s < K1 + K2; s++) {
@@ -989,7 +999,7 @@ static int sr_run(int on, uint64_t seed, sr_result *res) {
     rig_free(&r);
     return 0;
   }
-  CHECK(ampc_amp_master_weights(r.amp) == NULL);
+  CHECK(!ampc_amp_has_master_weights(r.amp));
   ampc_amp_set_stochastic_rounding(r.amp, on, seed);
   random_batch(&r, 9, 1.0f);
   size_t n = numel_of(&r);

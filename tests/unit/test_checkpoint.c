@@ -1,6 +1,8 @@
-/* Checkpoints: save/load round trip of everything, refusal of files from
- * another model, opt level or format version, and a failed write (as on a full
- * disk) that leaves the previous checkpoint loadable. */
+/* Checkpoints: save/load round trip of everything (on the cpu backend, on
+ * the guarded one, and from one to the other), refusal of files from another
+ * model, opt level or format version, and a failed write (as on a full disk)
+ * that leaves the previous checkpoint loadable. */
+#include "ampc/backend.h"
 #include "ampc/checkpoint.h"
 #include "ampc/rng.h"
 #include "ampc/safetensors.h"
@@ -13,10 +15,11 @@ typedef struct {
   ampc_amp *amp;
 } rig;
 
-static void rig_make(rig *r, const char *model, ampc_opt_level lvl) {
+static void rig_make_on(rig *r, const char *model, ampc_opt_level lvl, const char *backend) {
   ampc_model_opts o = {.batch = 8, .channels = 1, .height = 8, .width = 8, .classes = 4, .seed = 11};
   CHECK_OK(ampc_model_create(&r->m, model, &o));
   ampc_graph *g = ampc_model_graph(r->m);
+  CHECK_OK(ampc_graph_set_backend(g, backend, NULL));
   ampc_optim_config oc;
   ampc_optim_config_default(&oc, AMPC_OPTIM_ADAM);
   CHECK_OK(ampc_optim_create(&r->opt, &oc, ampc_graph_param_numel(g)));
@@ -24,6 +27,8 @@ static void rig_make(rig *r, const char *model, ampc_opt_level lvl) {
   CHECK_OK(ampc_amp_config_init(&ac, lvl, AMPC_DTYPE_F16));
   CHECK_OK(ampc_amp_initialize(&r->amp, g, r->opt, &ac));
 }
+
+static void rig_make(rig *r, const char *model, ampc_opt_level lvl) { rig_make_on(r, model, lvl, "cpu"); }
 
 static void rig_free(rig *r) {
   ampc_amp_free(r->amp);
@@ -35,11 +40,12 @@ static void train_steps(rig *r, int n, uint64_t seed) {
   ampc_graph *g = ampc_model_graph(r->m);
   ampc_rng rng = ampc_rng_make(seed, AMPC_RNG_STREAM_USER);
   for (int s = 0; s < n; s++) {
-    ampc_tensor x = ampc_graph_tensor(g, ampc_model_input(r->m)), y = ampc_graph_tensor(g, ampc_model_labels(r->m));
     float buf[8 * 64];
+    int32_t lab[8];
     for (int i = 0; i < 8 * 64; i++) buf[i] = ampc_rng_normal(&rng);
-    ampc_store_f32(x.dtype, x.data, buf, 8 * 64);
-    for (int i = 0; i < 8; i++) ((int32_t *)y.data)[i] = (int32_t)ampc_rng_below(&rng, 4);
+    for (int i = 0; i < 8; i++) lab[i] = (int32_t)ampc_rng_below(&rng, 4);
+    CHECK_OK(ampc_graph_write(g, ampc_model_input(r->m), buf, AMPC_DTYPE_F32));
+    CHECK_OK(ampc_graph_write(g, ampc_model_labels(r->m), lab, AMPC_DTYPE_I32));
     CHECK_OK(ampc_amp_forward(r->amp, 1));
     CHECK_OK(ampc_amp_backward(r->amp, ampc_model_loss(r->m), 0, 0));
     CHECK_OK(ampc_amp_step(r->amp, 1e-2f, NULL));
@@ -49,7 +55,7 @@ static void train_steps(rig *r, int n, uint64_t seed) {
 static float *params_of(rig *r) {
   size_t n = ampc_graph_param_numel(ampc_model_graph(r->m));
   float *v = malloc(n * sizeof *v);
-  ampc_amp_param_values(r->amp, v);
+  CHECK_OK(ampc_amp_param_values(r->amp, v));
   return v;
 }
 
@@ -61,14 +67,16 @@ static const char *tmp(const char *name) {
   return buf[k];
 }
 
-TEST(roundtrip_continues_exactly) {
-  for (int lvl = AMPC_OPT_O0; lvl <= AMPC_OPT_O3; lvl += 2) {
+/* Saved on backend `from` and loaded on `to`, a run continues exactly as
+ * the unbroken one. */
+static void roundtrip(const char *from, const char *to) {
+  for (int lvl = AMPC_OPT_O0; lvl <= AMPC_OPT_O3; lvl++) {
     rig a, b;
-    rig_make(&a, "cnn", (ampc_opt_level)lvl);
+    rig_make_on(&a, "cnn", (ampc_opt_level)lvl, from);
     train_steps(&a, 3, 1);
     ampc_train_state ts = {.seed = 5, .epoch = 2, .batch = 7, .step = 3, .loss_sum = 1.25, .seen = 24};
     CHECK_OK(ampc_checkpoint_save(tmp("rt.safetensors"), a.m, a.amp, a.opt, &ts));
-    rig_make(&b, "cnn", (ampc_opt_level)lvl);
+    rig_make_on(&b, "cnn", (ampc_opt_level)lvl, to);
     ampc_train_state back;
     CHECK_OK(ampc_checkpoint_load(tmp("rt.safetensors"), b.m, b.amp, b.opt, &back));
     CHECK(back.epoch == 2 && back.batch == 7 && back.step == 3 && back.loss_sum == 1.25 && back.seen == 24 && back.seed == 5);
@@ -78,12 +86,19 @@ TEST(roundtrip_continues_exactly) {
     train_steps(&b, 2, 9);
     float *pa = params_of(&a), *pb = params_of(&b);
     size_t n = ampc_graph_param_numel(ampc_model_graph(a.m));
-    CHECK_MSG(memcmp(pa, pb, n * sizeof(float)) == 0, "opt level %d: weights differ after resuming", lvl);
+    CHECK_MSG(memcmp(pa, pb, n * sizeof(float)) == 0, "%s -> %s, opt level %d: weights differ after resuming", from, to, lvl);
     free(pa);
     free(pb);
     rig_free(&a);
     rig_free(&b);
   }
+}
+
+TEST(roundtrip_continues_exactly) { roundtrip("cpu", "cpu"); }
+TEST(roundtrip_on_the_guarded_backend) {
+  roundtrip("cpu-guarded", "cpu-guarded");
+  roundtrip("cpu", "cpu-guarded");
+  roundtrip("cpu-guarded", "cpu");
 }
 
 TEST(refuses_other_model_level_version) {
@@ -97,7 +112,7 @@ TEST(refuses_other_model_level_version) {
   CHECK_ERR(ampc_checkpoint_load(tmp("cnn.safetensors"), c.m, c.amp, c.opt, &ts), AMPC_EINVAL, "saved at opt level O2");
   /* a plain weights file, and a future format version */
   float one = 1.0f;
-  ampc_st_tensor t = {.name = "x", .dtype = AMPC_DTYPE_F32, .ndim = 1, .shape = {1}, .data = &one, .nbytes = 4};
+  ampc_st_tensor t = {.name = "x", .dtype = AMPC_DTYPE_F32, .ndim = 1, .shape = {1}, .values = &one, .nbytes = 4};
   CHECK_OK(ampc_st_write(tmp("plain.safetensors"), &t, 1, NULL));
   CHECK_ERR(ampc_checkpoint_load(tmp("plain.safetensors"), a.m, a.amp, a.opt, &ts), AMPC_EFORMAT, "not an ampc checkpoint");
   const char *meta[] = {"format", AMPC_CHECKPOINT_FORMAT, "format_version", "99", "ampc", "{}", NULL};
@@ -136,5 +151,5 @@ TEST(failed_write_keeps_previous_checkpoint) {
   rig_free(&b);
 }
 
-TEST_MAIN(TEST_ENTRY(roundtrip_continues_exactly), TEST_ENTRY(refuses_other_model_level_version),
+TEST_MAIN(TEST_ENTRY(roundtrip_continues_exactly), TEST_ENTRY(roundtrip_on_the_guarded_backend), TEST_ENTRY(refuses_other_model_level_version),
           TEST_ENTRY(failed_write_keeps_previous_checkpoint))

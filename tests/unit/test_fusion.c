@@ -20,21 +20,21 @@ static run_result run(const char *model, int C, int H, int fuse, ampc_dtype act,
   CHECK_OK(ampc_model_create(&m, model, &o));
   ampc_graph *g = ampc_model_graph(m);
   CHECK_OK(ampc_graph_set_fusion(g, fuse));
-  ampc_graph_precision p = {act, AMPC_DTYPE_F32, act, 0, AMPC_DTYPE_F16};
+  ampc_graph_precision p = {act, AMPC_DTYPE_F32, act, 0, AMPC_DTYPE_F16, NULL};
   CHECK_OK(ampc_graph_set_precision(g, &p));
   CHECK_OK(ampc_graph_compile(g));
-  ampc_tensor x = ampc_graph_tensor(g, ampc_model_input(m)), y = ampc_graph_tensor(g, ampc_model_labels(m));
+  ampc_tensor x = ampc_graph_tensor(g, ampc_model_input(m));
   ampc_rng rng = ampc_rng_make(7, AMPC_RNG_STREAM_USER);
   size_t nx = (size_t)ampc_tensor_numel(&x);
   float *xf = malloc(nx * sizeof *xf);
   for (size_t i = 0; i < nx; i++) xf[i] = ampc_rng_normal(&rng);
   if (nan_at >= 0) xf[nan_at] = NAN;
-  ampc_store_f32(x.dtype, x.data, xf, nx);
+  CHECK_OK(ampc_graph_write(g, ampc_model_input(m), xf, AMPC_DTYPE_F32));
   free(xf);
-  for (int i = 0; i < 4; i++) ((int32_t *)y.data)[i] = i * 3 % 10;
+  CHECK_OK(ampc_graph_write(g, ampc_model_labels(m), (const int32_t[]){0, 3, 6, 9}, AMPC_DTYPE_I32));
   CHECK_OK(ampc_graph_forward(g, training));
   CHECK_OK(ampc_graph_backward(g, ampc_model_loss(m), 1.0f, 0));
-  r.loss = *(float *)ampc_graph_tensor(g, ampc_model_loss(m)).data;
+  CHECK_OK(ampc_graph_read(g, ampc_model_loss(m), &r.loss, AMPC_DTYPE_F32));
   ampc_mem_report mr;
   ampc_graph_memory(g, &mr);
   r.act_bytes = ampc_mem_total(&mr, AMPC_MEM_ACTIVATIONS);
@@ -42,8 +42,7 @@ static run_result run(const char *model, int C, int H, int fuse, ampc_dtype act,
   r.grads = malloc(r.n * sizeof(float));
   for (size_t i = 0; i < ampc_graph_param_count(g); i++) {
     ampc_value v = ampc_graph_param_at(g, i);
-    ampc_tensor gt = ampc_graph_grad(g, v);
-    ampc_load_f32(r.grads + ampc_graph_param_offset(g, v), gt.dtype, gt.data, (size_t)ampc_tensor_numel(&gt));
+    CHECK_OK(ampc_graph_read_grad(g, v, r.grads + ampc_graph_param_offset(g, v), AMPC_DTYPE_F32));
   }
   ampc_model_free(m);
   return r;

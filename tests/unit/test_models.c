@@ -12,6 +12,7 @@
 
 #include "ampc/nn.h"
 #include "ampc/rng.h"
+#include "ampc/amp.h"
 #include "test.h"
 
 static ampc_model_opts opts_of(int64_t batch, int c, int h, int w, int classes, uint64_t seed) {
@@ -221,11 +222,15 @@ TEST(default_init) {
     size_t n = (size_t)ampc_tensor_numel(&t);
     const char *leaf = strrchr(name, '.') ? strrchr(name, '.') + 1 : name;
     if (t.dtype == AMPC_DTYPE_I64) {
-      CHECK(strcmp(leaf, "num_batches_tracked") == 0 && n == 1 && ((int64_t *)t.data)[0] == 0);
+      int64_t nbt = -1;
+      CHECK_OK(ampc_graph_read(g, v, &nbt, AMPC_DTYPE_I64));
+      CHECK(strcmp(leaf, "num_batches_tracked") == 0 && n == 1 && nbt == 0);
       continue;
     }
     CHECK(t.dtype == AMPC_DTYPE_F32);
-    const float *x = t.data;
+    float *x = malloc(n * sizeof *x);
+    if (!x) continue;
+    CHECK_OK(ampc_graph_read(g, v, x, AMPC_DTYPE_F32));
     if (k == AMPC_OP_PARAM) CHECK(memcmp(x, ampc_graph_param_init(g, v), n * sizeof(float)) == 0);
     if (ampc_graph_param_is_norm(g, v) || strstr(leaf, "running_")) {
       float want = strcmp(leaf, "weight") == 0 || strcmp(leaf, "running_var") == 0 ? 1.0f : 0.0f;
@@ -233,6 +238,7 @@ TEST(default_init) {
       for (size_t j = 0; j < n; j++) bad += x[j] != want;
       CHECK_MSG(bad == 0, "%s: %zu values differ from %g", name, bad, (double)want);
       bns += strcmp(leaf, "weight") == 0;
+      free(x);
       continue;
     }
     /* conv weights (O, C, k, k): fan_in C*k*k; the linear layer: 512 */
@@ -251,6 +257,7 @@ TEST(default_init) {
       CHECK_MSG(mx > 0.95 * bound, "%s: max |w| %g, bound %g: the range is not covered", name, mx, bound);
     }
     convs += t.shape.ndim == 4;
+    free(x);
   }
   CHECK(convs == 20); /* conv1, 16 in the blocks, 3 shortcuts */
   CHECK(bns == 20);
@@ -350,26 +357,49 @@ TEST(model_accessors) {
 
 static void fill_batch(ampc_model *m, uint64_t seed) {
   ampc_graph *g = ampc_model_graph(m);
-  ampc_tensor x = ampc_graph_tensor(g, ampc_model_input(m));
-  size_t n = (size_t)ampc_tensor_numel(&x);
+  ampc_tensor x = ampc_graph_tensor(g, ampc_model_input(m)), y = ampc_graph_tensor(g, ampc_model_labels(m));
+  size_t n = (size_t)ampc_tensor_numel(&x), ny = (size_t)y.shape.d[0];
   float *v = malloc(n * sizeof *v);
-  if (!v) return;
-  ampc_rng r = ampc_rng_make(seed, AMPC_RNG_STREAM_USER);
-  for (size_t i = 0; i < n; i++) v[i] = ampc_rng_normal(&r);
-  ampc_store_f32(x.dtype, x.data, v, n);
+  int32_t *lab = malloc(ny * sizeof *lab);
+  if (v && lab) {
+    ampc_rng r = ampc_rng_make(seed, AMPC_RNG_STREAM_USER);
+    for (size_t i = 0; i < n; i++) v[i] = ampc_rng_normal(&r);
+    for (size_t i = 0; i < ny; i++) lab[i] = (int32_t)(i * 3 % (size_t)ampc_model_options(m)->classes);
+    CHECK_OK(ampc_graph_write(g, ampc_model_input(m), v, AMPC_DTYPE_F32));
+    CHECK_OK(ampc_graph_write(g, ampc_model_labels(m), lab, AMPC_DTYPE_I32));
+  }
   free(v);
-  ampc_tensor y = ampc_graph_tensor(g, ampc_model_labels(m));
-  for (int64_t i = 0; i < y.shape.d[0]; i++) ((int32_t *)y.data)[i] = (int32_t)(i * 3 % ampc_model_options(m)->classes);
+  free(lab);
 }
 
-static size_t count_nonfinite(ampc_tensor t) {
-  size_t n = (size_t)ampc_tensor_numel(&t), bad = 0;
-  float *v = malloc(n * sizeof *v);
-  if (!v) return n;
-  ampc_load_f32(v, t.dtype, t.data, n);
-  for (size_t i = 0; i < n; i++) bad += !isfinite(v[i]);
-  free(v);
+/* A value's (or its gradient's) values as f32 (the caller frees). */
+static float *read_values(ampc_graph *g, ampc_value v, int grad, size_t *n) {
+  ampc_tensor t = grad ? ampc_graph_grad(g, v) : ampc_graph_tensor(g, v);
+  *n = (size_t)ampc_tensor_numel(&t);
+  float *x = malloc(*n * sizeof *x);
+  if (x) CHECK_OK(grad ? ampc_graph_read_grad(g, v, x, AMPC_DTYPE_F32) : ampc_graph_read(g, v, x, AMPC_DTYPE_F32));
+  return x;
+}
+
+static size_t count_nonfinite(ampc_graph *g, ampc_value v, int grad) {
+  size_t n, bad = 0;
+  float *x = read_values(g, v, grad, &n);
+  if (!x) return n;
+  for (size_t i = 0; i < n; i++) bad += !isfinite(x[i]);
+  free(x);
   return bad;
+}
+
+static float loss_value(ampc_model *m) {
+  float l = NAN;
+  CHECK_OK(ampc_graph_read(ampc_model_graph(m), ampc_model_loss(m), &l, AMPC_DTYPE_F32));
+  return l;
+}
+
+static int64_t read_i64(ampc_graph *g, ampc_value v) {
+  int64_t x = -1;
+  CHECK_OK(ampc_graph_read(g, v, &x, AMPC_DTYPE_I64));
+  return x;
 }
 
 /* ResNet-18 at batch 2: a training forward and backward, and an eval
@@ -381,26 +411,29 @@ TEST(resnet18_runs) {
   CHECK_OK(ampc_graph_compile(g));
   fill_batch(m, 11);
   CHECK_OK(ampc_graph_forward(g, 1));
-  ampc_tensor logits = ampc_graph_tensor(g, ampc_model_logits(m)), loss = ampc_graph_tensor(g, ampc_model_loss(m));
+  ampc_tensor logits = ampc_graph_tensor(g, ampc_model_logits(m));
   CHECK(logits.shape.d[0] == 2 && logits.shape.d[1] == 10);
-  CHECK(count_nonfinite(logits) == 0);
-  float l = *(float *)loss.data;
+  CHECK(count_nonfinite(g, ampc_model_logits(m), 0) == 0);
+  float l = loss_value(m);
   CHECK_MSG(isfinite(l) && l > 0.5f && l < 10.0f, "loss %g", (double)l);
   CHECK_OK(ampc_graph_backward(g, ampc_model_loss(m), 1.0f, 0));
   size_t bad = 0, nonzero = 0;
   for (size_t i = 0; i < ampc_graph_param_count(g); i++) {
-    ampc_tensor gr = ampc_graph_grad(g, ampc_graph_param_at(g, i));
-    bad += count_nonfinite(gr);
-    const float *d = gr.data;
-    for (int64_t j = 0; j < ampc_tensor_numel(&gr); j++) nonzero += d[j] != 0.0f;
+    size_t n;
+    float *d = read_values(g, ampc_graph_param_at(g, i), 1, &n);
+    for (size_t j = 0; d && j < n; j++) {
+      nonzero += d[j] != 0.0f;
+      bad += !isfinite(d[j]);
+    }
+    free(d);
   }
   CHECK(bad == 0);
   CHECK(nonzero > 1000000);
   ampc_value nbt = ampc_graph_find(g, "layer4.1.bn2.num_batches_tracked");
-  CHECK(nbt >= 0 && *(int64_t *)ampc_graph_tensor(g, nbt).data == 1);
+  CHECK(nbt >= 0 && read_i64(g, nbt) == 1);
   CHECK_OK(ampc_graph_forward(g, 0));
-  CHECK(count_nonfinite(logits) == 0);
-  CHECK(*(int64_t *)ampc_graph_tensor(g, nbt).data == 1);
+  CHECK(count_nonfinite(g, ampc_model_logits(m), 0) == 0);
+  CHECK(read_i64(g, nbt) == 1);
   ampc_model_free(m);
 }
 
@@ -408,9 +441,9 @@ TEST(resnet18_runs) {
  * bf16: finite loss and gradients, close to the f32 loss. */
 TEST(cnn_runs_in_half) {
   const ampc_graph_precision precs[] = {
-      {AMPC_DTYPE_F32, AMPC_DTYPE_F32, AMPC_DTYPE_F32, 0, AMPC_DTYPE_F16},
-      {AMPC_DTYPE_F32, AMPC_DTYPE_F32, AMPC_DTYPE_F16, 1, AMPC_DTYPE_F16},
-      {AMPC_DTYPE_BF16, AMPC_DTYPE_F32, AMPC_DTYPE_BF16, 0, AMPC_DTYPE_BF16},
+      {AMPC_DTYPE_F32, AMPC_DTYPE_F32, AMPC_DTYPE_F32, 0, AMPC_DTYPE_F16, NULL},
+      {AMPC_DTYPE_F32, AMPC_DTYPE_F32, AMPC_DTYPE_F16, 1, AMPC_DTYPE_F16, ampc_amp_cast_policy},
+      {AMPC_DTYPE_BF16, AMPC_DTYPE_F32, AMPC_DTYPE_BF16, 0, AMPC_DTYPE_BF16, NULL},
   };
   float loss32 = 0.0f;
   for (int p = 0; p < 3; p++) {
@@ -422,11 +455,11 @@ TEST(cnn_runs_in_half) {
     fill_batch(m, 5);
     CHECK_OK(ampc_graph_forward(g, 1));
     CHECK_OK(ampc_graph_backward(g, ampc_model_loss(m), 1.0f, 0));
-    float l = *(float *)ampc_graph_tensor(g, ampc_model_loss(m)).data;
+    float l = loss_value(m);
     if (p == 0) loss32 = l;
     CHECK_MSG(isfinite(l) && fabsf(l - loss32) < 0.05f * loss32, "precision %d: loss %g vs f32 %g", p, (double)l, (double)loss32);
     size_t bad = 0;
-    for (size_t i = 0; i < ampc_graph_param_count(g); i++) bad += count_nonfinite(ampc_graph_grad(g, ampc_graph_param_at(g, i)));
+    for (size_t i = 0; i < ampc_graph_param_count(g); i++) bad += count_nonfinite(g, ampc_graph_param_at(g, i), 1);
     CHECK(bad == 0);
     ampc_model_free(m);
   }

@@ -1,6 +1,7 @@
 /* Optimizers and LR schedules against torch (fixtures from
- * tests/fixtures/make_optim_fixtures.py), and the split form, the kernel
- * builds, the copy output, validation and state round trips against each other. */
+ * tests/fixtures/make_optim_fixtures.py), and the backend's fused update
+ * (gradient multiplier, spans, masters with a 16-bit copy), the kernel
+ * builds, validation and state round trips against each other. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 
 #include "ampc/dtype.h"
 #include "ampc/optim.h"
+#include "backend/cpu/cpu_internal.h"
 #include "optim/optim_internal.h"
 #include "test.h"
 
@@ -139,18 +141,23 @@ static double norm_diff(const float *a, const float *b, size_t n) {
 
 static int cpu_runs_avx2(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  return ampc__optim_kernels_avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ampc__cpu_isa_avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
   return 0;
 #endif
 }
 
-/* The kernel builds this machine can run: scalar, and AVX2 where possible. */
-static int kernel_builds(const ampc__optim_kernels **out) {
+/* The kernel builds this machine can run: the baseline, and AVX2 where possible. */
+static int kernel_builds(const ampc__cpu_isa **out) {
   int n = 0;
-  out[n++] = &ampc__optim_kernels_scalar;
-  if (cpu_runs_avx2()) out[n++] = ampc__optim_kernels_avx2;
+  out[n++] = &ampc__cpu_isa_baseline;
+  if (cpu_runs_avx2()) out[n++] = ampc__cpu_isa_avx2;
   return n;
+}
+
+/* State buffer i of o into dst (numel floats). */
+static void state_of(const ampc_optim *o, size_t i, float *dst) {
+  CHECK_OK(ampc_optim_state_read(o, i, 0, ampc_optim_numel(o), dst));
 }
 
 static uint64_t lcg(uint64_t *s) {
@@ -210,7 +217,7 @@ TEST(torch_parity_optim) {
     return;
   }
   int exact_ok = strcmp(fx.capability, "AVX2") == 0 || strncmp(fx.capability, "AVX512", 6) == 0;
-  const ampc__optim_kernels *builds[2];
+  const ampc__cpu_isa *builds[2];
   int nb = kernel_builds(builds);
   for (int b = 0; b < nb; b++) {
     printf("  torch %s fixture, %s kernels: max |w - w_torch| / max |w_torch| over steps\n", fx.capability,
@@ -220,7 +227,7 @@ TEST(torch_parity_optim) {
       ampc_optim *o = NULL;
       CHECK_OK(ampc_optim_create(&o, &c->cfg, (size_t)fx.n));
       if (!o) continue;
-      ampc__optim_set_kernels(o, builds[b]);
+      ampc__cpu_set_isa(ampc__optim_device(o), builds[b]);
       float w[FX_MAX_N];
       memcpy(w, fx.init, sizeof w);
       double worst = 0;
@@ -243,9 +250,10 @@ TEST(torch_parity_optim) {
                 ampc_optim_state_count(o), c->nstate);
       double sworst = 0;
       for (int s = 0; s < c->nstate; s++) {
-        float *data = NULL;
-        CHECK_OK(ampc_optim_state_find(o, c->state_name[s], &data));
-        if (!data) continue;
+        float data[FX_MAX_N];
+        size_t si = 0;
+        CHECK_OK(ampc_optim_state_index(o, c->state_name[s], &si));
+        state_of(o, si, data);
         double d = norm_diff(data, c->state[s], (size_t)fx.n);
         if (d > sworst) sworst = d;
         double tol = c->exact ? W_TOL : STATE_TOL_DECIMAL;
@@ -261,20 +269,29 @@ TEST(torch_parity_optim) {
   }
 }
 
-/* ---- the split form and the kernel builds -------------------------------- */
+/* ---- the fused update and the kernel builds -------------------------------- */
 
-/* begin_step + update over chunks of odd sizes, in a scrambled order, equals
- * ampc_optim_step bit for bit; gmul equals pre-multiplying the gradient.
- * Every other chunk goes through update_at on chunk-sized scratch copies, as
- * the amp layer does for 16-bit weights without masters. */
-TEST(split_form_matches_step) {
-  enum { N = 5003, STEPS = 6, NCHUNK = 9 };
-  const size_t cuts[NCHUNK + 1] = {0, 1, 8, 9, 1000, 1031, 2100, 2107, 4096, N};
-  const int order[NCHUNK] = {4, 0, 8, 2, 6, 1, 7, 3, 5};
+/* One step through the device's update over the given spans of the flat
+ * numbering, with gradient multiplier gmul and optional f32 masters. */
+static void fused_step(ampc_optim *o, float lr, const ampc__span *sp, int ns, float *master, float gmul) {
+  ampc__update u;
+  ampc__optim_begin_step(o, lr, &u);
+  u.master = master;
+  u.gmul = gmul;
+  ampc__device *d = ampc__optim_device(o);
+  CHECK_OK(d->be->update(d, sp, ns, &u));
+}
+
+/* The fused update over spans of odd sizes (several chunks, tails) with a
+ * gradient multiplier equals ampc_optim_step on the pre-multiplied
+ * gradient, bit for bit, weights and state. */
+TEST(fused_update_matches_step) {
+  enum { N = 20003, STEPS = 6, NSPAN = 5 };
+  const size_t cuts[NSPAN + 1] = {0, 1, 9, 8200, 16391, N};
   ampc_optim_config cfgs[16];
   int ncfg = sample_configs(cfgs);
   float *w0 = malloc(N * 4), *wa = malloc(N * 4), *wb = malloc(N * 4), *g = malloc(N * 4), *gs = malloc(N * 4);
-  float *sw = malloc(N * 4), *sg = malloc(N * 4); /* chunk scratch */
+  float *sa = malloc(N * 4), *sb = malloc(N * 4);
   uint64_t seed = 1;
   for (int i = 0; i < N; i++) w0[i] = rnd(&seed) * 10.0f;
   for (int ci = 0; ci < ncfg; ci++) {
@@ -285,6 +302,9 @@ TEST(split_form_matches_step) {
     memcpy(wa, w0, N * 4);
     memcpy(wb, w0, N * 4);
     const float gmul = 0.25f * 0.7f; /* 1/loss_scale times a clip coefficient */
+    ampc__span sp[NSPAN];
+    for (int k = 0; k < NSPAN; k++)
+      sp[k] = (ampc__span){cuts[k], cuts[k + 1] - cuts[k], AMPC_DTYPE_F32, wb + cuts[k], AMPC_DTYPE_F32, g + cuts[k]};
     for (int s = 0; s < STEPS; s++) {
       for (int i = 0; i < N; i++) {
         g[i] = rnd(&seed) * 1024.0f;
@@ -292,47 +312,35 @@ TEST(split_form_matches_step) {
       }
       float lr = cfgs[ci].lr * (1.0f - 0.1f * (float)s);
       CHECK_OK(ampc_optim_step(a, wa, gs, lr));
-      ampc_optim_begin_step(b, lr);
-      for (int c = 0; c < NCHUNK; c++) {
-        size_t lo = cuts[order[c]], hi = cuts[order[c] + 1];
-        if (c % 2 == 0) {
-          ampc_optim_update(b, lo, hi - lo, wb, g, gmul, AMPC_DTYPE_F32, NULL);
-        } else {
-          memcpy(sw, wb + lo, (hi - lo) * 4);
-          memcpy(sg, g + lo, (hi - lo) * 4);
-          ampc_optim_update_at(b, lo, hi - lo, sw, sg, gmul, AMPC_DTYPE_F32, NULL);
-          memcpy(wb + lo, sw, (hi - lo) * 4);
-        }
-      }
+      fused_step(b, lr, sp, NSPAN, NULL, gmul);
     }
     CHECK_MSG(all_same(wa, wb, N), "config %d (%s)", ci, ampc_optim_kind_name(cfgs[ci].kind));
     for (size_t s = 0; s < ampc_optim_state_count(a); s++) {
-      float *da, *db;
-      CHECK_OK(ampc_optim_state_get(a, s, NULL, &da));
-      CHECK_OK(ampc_optim_state_get(b, s, NULL, &db));
-      CHECK_MSG(all_same(da, db, N), "config %d state %zu", ci, s);
+      state_of(a, s, sa);
+      state_of(b, s, sb);
+      CHECK_MSG(all_same(sa, sb, N), "config %d state %zu", ci, s);
     }
     CHECK(ampc_optim_step_count(a) == STEPS && ampc_optim_step_count(b) == STEPS);
     ampc_optim_free(a);
     ampc_optim_free(b);
   }
-  free(w0), free(wa), free(wb), free(g), free(gs), free(sw), free(sg);
+  free(w0), free(wa), free(wb), free(g), free(gs), free(sa), free(sb);
 }
 
 /* The AVX2 build equals the portable one bit for bit, on awkward values
  * (zeros of both signs, subnormals, huge and NaN gradients) and lengths that
- * leave a tail; and the OpenMP-chunked ampc_optim_step over a large array
- * equals one sequential update. */
+ * leave a tail; the update over a large array (many chunks) too. */
 TEST(kernel_builds_agree) {
-  const ampc__optim_kernels *builds[2];
+  const ampc__cpu_isa *builds[2];
   int nb = kernel_builds(builds);
-  if (nb < 2) printf("  (no AVX2+FMA on this CPU: only the scalar build runs)\n");
-  /* A new optimizer picks the fastest build the CPU runs. */
-  CHECK(ampc__optim_kernels_best() == builds[nb - 1]);
-  enum { N = 70000 + 13, STEPS = 4 }; /* > one OpenMP chunk of 65536 */
+  if (nb < 2) printf("  (no AVX2+FMA on this CPU: only the baseline build runs)\n");
+  /* A new device picks the fastest build the CPU runs. */
+  CHECK(ampc__cpu_isa_best() == builds[nb - 1]);
+  enum { N = 70000 + 13, STEPS = 4 };
   ampc_optim_config cfgs[16];
   int ncfg = sample_configs(cfgs);
   float *w0 = malloc(N * 4), *g = malloc((size_t)N * STEPS * 4), *wr = malloc(N * 4), *wx = malloc(N * 4);
+  float *sr = malloc(N * 4), *sx = malloc(N * 4);
   uint64_t seed = 7;
   for (int i = 0; i < N; i++) w0[i] = rnd(&seed);
   for (int i = 0; i < N * STEPS; i++) g[i] = rnd(&seed);
@@ -345,66 +353,50 @@ TEST(kernel_builds_agree) {
       CHECK_OK(ampc_optim_create(&ref, &cfgs[ci], N));
       CHECK_OK(ampc_optim_create(&x, &cfgs[ci], N));
       if (!ref || !x) break;
-      ampc__optim_set_kernels(ref, &ampc__optim_kernels_scalar);
-      ampc__optim_set_kernels(x, builds[b]);
-      CHECK(ampc__optim_get_kernels(x) == builds[b]);
+      ampc__cpu_set_isa(ampc__optim_device(ref), &ampc__cpu_isa_baseline);
+      ampc__cpu_set_isa(ampc__optim_device(x), builds[b]);
       memcpy(wr, w0, N * 4);
       memcpy(wx, w0, N * 4);
       for (int s = 0; s < STEPS; s++) {
-        ampc_optim_begin_step(ref, cfgs[ci].lr);
-        ampc_optim_update(ref, 0, N, wr, g + (size_t)s * N, 1.0f, AMPC_DTYPE_F32, NULL);
+        CHECK_OK(ampc_optim_step(ref, wr, g + (size_t)s * N, cfgs[ci].lr));
         CHECK_OK(ampc_optim_step(x, wx, g + (size_t)s * N, cfgs[ci].lr));
       }
       CHECK_MSG(all_same(wr, wx, N), "config %d, %s build", ci, builds[b]->name);
       for (size_t s = 0; s < ampc_optim_state_count(ref); s++) {
-        float *dr, *dx;
-        CHECK_OK(ampc_optim_state_get(ref, s, NULL, &dr));
-        CHECK_OK(ampc_optim_state_get(x, s, NULL, &dx));
-        CHECK_MSG(all_same(dr, dx, N), "config %d, %s build, state %zu", ci, builds[b]->name, s);
+        state_of(ref, s, sr);
+        state_of(x, s, sx);
+        CHECK_MSG(all_same(sr, sx, N), "config %d, %s build, state %zu", ci, builds[b]->name, s);
       }
       ampc_optim_free(ref);
       ampc_optim_free(x);
     }
   }
-  free(w0), free(g), free(wr), free(wx);
+  free(w0), free(g), free(wr), free(wx), free(sr), free(sx);
 }
 
-/* The copy holds the updated weights rounded to its type (nearest-even), over
- * more than one internal block, and writing it leaves the update unchanged. */
+/* With masters, the update writes the model copy: the updated f32 weights
+ * rounded to its type (nearest-even), over more than one internal block,
+ * and the masters themselves as without a copy. */
 TEST(update_copy_output) {
   enum { N = 3000, OFF = 123, LEN = 2500 };
   const ampc_dtype types[] = {AMPC_DTYPE_F16, AMPC_DTYPE_BF16, AMPC_DTYPE_F32};
-  float *w0 = malloc(N * 4), *w = malloc(N * 4), *w2 = malloc(N * 4), *g = malloc(N * 4), *c32 = malloc(LEN * 4);
+  float *w = malloc(N * 4), *w2 = malloc(N * 4), *g = malloc(N * 4), *c32 = malloc(LEN * 4);
   uint16_t *c16 = malloc(LEN * 2);
   uint64_t seed = 3;
   ampc_optim_config cfg;
   ampc_optim_config_default(&cfg, AMPC_OPTIM_ADAMW);
   for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-    for (int i = 0; i < N; i++) w0[i] = w[i] = w2[i] = rnd(&seed) * 100.0f, g[i] = rnd(&seed);
+    for (int i = 0; i < N; i++) w[i] = w2[i] = rnd(&seed) * 100.0f, g[i] = rnd(&seed);
     ampc_optim *a = NULL, *b = NULL;
     CHECK_OK(ampc_optim_create(&a, &cfg, N));
     CHECK_OK(ampc_optim_create(&b, &cfg, N));
     if (!a || !b) break;
     void *copy = types[t] == AMPC_DTYPE_F32 ? (void *)c32 : (void *)c16;
-    ampc_optim_begin_step(a, 1e-2f);
-    ampc_optim_update(a, OFF, LEN, w, g, 1.0f, types[t], copy);
-    ampc_optim_begin_step(b, 1e-2f);
-    ampc_optim_update(b, OFF, LEN, w2, g, 1.0f, AMPC_DTYPE_F32, NULL);
+    ampc__span with = {OFF, LEN, types[t], copy, AMPC_DTYPE_F32, g + OFF};
+    ampc__span without = {OFF, LEN, AMPC_DTYPE_F32, w2 + OFF, AMPC_DTYPE_F32, g + OFF};
+    fused_step(a, 1e-2f, &with, 1, w, 1.0f);
+    fused_step(b, 1e-2f, &without, 1, NULL, 1.0f);
     CHECK(all_same(w, w2, N));
-    /* update_at with the chunk's own arrays writes the same copy. */
-    ampc_optim *c2 = NULL;
-    CHECK_OK(ampc_optim_create(&c2, &cfg, N));
-    if (c2) {
-      float *w3 = malloc(LEN * 4);
-      void *copy2 = malloc(LEN * 4);
-      memcpy(w3, w0 + OFF, LEN * 4);
-      ampc_optim_begin_step(c2, 1e-2f);
-      ampc_optim_update_at(c2, OFF, LEN, w3, g + OFF, 1.0f, types[t], copy2);
-      CHECK(all_same(w3, w + OFF, LEN));
-      CHECK(memcmp(copy2, copy, LEN * ampc_dtype_size(types[t])) == 0);
-      free(w3), free(copy2);
-      ampc_optim_free(c2);
-    }
     int bad = 0;
     for (int i = 0; i < LEN; i++) {
       float x = w[OFF + i];
@@ -416,7 +408,7 @@ TEST(update_copy_output) {
     ampc_optim_free(a);
     ampc_optim_free(b);
   }
-  free(w0), free(w), free(w2), free(g), free(c32), free(c16);
+  free(w), free(w2), free(g), free(c32), free(c16);
 }
 
 /* ---- validation, parsing, state -------------------------------------- */
@@ -528,19 +520,25 @@ TEST(state_names_and_access) {
     CHECK(ampc_optim_get_config(o)->kind == want[t].kind && ampc_optim_get_config(o)->lr == c.lr);
     CHECK(ampc_optim_state_count(o) == want[t].count);
     for (size_t i = 0; i < want[t].count; i++) {
-      const char *name = NULL;
-      float *data = NULL, *found = NULL;
-      CHECK_OK(ampc_optim_state_get(o, i, &name, &data));
+      const char *name = ampc_optim_state_name(o, i);
+      size_t found = 99;
+      float data[37];
       CHECK(name && strcmp(name, want[t].names[i]) == 0);
-      CHECK_OK(ampc_optim_state_find(o, want[t].names[i], &found));
-      CHECK(found == data && data && ((uintptr_t)data % 64) == 0);
+      CHECK_OK(ampc_optim_state_index(o, want[t].names[i], &found));
+      CHECK(found == i);
+      state_of(o, i, data);
       int zero = 1;
-      for (int j = 0; data && j < 37; j++) zero &= data[j] == 0.0f;
+      for (int j = 0; j < 37; j++) zero &= data[j] == 0.0f;
       CHECK(zero);
+      /* ranges are checked */
+      CHECK_ERR(ampc_optim_state_read(o, i, 30, 8, data), AMPC_ERANGE, "outside");
+      CHECK_OK(ampc_optim_state_read(o, i, 30, 7, data));
     }
-    CHECK_ERR(ampc_optim_state_get(o, want[t].count, NULL, NULL), AMPC_ERANGE, "out of range");
-    float *d;
-    CHECK_ERR(ampc_optim_state_find(o, "nope", &d), AMPC_ENOTFOUND, "no state named 'nope'");
+    CHECK(ampc_optim_state_name(o, want[t].count) == NULL);
+    float d[1];
+    CHECK_ERR(ampc_optim_state_read(o, want[t].count, 0, 1, d), AMPC_ERANGE, "out of range");
+    size_t k;
+    CHECK_ERR(ampc_optim_state_index(o, "nope", &k), AMPC_ENOTFOUND, "no state named 'nope'");
     ampc_optim_free(o);
   }
 }
@@ -566,22 +564,14 @@ TEST(state_round_trip) {
     for (int s = 0; s < 3; s++) CHECK_OK(ampc_optim_step(a, wa, g[s], cfgs[ci].lr));
     /* checkpoint a ... */
     size_t ns = ampc_optim_state_count(a);
-    for (size_t i = 0; i < ns; i++) {
-      float *d;
-      CHECK_OK(ampc_optim_state_get(a, i, NULL, &d));
-      memcpy(saved[i], d, sizeof saved[i]);
-    }
+    for (size_t i = 0; i < ns; i++) state_of(a, i, saved[i]);
     int64_t step = ampc_optim_step_count(a);
     memcpy(wb, wa, sizeof wb);
     /* ... restore into b, and both go on */
     CHECK(ampc_optim_state_count(b) == ns);
     for (size_t i = 0; i < ns; i++) {
-      float *d;
-      const char *na, *nb;
-      CHECK_OK(ampc_optim_state_get(b, i, &nb, &d));
-      CHECK_OK(ampc_optim_state_get(a, i, &na, NULL));
-      CHECK(strcmp(na, nb) == 0);
-      memcpy(d, saved[i], sizeof saved[i]);
+      CHECK(strcmp(ampc_optim_state_name(a, i), ampc_optim_state_name(b, i)) == 0);
+      CHECK_OK(ampc_optim_state_write(b, i, 0, N, saved[i]));
     }
     CHECK_OK(ampc_optim_set_step_count(b, step));
     CHECK(ampc_optim_step_count(b) == 3);
@@ -594,11 +584,8 @@ TEST(state_round_trip) {
     ampc_optim *fresh = NULL;
     CHECK_OK(ampc_optim_create(&fresh, &cfgs[ci], N));
     CHECK_OK(ampc_optim_set_step_count(b, 0));
-    for (size_t i = 0; i < ns; i++) {
-      float *d;
-      CHECK_OK(ampc_optim_state_get(b, i, NULL, &d));
-      memset(d, 0, N * sizeof(float));
-    }
+    memset(saved, 0, sizeof saved);
+    for (size_t i = 0; i < ns; i++) CHECK_OK(ampc_optim_state_write(b, i, 0, N, saved[i]));
     memcpy(wa, w0, sizeof wa);
     memcpy(wb, w0, sizeof wb);
     for (int s = 0; s < 2 && fresh; s++) {
@@ -621,12 +608,15 @@ TEST(first_step_semantics) {
   ampc_optim *o = NULL;
   CHECK_OK(ampc_optim_create(&o, &c, 2));
   if (o) {
-    float w[2] = {1.0f, -2.0f}, g[2] = {0.25f, 1.0f}, *buf = NULL;
+    float w[2] = {1.0f, -2.0f}, g[2] = {0.25f, 1.0f}, buf[2];
+    size_t bi = 99;
     CHECK_OK(ampc_optim_step(o, w, g, c.lr));
-    CHECK_OK(ampc_optim_state_find(o, "momentum_buffer", &buf));
-    CHECK(buf && buf[0] == 0.25f && buf[1] == 1.0f);
+    CHECK_OK(ampc_optim_state_index(o, "momentum_buffer", &bi));
+    state_of(o, bi, buf);
+    CHECK(buf[0] == 0.25f && buf[1] == 1.0f);
     CHECK(w[0] == 0.875f && w[1] == -2.5f);
     CHECK_OK(ampc_optim_step(o, w, g, c.lr)); /* buf = 0.9*buf + 0.5*g */
+    state_of(o, bi, buf);
     CHECK_NEAR(buf[0], 0.9f * 0.25f + 0.5f * 0.25f, 1e-7);
     CHECK_NEAR(w[0], 0.875 - 0.5 * (0.9 * 0.25 + 0.125), 1e-7);
     ampc_optim_free(o);
@@ -748,7 +738,7 @@ TEST(lr_schedule_semantics) {
   CHECK(strcmp(ampc_lr_kind_name(AMPC_LR_STEP), "step") == 0);
 }
 
-TEST_MAIN(TEST_ENTRY(torch_parity_optim), TEST_ENTRY(split_form_matches_step), TEST_ENTRY(kernel_builds_agree),
+TEST_MAIN(TEST_ENTRY(torch_parity_optim), TEST_ENTRY(fused_update_matches_step), TEST_ENTRY(kernel_builds_agree),
           TEST_ENTRY(update_copy_output), TEST_ENTRY(config_defaults_and_parse), TEST_ENTRY(config_validation),
           TEST_ENTRY(state_names_and_access), TEST_ENTRY(state_round_trip), TEST_ENTRY(first_step_semantics),
           TEST_ENTRY(torch_parity_lr), TEST_ENTRY(lr_schedule_semantics))

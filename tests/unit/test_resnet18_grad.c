@@ -57,7 +57,7 @@ static double *fixture_f64(const char *prefix, const char *name, size_t n) {
     return NULL;
   }
   double *d = malloc(n * sizeof *d);
-  if (d) memcpy(d, t->data, n * sizeof *d);
+  if (d) memcpy(d, t->values, n * sizeof *d);
   return d;
 }
 
@@ -135,11 +135,11 @@ static int write_inputs(void) {
     if (t.dtype == AMPC_DTYPE_I64) {
       CHECK(n == 1 && ampc_graph_param_init(g, v)[0] == 0.0f);
       o->dtype = AMPC_DTYPE_I64;
-      o->data = &zeros[i - np];
+      o->values = &zeros[i - np];
       o->nbytes = 8;
     } else {
       o->dtype = AMPC_DTYPE_F32;
-      o->data = ampc_graph_param_init(g, v);
+      o->values = ampc_graph_param_init(g, v);
       o->nbytes = n * 4;
     }
   }
@@ -271,7 +271,7 @@ static void check_against(const char *tag, const char *opt_level, const char *ha
     const ampc_st_tensor *t = ampc_st_find(fix, key);
     if (!t || t->dtype != AMPC_DTYPE_F64) continue;
     size_t k = (size_t)ampc_st_numel(t);
-    double n = norm_diff(t->data, NULL, k);
+    double n = norm_diff(t->values, NULL, k);
     all64 += n * n;
   }
   all64 = sqrt(all64);

@@ -115,9 +115,9 @@ TEST(roundtrip_all_dtypes) {
     CHECK(t->ndim == in[i].ndim);
     for (int d = 0; d < t->ndim; d++) CHECK(t->shape[d] == in[i].shape[d]);
     CHECK(t->nbytes == in[i].nbytes);
-    CHECK(t->data != NULL);
-    CHECK((uintptr_t)t->data % 64 == 0);
-    CHECK(t->nbytes == 0 || memcmp(t->data, in[i].data, t->nbytes) == 0);
+    CHECK(t->values != NULL);
+    CHECK((uintptr_t)t->values % 64 == 0);
+    CHECK(t->nbytes == 0 || memcmp(t->values, in[i].values, t->nbytes) == 0);
     CHECK(ampc_st_find(f, in[i].name) == t);
   }
   CHECK(ampc_st_get(f, n) == NULL);
@@ -207,9 +207,9 @@ TEST(known_bytes) {
     CHECK(p && strcmp(p->name, "p") == 0 && p->dtype == AMPC_DTYPE_U8 && p->ndim == 1 && p->shape[0] == 3);
     CHECK(w && strcmp(w->name, "w") == 0 && w->dtype == AMPC_DTYPE_F32 && w->nbytes == 8);
     if (p && w) {
-      const uint8_t *pb = p->data;
+      const uint8_t *pb = p->values;
       CHECK(pb[0] == 1 && pb[1] == 2 && pb[2] == 3);
-      const float *wf = w->data; /* realigned in memory, so usable directly */
+      const float *wf = w->values; /* realigned in memory, so usable directly */
       CHECK(wf[0] == 1.0f && wf[1] == -2.0f);
       int32_t pi[3];
       CHECK_OK(ampc_st_read_i32(p, pi, 3));

@@ -61,22 +61,32 @@ int cmd_bench(int argc, char **argv) {
     cli_session_close(&s);
     return 1;
   }
-  int threads = c.threads > 0 ? c.threads : omp_get_max_threads();
+  int threads = ampc_graph_threads(s.g);
 
   /* random inputs and labels, as the PyTorch reference uses */
-  ampc_tensor x = ampc_graph_tensor(s.g, ampc_model_input(s.model)), y = ampc_graph_tensor(s.g, ampc_model_labels(s.model));
-  size_t nx = (size_t)ampc_tensor_numel(&x);
+  ampc_tensor x = ampc_graph_tensor(s.g, ampc_model_input(s.model));
+  size_t nx = (size_t)ampc_tensor_numel(&x), ny = (size_t)ampc_graph_batch(s.g);
   float *xf = malloc(nx * sizeof *xf);
-  if (!xf) {
+  int32_t *yi = malloc(ny * sizeof *yi);
+  if (!xf || !yi) {
+    free(xf);
+    free(yi);
     cli_error("out of memory");
     cli_session_close(&s);
     return 1;
   }
   ampc_rng r = ampc_rng_make(c.seed, AMPC_RNG_STREAM_DATA);
   for (size_t i = 0; i < nx; i++) xf[i] = ampc_rng_normal(&r);
-  ampc_store_f32(x.dtype, x.data, xf, nx);
+  for (size_t i = 0; i < ny; i++) yi[i] = (int32_t)ampc_rng_below(&r, 10);
+  int bad = ampc_graph_write(s.g, ampc_model_input(s.model), xf, AMPC_DTYPE_F32) < 0 ||
+            ampc_graph_write(s.g, ampc_model_labels(s.model), yi, AMPC_DTYPE_I32) < 0;
   free(xf);
-  for (int64_t i = 0; i < y.shape.d[0]; i++) ((int32_t *)y.data)[i] = (int32_t)ampc_rng_below(&r, 10);
+  free(yi);
+  if (bad) {
+    cli_lib_error(NULL);
+    cli_session_close(&s);
+    return 1;
+  }
 
   ampc_value loss = ampc_model_loss(s.model);
   double t_opt = 0.0, total = 0.0;
@@ -102,9 +112,9 @@ int cmd_bench(int argc, char **argv) {
     cli_session_close(&s);
     return 1;
   }
-  double fwd[AMPC_OP_COUNT], bwd[AMPC_OP_COUNT], cbd, cbw;
-  ampc_graph_op_times(s.g, fwd, bwd);
-  ampc_graph_conv_backward_times(s.g, &cbd, &cbw);
+  ampc_backend_stats bs;
+  ampc_graph_backend_stats(s.g, &bs, 0);
+  const double *fwd = bs.fwd, *bwd = bs.bwd, cbd = bs.conv_bwd_data, cbw = bs.conv_bwd_weights;
   double per_step = total / steps;
   double ips = (double)c.batch_size / per_step;
   double flops = 3.0 * ampc_graph_forward_flops(s.g); /* forward + two products backward */

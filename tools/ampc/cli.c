@@ -163,13 +163,14 @@ void cli_common_defaults(cli_common *c) {
   c->grad_accum = 1;
   c->normalize = 1;
   c->conv = "auto";
+  c->device = "cpu";
 }
 
 int cli_common_opts(cli_common *c, cli_opt *out, int with_amp) {
   int n = 0;
   out[n++] = (cli_opt){"--model", OPT_STRING, &c->model, "NAME", "mlp, cnn or resnet18 (default cnn)", 0, NULL};
   out[n++] = (cli_opt){"--dataset", OPT_STRING, &c->dataset, "NAME", "fashion-mnist, mnist, cifar10 or cifar100 (default fashion-mnist)", 0, NULL};
-  out[n++] = (cli_opt){"--data", OPT_STRING, &c->data, "DIR", "dataset folder (default: the dataset's standard location)", 0, NULL};
+  out[n++] = (cli_opt){"--data", OPT_STRING, &c->data_dir, "DIR", "dataset folder (default: the dataset's standard location)", 0, NULL};
   out[n++] = (cli_opt){"--batch-size", OPT_I64, &c->batch_size, "N", "images per batch (default 128)", 1, NULL};
   out[n++] = (cli_opt){"--train-limit", OPT_I64, &c->train_limit, "N", "use only the first N training images", 1, NULL};
   out[n++] = (cli_opt){"--test-limit", OPT_I64, &c->test_limit, "N", "use only the first N test images", 1, NULL};
@@ -177,6 +178,7 @@ int cli_common_opts(cli_common *c, cli_opt *out, int with_amp) {
   out[n++] = (cli_opt){"--threads", OPT_INT, &c->threads, "N", "threads (default: all cores)", 1, NULL};
   out[n++] = (cli_opt){"--conv", OPT_STRING, &c->conv, "auto|im2col|winograd|direct",
                        "convolution algorithm: im2col products, Winograd F(4x4,3x3) or a direct loop (default auto: for stride-1 3x3, Winograd from 8 channels, direct up to 4)", 0, NULL};
+  out[n++] = (cli_opt){"--device", OPT_STRING, &c->device, "NAME", "where the model runs: cpu (default), cpu-guarded (tests), cuda (where built)", 0, NULL};
   out[n++] = (cli_opt){"--label-smoothing", OPT_FLOAT, &c->label_smoothing, "X", "cross-entropy label smoothing (default 0)", 0, NULL};
   out[n++] = (cli_opt){"--normalize", OPT_ONOFF, &c->normalize, "on|off", "per-channel mean/std normalisation of the images (default on)", 0, NULL};
   if (!with_amp) return n;

@@ -33,7 +33,7 @@ int cli_is_tty(void);
 
 /* Options shared by train, eval, grad and bench: the model, the data, amp. */
 typedef struct {
-  const char *model, *dataset, *data;
+  const char *model, *dataset, *data_dir;
   int64_t batch_size;
   int64_t train_limit, test_limit;
   uint64_t seed;
@@ -41,6 +41,7 @@ typedef struct {
   float label_smoothing;
   int normalize;
   const char *conv;     /* convolution algorithm: auto, im2col, winograd */
+  const char *device;   /* backend: cpu, cpu-guarded, cuda */
   /* amp */
   const char *opt_level, *half, *loss_scale;
   int keep_bn_fp32_given, master_weights_given;

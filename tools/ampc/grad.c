@@ -40,15 +40,19 @@ int cmd_grad(int argc, char **argv) {
   int rc = 0;
   if (cli_session_open(&s, &c, 0, 0, shape, NULL, x->shape[0]) < 0 || cli_load_weights(&s, weights) < 0) rc = 1;
   float *xf = NULL, *grads = NULL, *logits = NULL;
+  int32_t *yi = NULL;
   if (!rc) {
-    ampc_tensor xt = ampc_graph_tensor(s.g, ampc_model_input(s.model)), yt = ampc_graph_tensor(s.g, ampc_model_labels(s.model));
+    ampc_tensor xt = ampc_graph_tensor(s.g, ampc_model_input(s.model));
     size_t nx = (size_t)ampc_tensor_numel(&xt);
     xf = malloc(nx * sizeof *xf);
-    if (!xf || ampc_st_read_f32(x, xf, nx) < 0 || ampc_st_read_i32(y, yt.data, (size_t)y->shape[0]) < 0) {
+    yi = malloc((size_t)y->shape[0] * sizeof *yi);
+    if (!xf || !yi || ampc_st_read_f32(x, xf, nx) < 0 || ampc_st_read_i32(y, yi, (size_t)y->shape[0]) < 0) {
       cli_lib_error(batch);
       rc = 1;
-    } else {
-      ampc_store_f32(xt.dtype, xt.data, xf, nx);
+    } else if (ampc_graph_write(s.g, ampc_model_input(s.model), xf, AMPC_DTYPE_F32) < 0 ||
+               ampc_graph_write(s.g, ampc_model_labels(s.model), yi, AMPC_DTYPE_I32) < 0) {
+      cli_lib_error(batch);
+      rc = 1;
     }
   }
   if (!rc && (ampc_amp_forward(s.amp, 1) < 0 || ampc_amp_backward(s.amp, ampc_model_loss(s.model), 0, 0) < 0)) {
@@ -63,15 +67,20 @@ int cmd_grad(int argc, char **argv) {
     logits = malloc(nl * sizeof *logits);
     ampc_st_tensor *ts = calloc(np + 2, sizeof *ts);
     char **names = calloc(np, sizeof *names);
+    float loss = 0.0f;
+    int nonfinite = 0;
     if (!grads || !logits || !ts || !names) {
       cli_error("out of memory");
       rc = 1;
+    } else if (ampc_amp_unscaled_grads(s.amp, grads, &nonfinite) < 0 ||
+               ampc_graph_read(s.g, ampc_model_logits(s.model), logits, AMPC_DTYPE_F32) < 0 ||
+               ampc_graph_read(s.g, ampc_model_loss(s.model), &loss, AMPC_DTYPE_F32) < 0) {
+      cli_lib_error(NULL);
+      rc = 1;
     } else {
-      if (ampc_amp_unscaled_grads(s.amp, grads)) fprintf(stderr, "ampc: warning: non-finite gradients\n");
-      ampc_load_f32(logits, lg.dtype, lg.data, nl);
-      float *loss = ampc_graph_tensor(s.g, ampc_model_loss(s.model)).data;
-      ts[0] = (ampc_st_tensor){.name = "loss", .dtype = AMPC_DTYPE_F32, .ndim = 0, .data = loss, .nbytes = 4};
-      ts[1] = (ampc_st_tensor){.name = "logits", .dtype = AMPC_DTYPE_F32, .ndim = 2, .shape = {lg.shape.d[0], lg.shape.d[1]}, .data = logits, .nbytes = nl * 4};
+      if (nonfinite) fprintf(stderr, "ampc: warning: non-finite gradients\n");
+      ts[0] = (ampc_st_tensor){.name = "loss", .dtype = AMPC_DTYPE_F32, .ndim = 0, .values = &loss, .nbytes = 4};
+      ts[1] = (ampc_st_tensor){.name = "logits", .dtype = AMPC_DTYPE_F32, .ndim = 2, .shape = {lg.shape.d[0], lg.shape.d[1]}, .values = logits, .nbytes = nl * 4};
       for (size_t i = 0; i < np && !rc; i++) {
         ampc_value v = ampc_graph_param_at(s.g, i);
         ampc_tensor t = ampc_graph_tensor(s.g, v);
@@ -87,7 +96,7 @@ int cmd_grad(int argc, char **argv) {
         o->dtype = AMPC_DTYPE_F32;
         o->ndim = t.shape.ndim;
         for (int d = 0; d < t.shape.ndim; d++) o->shape[d] = t.shape.d[d];
-        o->data = grads + ampc_graph_param_offset(s.g, v);
+        o->values = grads + ampc_graph_param_offset(s.g, v);
         o->nbytes = (size_t)ampc_tensor_numel(&t) * 4;
       }
       const char *meta[] = {"model", c.model, "opt_level", c.opt_level, "half", c.half, NULL};
@@ -95,7 +104,7 @@ int cmd_grad(int argc, char **argv) {
         cli_lib_error(NULL);
         rc = 1;
       }
-      if (!rc) printf("loss %.6f, %zu gradients written to %s\n", *loss, np, out);
+      if (!rc) printf("loss %.6f, %zu gradients written to %s\n", loss, np, out);
     }
     if (names)
       for (size_t i = 0; i < np; i++) free(names[i]);
@@ -103,6 +112,7 @@ int cmd_grad(int argc, char **argv) {
     free(ts);
   }
   free(xf);
+  free(yi);
   free(grads);
   free(logits);
   ampc_st_close(bf);

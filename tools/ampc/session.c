@@ -10,7 +10,7 @@ static int open_dataset(const cli_common *c, int train, ampc_dataset **out) {
     cli_lib_error(NULL);
     return -1;
   }
-  const char *dir = c->data ? c->data : ampc_dataset_default_dir(kind);
+  const char *dir = c->data_dir ? c->data_dir : ampc_dataset_default_dir(kind);
   size_t limit = (size_t)(train ? c->train_limit : c->test_limit);
   if (ampc_dataset_open(out, kind, dir, train, limit) < 0) {
     cli_lib_error(NULL);
@@ -55,16 +55,20 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
     return -1;
   }
   s->g = ampc_model_graph(s->model);
-  if (c->threads > 0) ampc_graph_set_threads(s->g, c->threads);
-  ampc_conv_algo algo = AMPC_CONV_AUTO;
-  if (strcmp(c->conv, "im2col") == 0) algo = AMPC_CONV_IM2COL;
-  else if (strcmp(c->conv, "winograd") == 0) algo = AMPC_CONV_WINOGRAD;
-  else if (strcmp(c->conv, "direct") == 0) algo = AMPC_CONV_DIRECT;
+  ampc_backend_opts bo;
+  ampc_backend_opts_default(&bo);
+  bo.threads = c->threads;
+  if (strcmp(c->conv, "im2col") == 0) bo.conv = AMPC_CONV_IM2COL;
+  else if (strcmp(c->conv, "winograd") == 0) bo.conv = AMPC_CONV_WINOGRAD;
+  else if (strcmp(c->conv, "direct") == 0) bo.conv = AMPC_CONV_DIRECT;
   else if (strcmp(c->conv, "auto") != 0) {
     cli_error("--conv: unknown algorithm '%s' (expected auto, im2col, winograd or direct)", c->conv);
     return -1;
   }
-  ampc_graph_set_conv_algo(s->g, algo);
+  if (ampc_graph_set_backend(s->g, c->device, &bo) < 0) {
+    cli_lib_error("--device");
+    return -1;
+  }
   if (ocfg && ampc_optim_create(&s->opt, ocfg, ampc_graph_param_numel(s->g)) < 0) {
     cli_lib_error("optimizer");
     return -1;
@@ -87,182 +91,29 @@ void cli_session_close(cli_session *s) {
   memset(s, 0, sizeof *s);
 }
 
-static int shape_matches(const ampc_st_tensor *t, const ampc_tensor *v) {
-  int64_t n = 1;
-  for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
-  if (n != ampc_tensor_numel(v)) return 0;
-  if (t->ndim != v->shape.ndim) return 0;
-  for (int i = 0; i < t->ndim; i++)
-    if (t->shape[i] != v->shape.d[i]) return 0;
-  return 1;
-}
-
 int cli_load_weights(cli_session *s, const char *path) {
-  ampc_st_file *f;
-  if (ampc_st_open(&f, path) < 0) {
+  if (ampc_checkpoint_load_weights(path, s->model, s->amp) < 0) {
     cli_lib_error(NULL);
     return -1;
   }
-  size_t numel = ampc_graph_param_numel(s->g);
-  float *vals = malloc((numel ? numel : 1) * sizeof *vals);
-  int rc = vals ? 0 : -1;
-  if (!vals) cli_error("out of memory");
-  size_t used = 0;
-  for (size_t i = 0; rc == 0 && i < ampc_graph_param_count(s->g); i++) {
-    ampc_value v = ampc_graph_param_at(s->g, i);
-    const char *name = ampc_graph_name(s->g, v);
-    char mname[256];
-    snprintf(mname, sizeof mname, "master.%s", name);
-    /* a checkpoint's f32 master copy is the exact value; the model copy may be half */
-    const ampc_st_tensor *t = ampc_st_find(f, mname);
-    if (!t) t = ampc_st_find(f, name);
-    ampc_tensor tv = ampc_graph_tensor(s->g, v);
-    if (!t) {
-      cli_error("%s: missing tensor '%s' for model %s", path, name, ampc_model_name(s->model));
-      rc = -1;
-    } else if (!shape_matches(t, &tv)) {
-      char sh[64];
-      cli_error("%s: tensor '%s' has the wrong shape for model %s (expected %s)", path, name, ampc_model_name(s->model), ampc_shape_str(&tv.shape, sh, sizeof sh));
-      rc = -1;
-    } else if (ampc_st_read_f32(t, vals + ampc_graph_param_offset(s->g, v), (size_t)ampc_tensor_numel(&tv)) < 0) {
-      cli_lib_error(NULL);
-      rc = -1;
-    }
-    used++;
-  }
-  for (size_t i = 0; rc == 0 && i < ampc_graph_buffer_count(s->g); i++) {
-    ampc_value v = ampc_graph_buffer_at(s->g, i);
-    const char *name = ampc_graph_name(s->g, v);
-    const ampc_st_tensor *t = ampc_st_find(f, name);
-    ampc_tensor tv = ampc_graph_tensor(s->g, v);
-    if (!t) {
-      cli_error("%s: missing tensor '%s' for model %s", path, name, ampc_model_name(s->model));
-      rc = -1;
-      break;
-    }
-    used++;
-    int64_t n = ampc_tensor_numel(&tv);
-    if (ampc_st_numel(t) != n) {
-      cli_error("%s: tensor '%s' has the wrong shape for model %s", path, name, ampc_model_name(s->model));
-      rc = -1;
-    } else if (tv.dtype == AMPC_DTYPE_I64) {
-      int32_t tmp;
-      if (ampc_st_read_i32(t, &tmp, 1) < 0) {
-        cli_lib_error(NULL);
-        rc = -1;
-      } else {
-        *(int64_t *)tv.data = tmp;
-      }
-    } else if (ampc_st_read_f32(t, tv.data, (size_t)n) < 0) {
-      cli_lib_error(NULL);
-      rc = -1;
-    }
-  }
-  if (rc == 0) {
-    /* anything else must belong to a checkpoint's own sections */
-    for (size_t i = 0; i < ampc_st_count(f); i++) {
-      const char *name = ampc_st_get(f, i)->name;
-      if (ampc_graph_find(s->g, name) >= 0 || strncmp(name, "master.", 7) == 0 || strncmp(name, "optim.", 6) == 0) continue;
-      cli_error("%s: unexpected tensor '%s' for model %s", path, name, ampc_model_name(s->model));
-      rc = -1;
-      break;
-    }
-  }
-  if (rc == 0) ampc_amp_load_params(s->amp, vals);
-  free(vals);
-  ampc_st_close(f);
-  return rc;
+  return 0;
 }
 
 int cli_save_weights(cli_session *s, const char *path, const char *const *meta) {
-  size_t np = ampc_graph_param_count(s->g), nb = ampc_graph_buffer_count(s->g), numel = ampc_graph_param_numel(s->g);
-  ampc_st_tensor *ts = calloc(np + nb, sizeof *ts);
-  float *vals = malloc((numel ? numel : 1) * sizeof *vals);
-  if (!ts || !vals) {
-    free(ts);
-    free(vals);
-    cli_error("out of memory");
-    return -1;
-  }
-  ampc_amp_param_values(s->amp, vals);
-  size_t k = 0;
-  for (size_t i = 0; i < np + nb; i++) {
-    ampc_value v = i < np ? ampc_graph_param_at(s->g, i) : ampc_graph_buffer_at(s->g, i - np);
-    ampc_tensor t = ampc_graph_tensor(s->g, v);
-    ampc_st_tensor *o = &ts[k++];
-    o->name = ampc_graph_name(s->g, v);
-    o->ndim = t.shape.ndim;
-    for (int d = 0; d < t.shape.ndim; d++) o->shape[d] = t.shape.d[d];
-    if (i < np) {
-      o->dtype = AMPC_DTYPE_F32;
-      o->data = vals + ampc_graph_param_offset(s->g, v);
-      o->nbytes = (size_t)ampc_tensor_numel(&t) * 4;
-    } else {
-      o->dtype = t.dtype;
-      o->data = t.data;
-      o->nbytes = ampc_tensor_nbytes(&t);
-    }
-  }
-  int rc = ampc_st_write(path, ts, k, meta) < 0 ? -1 : 0;
-  if (rc) cli_lib_error(NULL);
-  free(ts);
-  free(vals);
-  return rc;
-}
-
-int cli_evaluate(cli_session *s, const ampc_dataset *d, double *loss, double *acc) {
-  ampc_loader_opts lo;
-  ampc_loader_opts_default(&lo);
-  lo.batch_size = (int)ampc_graph_max_batch(s->g);
-  lo.shuffle = 0;
-  lo.normalize = s->normalize;
-  ampc_value xv = ampc_model_input(s->model), yv = ampc_model_labels(s->model);
-  lo.dtype = ampc_graph_tensor(s->g, xv).dtype;
-  ampc_loader *l;
-  if (ampc_loader_create(&l, d, &lo) < 0 || ampc_loader_start_epoch(l, 0, 0) < 0) {
+  if (ampc_checkpoint_save_weights(path, s->model, s->amp, meta) < 0) {
     cli_lib_error(NULL);
     return -1;
   }
-  double total = 0.0;
-  int64_t correct = 0, seen = 0;
-  int rc = 0;
-  for (;;) {
-    ampc_graph_set_batch(s->g, ampc_graph_max_batch(s->g));
-    int n = 0;
-    ampc_tensor x = ampc_graph_tensor(s->g, xv), y = ampc_graph_tensor(s->g, yv);
-    if (ampc_loader_next(l, x.data, y.data, &n) < 0) {
-      cli_lib_error(NULL);
-      rc = -1;
-      break;
-    }
-    if (n == 0) break;
-    ampc_graph_set_batch(s->g, n);
-    if (ampc_amp_forward(s->amp, 0) < 0) {
-      cli_lib_error(NULL);
-      rc = -1;
-      break;
-    }
-    ampc_tensor lt = ampc_graph_tensor(s->g, ampc_model_loss(s->model));
-    total += (double)*(float *)lt.data * n;
-    ampc_tensor lg = ampc_graph_tensor(s->g, ampc_model_logits(s->model));
-    int64_t K = lg.shape.d[1];
-    float row[1024];
-    const int32_t *lab = y.data;
-    for (int i = 0; i < n; i++) {
-      int64_t kk = K < 1024 ? K : 1024;
-      ampc_load_f32(row, lg.dtype, (char *)lg.data + (size_t)(i * K) * ampc_dtype_size(lg.dtype), (size_t)kk);
-      int64_t best = 0;
-      for (int64_t j = 1; j < kk; j++)
-        if (row[j] > row[best]) best = j;
-      correct += best == lab[i];
-    }
-    seen += n;
+  return 0;
+}
+
+int cli_evaluate(cli_session *s, const ampc_dataset *d, double *loss, double *acc) {
+  ampc_eval_result r;
+  if (ampc_model_evaluate(s->model, d, s->normalize, &r) < 0) {
+    cli_lib_error(NULL);
+    return -1;
   }
-  ampc_loader_free(l);
-  ampc_graph_set_batch(s->g, ampc_graph_max_batch(s->g));
-  if (rc == 0) {
-    *loss = seen ? total / (double)seen : NAN;
-    *acc = seen ? (double)correct / (double)seen : NAN;
-  }
-  return rc;
+  *loss = r.loss;
+  *acc = r.accuracy;
+  return 0;
 }

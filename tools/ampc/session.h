@@ -3,6 +3,8 @@
 #define AMPC_CLI_SESSION_H
 
 #include "cli.h"
+#include "ampc/backend.h"
+#include "ampc/checkpoint.h"
 #include "ampc/safetensors.h"
 
 typedef struct {

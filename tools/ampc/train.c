@@ -97,6 +97,25 @@ static void progress(int tty, int epoch, int64_t b, int64_t nb, double loss, dou
   }
 }
 
+/* Where a batch goes on its way to the device: host memory the loader
+ * fills, written into the graph's input and labels. */
+typedef struct {
+  void *x;
+  int32_t *y;
+} staging;
+
+static int staging_make(staging *st, cli_session *s, ampc_dtype xtype) {
+  ampc_tensor x = ampc_graph_tensor(s->g, ampc_model_input(s->model));
+  int64_t B = ampc_graph_max_batch(s->g);
+  st->x = malloc((size_t)ampc_tensor_numel(&x) / (size_t)ampc_graph_batch(s->g) * (size_t)B * ampc_dtype_size(xtype));
+  st->y = malloc((size_t)B * sizeof *st->y);
+  if (!st->x || !st->y) {
+    cli_error("out of memory for the batch");
+    return -1;
+  }
+  return 0;
+}
+
 int cmd_train(int argc, char **argv) {
   train_args a;
   train_args_init(&a);
@@ -136,18 +155,19 @@ int cmd_train(int argc, char **argv) {
       return 1;
     }
   }
+
+  /* from here on, every exit goes through the one clean-up at the end */
+  int rc = 1;
   FILE *mf = NULL;
+  ampc_loader *ld = NULL;
+  staging in = {NULL, NULL};
+  cli_session s;
+  memset(&s, 0, sizeof s);
   if (a.metrics && !(mf = fopen(a.metrics, a.resume ? "a" : "w"))) {
     cli_error("--metrics: cannot open '%s' for writing", a.metrics);
-    return 1;
+    goto done;
   }
-
-  cli_session s;
-  if (cli_session_open(&s, &a.c, 1, 1, NULL, &ocfg, a.c.batch_size) < 0) {
-    cli_session_close(&s);
-    if (mf) fclose(mf);
-    return 1;
-  }
+  if (cli_session_open(&s, &a.c, 1, 1, NULL, &ocfg, a.c.batch_size) < 0) goto done;
   int is_cifar = strncmp(a.c.dataset, "cifar", 5) == 0;
   int augment = a.augment_given ? a.augment : is_cifar;
   ampc_loader_opts lo;
@@ -158,42 +178,38 @@ int cmd_train(int argc, char **argv) {
   lo.random_crop_padding = augment ? 4 : 0;
   lo.hflip = augment;
   ampc_value xv = ampc_model_input(s.model), yv = ampc_model_labels(s.model), lossv = ampc_model_loss(s.model);
-  lo.dtype = ampc_graph_tensor(s.g, xv).dtype;
-  ampc_loader *ld = NULL;
+  lo.dtype = ampc_graph_tensor(s.g, xv).dtype; /* the loader converts as it goes: the write copies */
+  if (staging_make(&in, &s, lo.dtype) < 0) goto done;
   if (ampc_loader_create(&ld, s.train, &lo) < 0) {
     cli_lib_error(NULL);
-    cli_session_close(&s);
-    if (mf) fclose(mf);
-    return 1;
+    goto done;
   }
   char desc[512];
   ampc_amp_config_describe(&s.amp_cfg, desc, sizeof desc);
   ampc_mem_report mem;
   ampc_amp_memory(s.amp, &mem);
   if (!a.quiet) {
-    fprintf(stderr, "ampc: model %s (%lld parameters), %s %zu train / %zu test images, batch %lld, %s\n",
+    fprintf(stderr, "ampc: model %s (%lld parameters), %s %zu train / %zu test images, batch %lld, %s, device %s\n",
             ampc_model_name(s.model), (long long)ampc_model_param_count(s.model), a.c.dataset,
-            ampc_dataset_count(s.train), ampc_dataset_count(s.test), (long long)a.c.batch_size, ampc_optim_kind_name(ocfg.kind));
+            ampc_dataset_count(s.train), ampc_dataset_count(s.test), (long long)a.c.batch_size, ampc_optim_kind_name(ocfg.kind),
+            ampc_graph_backend_name(s.g));
     fprintf(stderr, "ampc: amp %s\n", desc);
     fprintf(stderr, "ampc: ");
     cli_print_memory(stderr, &mem);
   }
-  int tty = cli_is_tty() && !a.quiet, rc = 0;
+  int tty = cli_is_tty() && !a.quiet;
+  rc = 0;
   ampc_train_state ts = {.seed = a.c.seed};
   if (resume_path[0]) {
     if (ampc_checkpoint_load(resume_path, s.model, s.amp, s.opt, &ts) < 0) {
       cli_lib_error("--resume");
-      ampc_loader_free(ld);
-      cli_session_close(&s);
-      if (mf) fclose(mf);
-      return 1;
+      rc = 1;
+      goto done;
     }
     if (ts.seed != a.c.seed) {
       cli_error("--resume: the checkpoint was made with --seed %llu, this run has --seed %llu", (unsigned long long)ts.seed, (unsigned long long)a.c.seed);
-      ampc_loader_free(ld);
-      cli_session_close(&s);
-      if (mf) fclose(mf);
-      return 1;
+      rc = 1;
+      goto done;
     }
     if (!a.quiet) fprintf(stderr, "ampc: resumed from %s at epoch %lld, batch %lld, step %lld\n", resume_path, (long long)ts.epoch + 1, (long long)ts.batch, (long long)ts.step);
   }
@@ -227,9 +243,7 @@ int cmd_train(int argc, char **argv) {
     ampc_amp_get_grad_stats(s.amp, &st, 1);
     for (;;) {
       int got = 0;
-      ampc_graph_set_batch(s.g, ampc_graph_max_batch(s.g));
-      ampc_tensor x = ampc_graph_tensor(s.g, xv), y = ampc_graph_tensor(s.g, yv);
-      if (ampc_loader_next(ld, x.data, y.data, &got) < 0) {
+      if (ampc_loader_next(ld, in.x, in.y, &got) < 0) {
         cli_lib_error(NULL);
         rc = 1;
         break;
@@ -237,13 +251,14 @@ int cmd_train(int argc, char **argv) {
       if (got == 0) break;
       b++;
       if (got < 2 && ampc_graph_max_batch(s.g) > 1) continue; /* batch norm needs two samples */
-      ampc_graph_set_batch(s.g, got);
-      if (ampc_amp_forward(s.amp, 1) < 0 || ampc_amp_backward(s.amp, lossv, 0, micro > 0) < 0) {
+      float l = 0.0f;
+      if (ampc_graph_set_batch(s.g, got) < 0 || ampc_graph_write(s.g, xv, in.x, lo.dtype) < 0 ||
+          ampc_graph_write(s.g, yv, in.y, AMPC_DTYPE_I32) < 0 || ampc_amp_forward(s.amp, 1) < 0 ||
+          ampc_amp_backward(s.amp, lossv, 0, micro > 0) < 0 || ampc_graph_read(s.g, lossv, &l, AMPC_DTYPE_F32) < 0) {
         cli_lib_error(NULL);
         rc = 1;
         break;
       }
-      float l = *(float *)ampc_graph_tensor(s.g, lossv).data;
       ts.loss_sum += (double)l * got;
       ts.seen += got;
       seen_here += got;
@@ -376,8 +391,11 @@ int cmd_train(int argc, char **argv) {
     const char *meta[] = {"format", "ampc-weights-1", "model", ampc_model_name(s.model), NULL};
     if (cli_save_weights(&s, a.save, meta) < 0) rc = 1;
   }
+done:
   ampc_loader_free(ld);
   cli_session_close(&s);
+  free(in.x);
+  free(in.y);
   if (mf && fclose(mf) != 0) {
     cli_error("--metrics: error writing '%s'", a.metrics);
     rc = 1;

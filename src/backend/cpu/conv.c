@@ -62,22 +62,22 @@ static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
 /* Winograd where the graph asks for it, or (AUTO) where it is faster: with
  * few channels the transforms cost more than the products they save. */
 static int use_winograd(const ampc__op_call *c) {
-  if (!cpu_conv3x3_s1(c) || (c->conv_algo != AMPC_CONV_AUTO && c->conv_algo != AMPC_CONV_WINOGRAD)) return 0;
-  if (c->conv_algo == AMPC_CONV_WINOGRAD) return 1;
+  if (!cpu_conv3x3_s1(c) || (cpu_ctx(c)->conv_algo != AMPC_CONV_AUTO && cpu_ctx(c)->conv_algo != AMPC_CONV_WINOGRAD)) return 0;
+  if (cpu_ctx(c)->conv_algo == AMPC_CONV_WINOGRAD) return 1;
   return c->in[0].shape.d[1] >= CONV_WINO_MIN_CHANNELS && c->in[1].shape.d[0] >= CONV_WINO_MIN_CHANNELS;
 }
 
 /* At run time: Winograd when chosen and the workspace laid out at compile
  * holds it. */
 static int run_winograd(const ampc__op_call *c) {
-  return use_winograd(c) && c->ws_size >= ampc__cpu_wino_ws(c, c->nthreads);
+  return use_winograd(c) && c->ws_size >= ampc__cpu_wino_ws(c, cpu_ctx(c)->nthreads);
 }
 
 /* The direct loop where the graph asks for it, or (AUTO) for 3x3 stride-1
  * convolutions of inputs with few channels. */
 static int use_direct(const ampc__op_call *c) {
   if (!cpu_conv3x3_s1(c)) return 0;
-  return c->conv_algo == AMPC_CONV_DIRECT || (c->conv_algo == AMPC_CONV_AUTO && ampc__cpu_direct_preferred(c));
+  return cpu_ctx(c)->conv_algo == AMPC_CONV_DIRECT || (cpu_ctx(c)->conv_algo == AMPC_CONV_AUTO && ampc__cpu_direct_preferred(c));
 }
 
 static size_t im2col_ws(const ampc__op_call *c, int nthreads) {
@@ -201,7 +201,7 @@ static const float *gather_dy(const conv_geom *g, const ampc_tensor *dy, int64_t
 ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
   if (run_winograd(c)) return ampc__cpu_wino_fwd(c);
   if (use_direct(c)) return ampc__cpu_direct_fwd(c);
-  conv_geom g = conv_geometry(c, c->nthreads);
+  conv_geom g = conv_geometry(c, cpu_ctx(c)->nthreads);
   const float *wf = weight_f32(c, &g);
   const ampc_tensor *x = &c->in[0], *y = &c->out;
   const ampc_tensor *b = c->n_in > 2 ? &c->in[2] : NULL;
@@ -249,12 +249,12 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
  * gradient, then the input gradient. */
 ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
   if (run_winograd(c)) return ampc__cpu_wino_bwd(c);
-  conv_geom g = conv_geometry(c, c->nthreads);
+  conv_geom g = conv_geometry(c, cpu_ctx(c)->nthreads);
   const ampc_tensor *x = &c->in[0], *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
   int need_dx = dx->data != NULL, need_dw = dw->data != NULL, need_db = db && db->data;
   int64_t ng = ngroups(&g);
-  double t0 = c->timers ? omp_get_wtime() : 0.0;
+  double t0 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0;
   if ((need_dw || need_db) && use_direct(c)) {
     AMPC_TRY(ampc__cpu_direct_bwd_weights(c));
   } else if (need_dw || need_db) {
@@ -294,7 +294,7 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
     if (need_dw) cpu_store_grad(c, dw, 0, sum, (size_t)(g.O * g.K), c->din_acc[1], tmp);
     if (need_db) cpu_store_grad(c, db, 0, sum + g.O * g.K, (size_t)g.O, c->din_acc[2], tmp);
   }
-  double t1 = c->timers ? omp_get_wtime() : 0.0;
+  double t1 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0;
   if (need_dx) {
     const float *wf = weight_f32(c, &g);
 #pragma omp parallel num_threads(g.nt)
@@ -328,10 +328,10 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
       }
     }
   }
-  if (c->timers) {
+  if (cpu_ctx(c)->timers) {
     double t2 = omp_get_wtime();
-    c->timers[0] += t2 - t1;
-    c->timers[1] += t1 - t0;
+    cpu_ctx(c)->timers[0] += t2 - t1;
+    cpu_ctx(c)->timers[1] += t1 - t0;
   }
   return AMPC_OK;
 }

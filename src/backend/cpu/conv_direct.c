@@ -165,7 +165,7 @@ ampc_status ampc__cpu_direct_fwd(const ampc__op_call *c) {
   dconv_geom g = dconv_geometry(c);
   const ampc_tensor *x = &c->in[0], *y = &c->out;
   const ampc_tensor *b = c->n_in > 2 && c->in[2].data ? &c->in[2] : NULL;
-  int nt = c->nthreads < 1 ? 1 : c->nthreads, avx2 = dconv_avx2();
+  int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads, avx2 = dconv_avx2();
   if (ampc__cpu_direct_ws(c, nt) > c->ws_size) return ampc__error(AMPC_ESTATE, "conv2d: direct workspace too small");
   float *shared = (float *)c->ws;
   const float *wf = cpu_load(&c->in[1], 0, (size_t)(g.O * g.C * 9), shared);
@@ -194,7 +194,7 @@ ampc_status ampc__cpu_direct_bwd_weights(const ampc__op_call *c) {
   dconv_geom g = dconv_geometry(c);
   const ampc_tensor *x = &c->in[0], *dy = &c->dout, *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 && c->din[2].data ? &c->din[2] : NULL;
-  int nt = c->nthreads < 1 ? 1 : c->nthreads, avx2 = dconv_avx2(), nth_used = 1;
+  int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads, avx2 = dconv_avx2(), nth_used = 1;
   size_t nw = (size_t)(g.O * g.C * 9);
   if (ampc__cpu_direct_ws(c, nt) > c->ws_size) return ampc__error(AMPC_ESTATE, "conv2d: direct workspace too small");
 #pragma omp parallel num_threads(nt)

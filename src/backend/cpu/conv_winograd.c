@@ -584,7 +584,7 @@ static const float *wg_weight_f32(const ampc__op_call *c, const wg_layout *L) {
 }
 
 ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
-  wg_layout L = wg_plan(c, c->nthreads);
+  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads);
   const ampc_tensor *b = c->n_in > 2 ? &c->in[2] : NULL;
   float *U = (float *)c->ws, *bias = b ? (float *)c->ws + L.off_db : NULL;
   if (b) {
@@ -594,7 +594,7 @@ ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
   const float *wf = wg_weight_f32(c, &L);
   float *ut = wg_small(&L.f) ? (float *)c->ws + L.off_ut : NULL;
   wg_conv a = {.c = c, .L = &L, .g = &L.f, .in = &c->in[0], .out = &c->out, .bias = bias, .ut = ut, .grad = 0, .acc = 0};
-#pragma omp parallel num_threads(c->nthreads)
+#pragma omp parallel num_threads(cpu_ctx(c)->nthreads)
   {
     int tid = omp_get_thread_num(), nth = omp_get_num_threads();
     wg_weights_rows(wf, L.f.co, L.f.ci, 0, U, tid, L.f.co, nth);
@@ -643,16 +643,16 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
 }
 
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
-  wg_layout L = wg_plan(c, c->nthreads);
+  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads);
   const wg_geom *g = &L.f;
   const ampc_tensor *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
   int need_dx = dx->data != NULL, need_dw = dw->data != NULL, need_db = db && db->data;
   float *ws = (float *)c->ws, *U = ws, *V = ws + L.off_v, *M = ws + L.off_m, *dbias = ws + L.off_db;
-  double t0 = c->timers ? omp_get_wtime() : 0.0, t1 = t0;
+  double t0 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0, t1 = t0;
   int64_t ohw = g->oh * g->ow, O = g->co, C = g->ci;
   if (need_dw || need_db) {
-#pragma omp parallel num_threads(c->nthreads)
+#pragma omp parallel num_threads(cpu_ctx(c)->nthreads)
     {
       int tid = omp_get_thread_num(), nth = omp_get_num_threads();
       float *me = cpu_ws_slice(c, tid, L.per_thread, L.shared);
@@ -708,13 +708,13 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
       float *tmp = cpu_ws_slice(c, 0, L.per_thread, L.shared) + L.off_tmp;
       cpu_store_grad(c, db, 0, dbias, (size_t)O, c->din_acc[2], tmp);
     }
-    t1 = c->timers ? omp_get_wtime() : 0.0;
+    t1 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0;
   }
   if (need_dx) {
     const float *wf = wg_weight_f32(c, &L);
     float *ut = wg_small(&L.d) ? ws + L.off_ut : NULL;
     wg_conv a = {.c = c, .L = &L, .g = &L.d, .in = dy, .out = dx, .bias = NULL, .ut = ut, .grad = 1, .acc = c->din_acc[0]};
-#pragma omp parallel num_threads(c->nthreads)
+#pragma omp parallel num_threads(cpu_ctx(c)->nthreads)
     {
       int tid = omp_get_thread_num(), nth = omp_get_num_threads();
       wg_weights_rows(wf, O, C, 1, U, tid, C, nth);
@@ -726,10 +726,10 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
       wg_conv_run(&a, U, tid, nth);
     }
   }
-  if (c->timers) {
+  if (cpu_ctx(c)->timers) {
     double t2 = omp_get_wtime();
-    c->timers[0] += t2 - t1;
-    c->timers[1] += t1 - t0;
+    cpu_ctx(c)->timers[0] += t2 - t1;
+    cpu_ctx(c)->timers[1] += t1 - t0;
   }
   return AMPC_OK;
 }

@@ -1,8 +1,12 @@
-/* The CPU backend: the kernel table, memory, and workspace sizing. */
+/* The cpu backend: host memory, the kernel table, workspace sizing, and the
+ * device calls every backend has. */
+#include <omp.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
 #include "backend/cpu/cpu_internal.h"
+
+/* ---- memory ---- */
 
 /* Zeroed, 64-byte aligned memory. Large blocks are fresh anonymous pages:
  * zero without being written, so that they become resident only as the
@@ -10,7 +14,7 @@
  * is used). Two words before the block say how it was made. */
 enum { CPU_MMAP_MIN = 1 << 20, CPU_PAGE = 4096 };
 
-static void *cpu_alloc(size_t bytes) {
+static void *cpu_alloc(ampc__device *d, size_t bytes) {
   size_t n = (bytes + 63) & ~(size_t)63;
   if (!n) n = 64;
   if (n >= CPU_MMAP_MIN) {
@@ -30,11 +34,148 @@ static void *cpu_alloc(size_t bytes) {
   return p + 64;
 }
 
-static void cpu_free(void *q) {
+static void cpu_free(ampc__device *d, void *q) {
   if (!q) return;
   size_t *h = (size_t *)q - 2;
   if (h[1]) munmap((char *)q - CPU_PAGE, h[0]);
   else free((char *)q - 64);
+}
+
+static int is_int(ampc_dtype t) { return t == AMPC_DTYPE_I32 || t == AMPC_DTYPE_I64; }
+
+/* n elements from src (st) to dst (dt): between float types, or i32/i64. */
+static ampc_status cpu_convert(void *dst, ampc_dtype dt, const void *src, ampc_dtype st, size_t n) {
+  if (dt == st) {
+    memcpy(dst, src, n * ampc_dtype_size(dt));
+    return AMPC_OK;
+  }
+  if (is_int(dt) && is_int(st)) {
+    if (dt == AMPC_DTYPE_I64)
+      for (size_t i = 0; i < n; i++) ((int64_t *)dst)[i] = ((const int32_t *)src)[i];
+    else
+      for (size_t i = 0; i < n; i++) {
+        int64_t v = ((const int64_t *)src)[i];
+        if (v < INT32_MIN || v > INT32_MAX) return ampc__error(AMPC_ERANGE, "cpu: i64 value %lld does not fit i32", (long long)v);
+        ((int32_t *)dst)[i] = (int32_t)v;
+      }
+    return AMPC_OK;
+  }
+  return ampc_convert(dt, dst, st, src, n);
+}
+
+static ampc_status cpu_write(ampc__device *d, void *dst, ampc_dtype dt, const void *src, ampc_dtype st, size_t n) {
+  return cpu_convert(dst, dt, src, st, n);
+}
+static ampc_status cpu_read(ampc__device *d, void *dst, ampc_dtype dt, const void *src, ampc_dtype st, size_t n) {
+  return cpu_convert(dst, dt, src, st, n);
+}
+static ampc_status cpu_copy(ampc__device *d, void *dst, const void *src, size_t bytes) {
+  memmove(dst, src, bytes);
+  return AMPC_OK;
+}
+static ampc_status cpu_set(ampc__device *d, void *dst, int byte, size_t bytes) {
+  memset(dst, byte, bytes);
+  return AMPC_OK;
+}
+static ampc_status cpu_synchronize(ampc__device *d) { return AMPC_OK; }
+
+/* ---- the device ---- */
+
+static ampc_status cpu_create(ampc__device *d) {
+  ampc__cpu_dev *cd = calloc(1, sizeof *cd);
+  if (!cd) return ampc__error(AMPC_ENOMEM, "out of memory");
+  if (d->opts.threads <= 0) d->opts.threads = omp_get_max_threads();
+  cd->ctx.nthreads = d->opts.threads;
+  cd->ctx.conv_algo = d->opts.conv;
+  cd->isa = ampc__cpu_isa_best();
+  cd->scratch = malloc(ampc__cpu_scratch_floats(d->opts.threads) * sizeof(float));
+  if (!cd->scratch) {
+    free(cd);
+    return ampc__error(AMPC_ENOMEM, "out of memory");
+  }
+  d->impl = cd;
+  return AMPC_OK;
+}
+
+static void cpu_destroy(ampc__device *d) {
+  ampc__cpu_dev *cd = d->impl;
+  if (!cd) return;
+  free(cd->scratch);
+  free(cd->partial);
+  free(cd);
+}
+
+void ampc__cpu_set_isa(ampc__device *d, const ampc__cpu_isa *isa) {
+  AMPC_ASSERT(isa != NULL);
+  ((ampc__cpu_dev *)ampc__cpu_device_of(d)->impl)->isa = isa;
+}
+
+static void cpu_stats(ampc__device *d, ampc_backend_stats *out, int reset) {
+  ampc__cpu_dev *cd = d->impl;
+  memcpy(out->fwd, cd->t_fwd, sizeof out->fwd);
+  memcpy(out->bwd, cd->t_bwd, sizeof out->bwd);
+  out->conv_bwd_data = cd->t_conv[0];
+  out->conv_bwd_weights = cd->t_conv[1];
+  out->grad_values = cd->grad_stats[0];
+  out->grad_underflow = cd->grad_stats[1];
+  if (reset & AMPC__STATS_TIMES) {
+    memset(cd->t_fwd, 0, sizeof cd->t_fwd);
+    memset(cd->t_bwd, 0, sizeof cd->t_bwd);
+    memset(cd->t_conv, 0, sizeof cd->t_conv);
+  }
+  if (reset & AMPC__STATS_GRADS) memset(cd->grad_stats, 0, sizeof cd->grad_stats);
+}
+
+/* ---- ops ---- */
+
+static ampc_status cpu_noop(const ampc__op_call *c) { return AMPC_OK; }
+
+typedef ampc_status (*cpu_kernel)(const ampc__op_call *c);
+
+static const cpu_kernel cpu_fwd[AMPC_OP_COUNT] = {
+    [AMPC_OP_INPUT] = cpu_noop, [AMPC_OP_LABELS] = cpu_noop, [AMPC_OP_PARAM] = cpu_noop,
+    [AMPC_OP_BUFFER] = cpu_noop, [AMPC_OP_FLATTEN] = cpu_noop,
+    [AMPC_OP_CONV2D] = ampc__cpu_conv2d_fwd, [AMPC_OP_BATCHNORM2D] = ampc__cpu_bn_fwd,
+    [AMPC_OP_RELU] = ampc__cpu_relu_fwd, [AMPC_OP_MAXPOOL2D] = ampc__cpu_pool_fwd,
+    [AMPC_OP_AVGPOOL2D] = ampc__cpu_pool_fwd, [AMPC_OP_GLOBAL_AVGPOOL] = ampc__cpu_gap_fwd,
+    [AMPC_OP_LINEAR] = ampc__cpu_linear_fwd, [AMPC_OP_ADD] = ampc__cpu_add_fwd,
+    [AMPC_OP_SOFTMAX] = ampc__cpu_softmax_fwd, [AMPC_OP_LOG_SOFTMAX] = ampc__cpu_softmax_fwd,
+    [AMPC_OP_CROSS_ENTROPY] = ampc__cpu_ce_fwd, [AMPC_OP_CAST] = ampc__cpu_cast_fwd,
+};
+
+static const cpu_kernel cpu_bwd[AMPC_OP_COUNT] = {
+    [AMPC_OP_INPUT] = cpu_noop, [AMPC_OP_LABELS] = cpu_noop, [AMPC_OP_PARAM] = cpu_noop,
+    [AMPC_OP_BUFFER] = cpu_noop, [AMPC_OP_FLATTEN] = cpu_noop,
+    [AMPC_OP_CONV2D] = ampc__cpu_conv2d_bwd, [AMPC_OP_BATCHNORM2D] = ampc__cpu_bn_bwd,
+    [AMPC_OP_RELU] = ampc__cpu_relu_bwd, [AMPC_OP_MAXPOOL2D] = ampc__cpu_pool_bwd,
+    [AMPC_OP_AVGPOOL2D] = ampc__cpu_pool_bwd, [AMPC_OP_GLOBAL_AVGPOOL] = ampc__cpu_gap_bwd,
+    [AMPC_OP_LINEAR] = ampc__cpu_linear_bwd, [AMPC_OP_ADD] = ampc__cpu_add_bwd,
+    [AMPC_OP_SOFTMAX] = ampc__cpu_softmax_bwd, [AMPC_OP_LOG_SOFTMAX] = ampc__cpu_softmax_bwd,
+    [AMPC_OP_CROSS_ENTROPY] = ampc__cpu_ce_bwd, [AMPC_OP_CAST] = ampc__cpu_cast_bwd,
+};
+
+static int cpu_supports(const ampc__device *d, ampc_op_kind op, ampc_dtype t) {
+  if ((unsigned)op >= AMPC_OP_COUNT || !cpu_fwd[op]) return 0;
+  switch (op) {
+    case AMPC_OP_LABELS: return t == AMPC_DTYPE_I32;
+    case AMPC_OP_BUFFER: return t == AMPC_DTYPE_F32 || t == AMPC_DTYPE_I64;
+    default: return t == AMPC_DTYPE_F32 || t == AMPC_DTYPE_F16 || t == AMPC_DTYPE_BF16;
+  }
+}
+
+static ampc_status cpu_run(ampc__device *d, const ampc__op_call *call, int backward) {
+  ampc__cpu_dev *cd = d->impl;
+  ampc__op_call c = *call;
+  ampc__cpu_ctx ctx = cd->ctx;
+  ctx.timers = d->opts.profiling && backward ? cd->t_conv : NULL;
+  ctx.grad_stats = backward && d->count_underflow ? cd->grad_stats : NULL;
+  c.ctx = &ctx;
+  cpu_kernel f = backward ? cpu_bwd[c.op] : cpu_fwd[c.op];
+  AMPC_ASSERT(f != NULL);
+  double t0 = d->opts.profiling ? omp_get_wtime() : 0.0;
+  ampc_status s = f(&c);
+  if (d->opts.profiling) (backward ? cd->t_bwd : cd->t_fwd)[c.op] += omp_get_wtime() - t0;
+  return s;
 }
 
 static size_t cpu_elt_ws(const ampc__op_call *c, int nthreads) {
@@ -42,56 +183,49 @@ static size_t cpu_elt_ws(const ampc__op_call *c, int nthreads) {
   return (size_t)nthreads * 4 * CPU_CHUNK * sizeof(float);
 }
 
-static size_t cpu_workspace(const ampc__op_call *c, int nthreads) {
-  switch (c->op) {
-    case AMPC_OP_CONV2D: return ampc__cpu_conv2d_ws(c, nthreads);
-    case AMPC_OP_LINEAR: return ampc__cpu_linear_ws(c, nthreads);
-    case AMPC_OP_BATCHNORM2D: return ampc__cpu_bn_ws(c, nthreads);
+static size_t cpu_workspace(ampc__device *d, const ampc__op_call *call) {
+  ampc__cpu_dev *cd = d->impl;
+  ampc__op_call c = *call;
+  c.ctx = &cd->ctx;
+  int nt = cd->ctx.nthreads;
+  switch (c.op) {
+    case AMPC_OP_CONV2D: return ampc__cpu_conv2d_ws(&c, nt);
+    case AMPC_OP_LINEAR: return ampc__cpu_linear_ws(&c, nt);
+    case AMPC_OP_BATCHNORM2D: return ampc__cpu_bn_ws(&c, nt);
     case AMPC_OP_MAXPOOL2D:
     case AMPC_OP_AVGPOOL2D:
-    case AMPC_OP_GLOBAL_AVGPOOL: return ampc__cpu_pool_ws(c, nthreads);
+    case AMPC_OP_GLOBAL_AVGPOOL: return ampc__cpu_pool_ws(&c, nt);
     case AMPC_OP_SOFTMAX:
     case AMPC_OP_LOG_SOFTMAX:
-    case AMPC_OP_CROSS_ENTROPY: return ampc__cpu_rows_ws(c, nthreads);
-    default: return cpu_elt_ws(c, nthreads);
+    case AMPC_OP_CROSS_ENTROPY: return ampc__cpu_rows_ws(&c, nt);
+    default: return cpu_elt_ws(&c, nt);
   }
 }
 
-static size_t cpu_aux_floats(const ampc__op_call *c) {
+static size_t cpu_aux_floats(ampc__device *d, const ampc__op_call *c) {
   if (c->op == AMPC_OP_BATCHNORM2D) return ampc__cpu_bn_aux_floats(c);
   return 0;
 }
 
-static ampc_status cpu_noop(const ampc__op_call *c) { return AMPC_OK; }
-
-static const ampc__backend cpu_backend = {
+const ampc__backend ampc__backend_cpu = {
     .name = "cpu",
-    .fwd =
-        {
-            [AMPC_OP_INPUT] = cpu_noop, [AMPC_OP_LABELS] = cpu_noop, [AMPC_OP_PARAM] = cpu_noop,
-            [AMPC_OP_BUFFER] = cpu_noop, [AMPC_OP_FLATTEN] = cpu_noop,
-            [AMPC_OP_CONV2D] = ampc__cpu_conv2d_fwd, [AMPC_OP_BATCHNORM2D] = ampc__cpu_bn_fwd,
-            [AMPC_OP_RELU] = ampc__cpu_relu_fwd, [AMPC_OP_MAXPOOL2D] = ampc__cpu_pool_fwd,
-            [AMPC_OP_AVGPOOL2D] = ampc__cpu_pool_fwd, [AMPC_OP_GLOBAL_AVGPOOL] = ampc__cpu_gap_fwd,
-            [AMPC_OP_LINEAR] = ampc__cpu_linear_fwd, [AMPC_OP_ADD] = ampc__cpu_add_fwd,
-            [AMPC_OP_SOFTMAX] = ampc__cpu_softmax_fwd, [AMPC_OP_LOG_SOFTMAX] = ampc__cpu_softmax_fwd,
-            [AMPC_OP_CROSS_ENTROPY] = ampc__cpu_ce_fwd, [AMPC_OP_CAST] = ampc__cpu_cast_fwd,
-        },
-    .bwd =
-        {
-            [AMPC_OP_INPUT] = cpu_noop, [AMPC_OP_LABELS] = cpu_noop, [AMPC_OP_PARAM] = cpu_noop,
-            [AMPC_OP_BUFFER] = cpu_noop, [AMPC_OP_FLATTEN] = cpu_noop,
-            [AMPC_OP_CONV2D] = ampc__cpu_conv2d_bwd, [AMPC_OP_BATCHNORM2D] = ampc__cpu_bn_bwd,
-            [AMPC_OP_RELU] = ampc__cpu_relu_bwd, [AMPC_OP_MAXPOOL2D] = ampc__cpu_pool_bwd,
-            [AMPC_OP_AVGPOOL2D] = ampc__cpu_pool_bwd, [AMPC_OP_GLOBAL_AVGPOOL] = ampc__cpu_gap_bwd,
-            [AMPC_OP_LINEAR] = ampc__cpu_linear_bwd, [AMPC_OP_ADD] = ampc__cpu_add_bwd,
-            [AMPC_OP_SOFTMAX] = ampc__cpu_softmax_bwd, [AMPC_OP_LOG_SOFTMAX] = ampc__cpu_softmax_bwd,
-            [AMPC_OP_CROSS_ENTROPY] = ampc__cpu_ce_bwd, [AMPC_OP_CAST] = ampc__cpu_cast_bwd,
-        },
-    .workspace = cpu_workspace,
-    .aux_floats = cpu_aux_floats,
+    .host_memory = 1,
+    .create = cpu_create,
+    .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .write = cpu_write,
+    .read = cpu_read,
+    .copy = cpu_copy,
+    .set = cpu_set,
+    .synchronize = cpu_synchronize,
+    .supports = cpu_supports,
+    .run = cpu_run,
+    .workspace = cpu_workspace,
+    .aux_floats = cpu_aux_floats,
+    .check = ampc__cpu_check,
+    .fold = ampc__cpu_fold,
+    .nonfinite = ampc__cpu_nonfinite,
+    .update = ampc__cpu_update,
+    .stats = cpu_stats,
 };
-
-const ampc__backend *ampc__backend_cpu(void) { return &cpu_backend; }

@@ -8,6 +8,62 @@
 #include "backend/backend.h"
 #include "core/status_internal.h"
 
+/* What the cpu kernels know of their device, beside the op call: its options
+ * and where profiling and gradient statistics go. The backend's run() sets
+ * the call's ctx to it. */
+typedef struct {
+  int nthreads;
+  int conv_algo;          /* ampc_conv_algo */
+  double *timers;         /* profiling: conv backward data [0], weights [1]; NULL when off */
+  int64_t *grad_stats;    /* weight gradients stored into 16-bit: [0] values, [1] underflowed; NULL when off */
+} ampc__cpu_ctx;
+static inline const ampc__cpu_ctx *cpu_ctx(const ampc__op_call *c) { return (const ampc__cpu_ctx *)c->ctx; }
+
+/* The kernels of one instruction-set level, chosen once per device: the
+ * AVX2+FMA+F16C build where the CPU has those, else the baseline. */
+typedef struct {
+  const char *name;
+  /* buf: momentum buffer (NULL when momentum == 0) */
+  void (*sgd)(const ampc__optim_consts *k, size_t n, float *w, const float *g, float gmul, float *buf);
+  /* vmax: NULL unless amsgrad */
+  void (*adam)(const ampc__optim_consts *k, size_t n, float *w, const float *g, float gmul, float *m, float *v,
+               float *vmax);
+} ampc__cpu_isa;
+extern const ampc__cpu_isa ampc__cpu_isa_baseline;
+/* NULL where the AVX2 build is not compiled in (not x86-64); whether the CPU
+ * can run it is for the caller to check. */
+extern const ampc__cpu_isa *const ampc__cpu_isa_avx2;
+const ampc__cpu_isa *ampc__cpu_isa_best(void);
+
+/* A cpu device's own state. */
+typedef struct {
+  ampc__cpu_ctx ctx;                   /* threads and convolution algorithm; timers and
+                                        * grad_stats are filled in per run */
+  const ampc__cpu_isa *isa;
+  double t_fwd[AMPC_OP_COUNT], t_bwd[AMPC_OP_COUNT], t_conv[2];
+  int64_t grad_stats[2];
+  float *scratch;                      /* the step passes: per thread 2 chunks of floats */
+  double *partial;                     /* the check's per-chunk sums */
+  size_t npartial;
+} ampc__cpu_dev;
+
+/* The step passes (step.c). */
+ampc_status ampc__cpu_check(ampc__device *d, const ampc__span *s, int ns, float gmul, int want_max, const float *slots,
+                            int nslots, float *slots_out, ampc__check *out);
+ampc_status ampc__cpu_fold(ampc__device *d, const ampc__span *s, int ns, float *dst, float mul, int accumulate,
+                           float *slot, float max_div);
+ampc_status ampc__cpu_nonfinite(ampc__device *d, const ampc__span *s, int ns, const size_t *ranges, size_t nranges,
+                                float gmul, unsigned char *flags);
+ampc_status ampc__cpu_update(ampc__device *d, const ampc__span *s, int ns, const ampc__update *u);
+size_t ampc__cpu_scratch_floats(int nthreads);
+/* Makes a cpu device (or the cpu device inside a guarded one) use the given
+ * kernels, for the tests that compare the builds; the caller has checked
+ * that the CPU can run them. */
+void ampc__cpu_set_isa(ampc__device *d, const ampc__cpu_isa *isa);
+/* The cpu device whose kernels a device runs: itself, or the one inside a
+ * guarded device. */
+ampc__device *ampc__cpu_device_of(ampc__device *d);
+
 /* Address of element i of a float tensor of any storage type. */
 static inline void *cpu_at(const ampc_tensor *t, int64_t i) {
   return (char *)t->data + (size_t)i * ampc_dtype_size(t->dtype);
@@ -64,7 +120,7 @@ static inline void cpu_store(const ampc_tensor *t, int64_t i, float *src, size_t
  * without (enough) loss scaling. Safe inside parallel regions. */
 static inline void cpu_store_grad(const ampc__op_call *c, const ampc_tensor *t, int64_t i, float *src, size_t n, int acc,
                                   float *tmp) {
-  if (c->grad_stats && (t->dtype == AMPC_DTYPE_F16 || t->dtype == AMPC_DTYPE_BF16)) {
+  if (cpu_ctx(c)->grad_stats && (t->dtype == AMPC_DTYPE_F16 || t->dtype == AMPC_DTYPE_BF16)) {
     float tiny = t->dtype == AMPC_DTYPE_F16 ? 6.103515625e-05f : 1.17549435e-38f; /* smallest normal */
     int64_t nonzero = 0, lost = 0;
     for (size_t k = 0; k < n; k++) {
@@ -72,9 +128,9 @@ static inline void cpu_store_grad(const ampc__op_call *c, const ampc_tensor *t, 
       lost += src[k] != 0.0f && fabsf(src[k]) < tiny;
     }
 #pragma omp atomic
-    c->grad_stats[0] += nonzero;
+    cpu_ctx(c)->grad_stats[0] += nonzero;
 #pragma omp atomic
-    c->grad_stats[1] += lost;
+    cpu_ctx(c)->grad_stats[1] += lost;
   }
   cpu_store(t, i, src, n, acc, tmp);
 }

@@ -8,7 +8,7 @@
 #define FOR_BLOCKS(c, total, body)                                                 \
   do {                                                                             \
     int64_t nblk_ = ((total) + CPU_CHUNK - 1) / CPU_CHUNK;                         \
-    _Pragma("omp parallel for num_threads((c)->nthreads) schedule(dynamic, 16) if (nblk_ > 16)") \
+    _Pragma("omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(dynamic, 16) if (nblk_ > 16)") \
     for (int64_t b_ = 0; b_ < nblk_; b_++) {                                       \
       float *t0 = cpu_ws_slice((c), omp_get_thread_num(), 4 * CPU_CHUNK, 0);       \
       float *t1 = t0 + CPU_CHUNK, *t2 = t1 + CPU_CHUNK, *t3 = t2 + CPU_CHUNK;      \
@@ -130,7 +130,7 @@ ampc_status ampc__cpu_pool_fwd(const ampc__op_call *c) {
   int64_t planes = xs->d[0] * xs->d[1], H = xs->d[2], W = xs->d[3], OH = ys->d[2], OW = ys->d[3];
   int k = c->attr.k, s = c->attr.stride, p = c->attr.pad, is_max = c->op == AMPC_OP_MAXPOOL2D;
   size_t per = (size_t)(3 * H * W + 2 * OH * OW + 16);
-#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (planes * H * W > 32768)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static) if (planes * H * W > 32768)
   for (int64_t pl = 0; pl < planes; pl++) {
     float *buf = cpu_ws_slice(c, omp_get_thread_num(), per, 64), *out = buf + H * W;
     unsigned char *win = (unsigned char *)(out + OH * OW);
@@ -367,7 +367,7 @@ ampc_status ampc__cpu_pool_bwd(const ampc__op_call *c) {
   int64_t planes = xs->d[0] * xs->d[1], H = xs->d[2], W = xs->d[3], OH = ys->d[2], OW = ys->d[3];
   int k = c->attr.k, s = c->attr.stride, p = c->attr.pad, is_max = c->op == AMPC_OP_MAXPOOL2D;
   size_t per = (size_t)(3 * H * W + 2 * OH * OW + 16);
-#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (planes * H * W > 32768)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static) if (planes * H * W > 32768)
   for (int64_t pl = 0; pl < planes; pl++) {
     float *xb = cpu_ws_slice(c, omp_get_thread_num(), per, 64), *dx = xb + H * W, *tmp = dx + H * W;
     float *dyb = tmp + H * W;
@@ -423,7 +423,7 @@ ampc_status ampc__cpu_gap_fwd(const ampc__op_call *c) {
   const ampc_shape *xs = &c->in[0].shape;
   int64_t planes = xs->d[0] * xs->d[1], HW = xs->d[2] * xs->d[3];
   size_t per = (size_t)(3 * HW + 2 + 16);
-#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (planes * HW > 32768)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static) if (planes * HW > 32768)
   for (int64_t pl = 0; pl < planes; pl++) {
     float *buf = cpu_ws_slice(c, omp_get_thread_num(), per, 64);
     const float *x = cpu_load(&c->in[0], pl * HW, (size_t)HW, buf);
@@ -440,7 +440,7 @@ ampc_status ampc__cpu_gap_bwd(const ampc__op_call *c) {
   const ampc_shape *xs = &c->in[0].shape;
   int64_t planes = xs->d[0] * xs->d[1], HW = xs->d[2] * xs->d[3];
   size_t per = (size_t)(3 * HW + 2 + 16);
-#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (planes * HW > 32768)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static) if (planes * HW > 32768)
   for (int64_t pl = 0; pl < planes; pl++) {
     float *buf = cpu_ws_slice(c, omp_get_thread_num(), per, 64), *tmp = buf + HW;
     float g;
@@ -473,7 +473,7 @@ ampc_status ampc__cpu_softmax_fwd(const ampc__op_call *c) {
   int64_t N = c->in[0].shape.d[0], K = c->in[0].shape.d[1];
   int is_log = c->op == AMPC_OP_LOG_SOFTMAX;
   size_t per = 4 * (size_t)K + 16;
-#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (N * K > 65536)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static) if (N * K > 65536)
   for (int64_t n = 0; n < N; n++) {
     float *b = cpu_ws_slice(c, omp_get_thread_num(), per, 64 + (size_t)N), *o = b + K;
     const float *x = cpu_load(&c->in[0], n * K, (size_t)K, b);
@@ -490,7 +490,7 @@ ampc_status ampc__cpu_softmax_bwd(const ampc__op_call *c) {
   int64_t N = c->in[0].shape.d[0], K = c->in[0].shape.d[1];
   int is_log = c->op == AMPC_OP_LOG_SOFTMAX;
   size_t per = 4 * (size_t)K + 16;
-#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (N * K > 65536)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static) if (N * K > 65536)
   for (int64_t n = 0; n < N; n++) {
     float *b = cpu_ws_slice(c, omp_get_thread_num(), per, 64 + (size_t)N);
     float *yb = b, *dyb = b + K, *o = b + 2 * K, *tmp = b + 3 * K;
@@ -518,7 +518,7 @@ ampc_status ampc__cpu_ce_fwd(const ampc__op_call *c) {
   float sm = c->attr.label_smoothing;
   float *losses = (float *)c->ws + 64; /* shared: one loss per row */
   size_t per = 4 * (size_t)K + 16;
-#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (N * K > 65536)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static) if (N * K > 65536)
   for (int64_t n = 0; n < N; n++) {
     float *b = cpu_ws_slice(c, omp_get_thread_num(), per, 64 + (size_t)N), *lp = b + K;
     const float *x = cpu_load(&c->in[0], n * K, (size_t)K, b);
@@ -545,7 +545,7 @@ ampc_status ampc__cpu_ce_bwd(const ampc__op_call *c) {
   const int32_t *lab = c->in[1].data;
   float sm = c->attr.label_smoothing, scale = c->seed / (float)N;
   size_t per = 4 * (size_t)K + 16;
-#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (N * K > 65536)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static) if (N * K > 65536)
   for (int64_t n = 0; n < N; n++) {
     float *b = cpu_ws_slice(c, omp_get_thread_num(), per, 64 + (size_t)N), *o = b + K, *tmp = b + 2 * K;
     const float *x = cpu_load(&c->in[0], n * K, (size_t)K, b);

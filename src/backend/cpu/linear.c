@@ -47,7 +47,7 @@ enum { LIN_CONVERT_BLOCK = 1 << 15 };
 static const float *load_par(const ampc__op_call *c, const ampc_tensor *t, size_t n, float *buf) {
   if (t->dtype == AMPC_DTYPE_F32) return t->data;
   int64_t nb = (int64_t)((n + LIN_CONVERT_BLOCK - 1) / LIN_CONVERT_BLOCK);
-#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (nb > 1)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static) if (nb > 1)
   for (int64_t b = 0; b < nb; b++) {
     size_t i = (size_t)b * LIN_CONVERT_BLOCK, m = n - i < LIN_CONVERT_BLOCK ? n - i : LIN_CONVERT_BLOCK;
     ampc_load_f32(buf + i, t->dtype, cpu_at(t, (int64_t)i), m);
@@ -58,7 +58,7 @@ static const float *load_par(const ampc__op_call *c, const ampc_tensor *t, size_
 /* cpu_store_grad of n values over the threads; tmp as long as src */
 static void store_grad_par(const ampc__op_call *c, const ampc_tensor *t, float *src, size_t n, int acc, float *tmp) {
   int64_t nb = (int64_t)((n + LIN_CONVERT_BLOCK - 1) / LIN_CONVERT_BLOCK);
-#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (nb > 1)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static) if (nb > 1)
   for (int64_t b = 0; b < nb; b++) {
     size_t i = (size_t)b * LIN_CONVERT_BLOCK, m = n - i < LIN_CONVERT_BLOCK ? n - i : LIN_CONVERT_BLOCK;
     cpu_store_grad(c, t, (int64_t)i, src + i, m, acc, tmp + i);
@@ -82,7 +82,7 @@ ampc_status ampc__cpu_linear_fwd(const ampc__op_call *c) {
   const float *xf = load_par(c, &c->in[0], (size_t)(g.N * g.K), xb);
   const float *wf = load_par(c, &c->in[1], (size_t)(g.M * g.K), wb);
   float *yf = c->out.dtype == AMPC_DTYPE_F32 ? (float *)c->out.data : yb;
-  par_sgemm(c->nthreads, g.N >= g.M, 0, 1, g.N, g.M, g.K, xf, g.K, wf, g.K, yf, g.M);
+  par_sgemm(cpu_ctx(c)->nthreads, g.N >= g.M, 0, 1, g.N, g.M, g.K, xf, g.K, wf, g.K, yf, g.M);
   if (c->n_in > 2) {
     float *bias = yb + g.N * g.M;
     const float *bf = cpu_load(&c->in[2], 0, (size_t)g.M, bias);
@@ -100,13 +100,13 @@ ampc_status ampc__cpu_linear_bwd(const ampc__op_call *c) {
   const float *dyf = load_par(c, &c->dout, (size_t)(g.N * g.M), dyb);
   if (c->din[0].data) {
     const float *wf = load_par(c, &c->in[1], (size_t)(g.M * g.K), wb);
-    par_sgemm(c->nthreads, g.N >= g.K, 0, 0, g.N, g.K, g.M, dyf, g.M, wf, g.K, dxb, g.K);
+    par_sgemm(cpu_ctx(c)->nthreads, g.N >= g.K, 0, 0, g.N, g.K, g.M, dyf, g.M, wf, g.K, dxb, g.K);
     /* xb is not loaded yet: it stages the old gradient when accumulating */
     store_grad_par(c, &c->din[0], dxb, (size_t)(g.N * g.K), c->din_acc[0], xb);
   }
   if (c->din[1].data) {
     const float *xf = load_par(c, &c->in[0], (size_t)(g.N * g.K), xb);
-    par_sgemm(c->nthreads, g.M >= g.K, 1, 0, g.M, g.K, g.N, dyf, g.M, xf, g.K, dwb, g.K);
+    par_sgemm(cpu_ctx(c)->nthreads, g.M >= g.K, 1, 0, g.M, g.K, g.N, dyf, g.M, xf, g.K, dwb, g.K);
     store_grad_par(c, &c->din[1], dwb, (size_t)(g.M * g.K), c->din_acc[1], wb);
   }
   if (c->n_in > 2 && c->din[2].data) {

@@ -149,7 +149,7 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
   if (c->training && count < 2) return ampc__error(AMPC_EINVAL, "batchnorm2d: training needs more than one value per channel (got %lld)", (long long)count);
   size_t per = bn_per_thread(c, &g);
   int cache = bn_cache(c, &g) && x->dtype != AMPC_DTYPE_F32;
-#pragma omp parallel for num_threads(c->nthreads) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(dynamic, 1)
   for (int64_t ch = 0; ch < g.C; ch++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *ys = xs + 2 * g.HW, *xc = xs + 4 * g.HW;
     float mean, invstd;
@@ -224,7 +224,7 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
    * norm backward 7% faster than with both caches spilling) */
   int cache_x = cache && g.N * g.HW <= BN_CACHE_BOTH_FLOATS;
   int64_t NHW = g.N * g.HW;
-#pragma omp parallel for num_threads(c->nthreads) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(dynamic, 1)
   for (int64_t ch = 0; ch < g.C; ch++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *dys = xs + g.HW, *out = dys + g.HW;
     float *ys = out + g.HW, *xc = ys + g.HW, *dc = xc + NHW;

@@ -1,0 +1,84 @@
+/*
+ * backend.h -- where a graph runs: a device, chosen by name before compile.
+ *
+ * A backend is a device that owns the graph's memory -- parameters,
+ * gradients, activations, workspace, and the amp layer's master weights and
+ * optimizer state -- and runs every kernel of the training step on it. Code
+ * outside the backend never touches that memory through a pointer: values go
+ * in and out through ampc_graph_write() / ampc_graph_read() (and the amp and
+ * optimizer calls of the same kind), which convert between types.
+ *
+ *     ampc_backend_opts o;
+ *     ampc_backend_opts_default(&o);
+ *     o.threads = 2;
+ *     if (ampc_graph_set_backend(g, "cpu", &o) < 0) ...ampc_last_error()...
+ *
+ * Backends built into this library are listed by ampc_backend_names():
+ *
+ *   cpu          the reference backend: OpenMP kernels and OpenBLAS, host memory
+ *   cpu-guarded  the cpu kernels, but the device memory is mapped with no
+ *                access whenever control is outside a backend call, so any
+ *                access that bypasses the interface faults at once (tests)
+ *   cuda         NVIDIA GPUs (only where ampc was built with CUDA)
+ *
+ * Without a call, a graph runs on "cpu" with the default options.
+ */
+#ifndef AMPC_BACKEND_PUBLIC_H
+#define AMPC_BACKEND_PUBLIC_H
+
+#include <stdint.h>
+
+#include "ampc/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How the cpu backends compute convolutions. AUTO (the default) uses
+ * Winograd F(4x4, 3x3) for stride-1 3x3 kernels where it is faster (8 or
+ * more input and output channels), a direct loop for stride-1 3x3 kernels
+ * over inputs of at most 4 channels (a first layer), and im2col matrix
+ * products elsewhere; IM2COL forces the plain path (the reference the others
+ * are tested against); WINOGRAD and DIRECT use theirs wherever it applies
+ * (stride 1, 3x3, padding 0..2; the direct loop computes forward and the
+ * weight gradient, the input gradient stays with im2col). */
+typedef enum { AMPC_CONV_AUTO = 0, AMPC_CONV_IM2COL = 1, AMPC_CONV_WINOGRAD = 2, AMPC_CONV_DIRECT = 3 } ampc_conv_algo;
+
+/* Options of a backend; each backend reads the ones it has. */
+typedef struct {
+  int threads;          /* cpu: kernel threads; 0 = OpenMP's default */
+  ampc_conv_algo conv;  /* cpu: convolution algorithm */
+  int profiling;        /* time every kernel per op kind (ampc_graph_backend_stats) */
+} ampc_backend_opts;
+
+void ampc_backend_opts_default(ampc_backend_opts *o);
+/* The backends built into this library, comma separated: "cpu, cpu-guarded". */
+const char *ampc_backend_names(void);
+/* 0 if name is a backend this library can run here; otherwise an error
+ * saying why ("ampc was built without CUDA", "unknown backend 'x'"). */
+ampc_status ampc_backend_check(const char *name);
+
+/* Runs g on the named backend with the given options (NULL: defaults).
+ * Before compile. */
+ampc_status ampc_graph_set_backend(ampc_graph *g, const char *name, const ampc_backend_opts *o);
+/* The backend's name ("cpu" until one is set). */
+const char *ampc_graph_backend_name(const ampc_graph *g);
+/* The kernel threads of g's backend (cpu: as resolved; 1 elsewhere). */
+int ampc_graph_threads(const ampc_graph *g);
+
+/* What a backend measured since the last reset. */
+typedef struct {
+  double fwd[AMPC_OP_COUNT], bwd[AMPC_OP_COUNT]; /* seconds per op kind (with profiling) */
+  double conv_bwd_data, conv_bwd_weights;        /* convolution backward split in its two products */
+  int64_t grad_values;    /* gradient values (non-zero in f32) stored into 16-bit tensors ... */
+  int64_t grad_underflow; /* ... and of those the ones that became zero or subnormal (amp's grad stats) */
+  int64_t reads;          /* device-to-host reads (a training step makes one) */
+} ampc_backend_stats;
+void ampc_graph_backend_stats(const ampc_graph *g, ampc_backend_stats *s, int reset);
+/* Turns kernel timing on or off (at any time; clears the times). */
+void ampc_graph_set_profiling(ampc_graph *g, int on);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

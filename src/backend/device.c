@@ -1,0 +1,89 @@
+/* The backend registry and device objects. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/status_internal.h"
+
+static const ampc__backend *const backends[] = {
+    &ampc__backend_cpu,
+    &ampc__backend_cpu_guarded,
+#ifdef AMPC_HAVE_CUDA
+    &ampc__backend_cuda,
+#endif
+    NULL,
+};
+
+const ampc__backend *const *ampc__backends(void) { return backends; }
+
+ampc_status ampc__backend_find(const char *name, const ampc__backend **out) {
+  *out = NULL;
+  if (!name) name = "cpu";
+  for (const ampc__backend *const *b = backends; *b; b++)
+    if (strcmp((*b)->name, name) == 0) {
+      *out = *b;
+      return AMPC_OK;
+    }
+#ifndef AMPC_HAVE_CUDA
+  if (strcmp(name, "cuda") == 0)
+    return ampc__error(AMPC_EUNSUPPORTED, "backend 'cuda': ampc was built without CUDA (backends built: %s)",
+                       ampc_backend_names());
+#endif
+  return ampc__error(AMPC_EINVAL, "unknown backend '%s' (backends built: %s)", name, ampc_backend_names());
+}
+
+const char *ampc_backend_names(void) {
+  static char names[128];
+  if (!names[0]) {
+    size_t o = 0;
+    for (const ampc__backend *const *b = backends; *b && o < sizeof names; b++)
+      o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", b == backends ? "" : ", ", (*b)->name);
+  }
+  return names;
+}
+
+void ampc_backend_opts_default(ampc_backend_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->conv = AMPC_CONV_AUTO;
+}
+
+ampc_status ampc_backend_check(const char *name) {
+  ampc__device *d;
+  AMPC_TRY(ampc__device_create(&d, name, NULL));
+  ampc__device_unref(d);
+  return AMPC_OK;
+}
+
+ampc_status ampc__device_create(ampc__device **out, const char *name, const ampc_backend_opts *o) {
+  *out = NULL;
+  const ampc__backend *be;
+  AMPC_TRY(ampc__backend_find(name, &be));
+  if (o && (o->conv < AMPC_CONV_AUTO || o->conv > AMPC_CONV_DIRECT))
+    return ampc__error(AMPC_EINVAL, "backend %s: unknown convolution algorithm %d", be->name, (int)o->conv);
+  if (o && o->threads < 0) return ampc__error(AMPC_EINVAL, "backend %s: threads %d", be->name, o->threads);
+  ampc__device *d = calloc(1, sizeof *d);
+  if (!d) return ampc__error(AMPC_ENOMEM, "backend %s: out of memory", be->name);
+  d->be = be;
+  d->refs = 1;
+  if (o) d->opts = *o;
+  else ampc_backend_opts_default(&d->opts);
+  ampc_status s = be->create(d);
+  if (s < 0) {
+    free(d);
+    return ampc__error_prefix(s, "backend %s", be->name);
+  }
+  *out = d;
+  return AMPC_OK;
+}
+
+ampc__device *ampc__device_ref(ampc__device *d) {
+  if (d) d->refs++;
+  return d;
+}
+
+void ampc__device_unref(ampc__device *d) {
+  if (!d || --d->refs > 0) return;
+  d->be->destroy(d);
+  free(d);
+}

@@ -1,0 +1,214 @@
+/* Execution: the graph's device, forward and backward through it, and
+ * values in and out of device memory. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/graph_internal.h"
+#include "core/status_internal.h"
+
+/* ---- the device ---- */
+
+ampc_status ampc_graph_set_backend(ampc_graph *g, const char *name, const ampc_backend_opts *o) {
+  if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: the backend must be chosen before compile");
+  ampc__device *d;
+  AMPC_TRY(ampc__device_create(&d, name, o));
+  ampc__device_unref(g->dev);
+  g->dev = d;
+  return AMPC_OK;
+}
+
+ampc_status ampc__graph_need_device(ampc_graph *g) {
+  if (g->dev) return AMPC_OK;
+  return ampc__device_create(&g->dev, "cpu", NULL);
+}
+
+ampc__device *ampc__graph_device(const ampc_graph *g) { return g->dev; }
+
+const char *ampc_graph_backend_name(const ampc_graph *g) { return g->dev ? g->dev->be->name : "cpu"; }
+
+int ampc_graph_threads(const ampc_graph *g) { return g->dev ? g->dev->opts.threads : 1; }
+
+void ampc_graph_backend_stats(const ampc_graph *g, ampc_backend_stats *s, int reset) {
+  memset(s, 0, sizeof *s);
+  if (!g->dev) return;
+  g->dev->be->stats(g->dev, s, reset ? AMPC__STATS_ALL : 0);
+  s->reads = g->dev->reads;
+  if (reset) g->dev->reads = 0;
+}
+
+void ampc_graph_set_profiling(ampc_graph *g, int on) {
+  if (ampc__graph_need_device(g) < 0) return;
+  ampc_backend_stats s;
+  g->dev->be->stats(g->dev, &s, AMPC__STATS_TIMES);
+  g->dev->opts.profiling = on != 0;
+}
+
+void ampc__graph_count_underflow(ampc_graph *g, int on) {
+  if (ampc__graph_need_device(g) == 0) g->dev->count_underflow = on != 0;
+}
+
+int ampc__graph_spans(const ampc_graph *g, ampc__span *out) {
+  for (int b = 0; b < g->nbuckets; b++) {
+    const ampc__bucket *k = &g->buckets[b];
+    out[b] = (ampc__span){k->start, k->n, k->type, k->data, k->type, k->grad};
+  }
+  return g->nbuckets;
+}
+
+/* ---- running ---- */
+
+/* A value's tensor with the given shape (its own or its memory's) at batch. */
+static ampc_tensor view_as(const ampc__value *v, const ampc_shape *shape, void *data, int64_t batch) {
+  ampc_tensor t = {data, v->dtype, *shape};
+  if (v->batched && t.shape.ndim > 0) t.shape.d[0] = batch;
+  return t;
+}
+static ampc_tensor view(const ampc__value *v, void *data, int64_t batch) { return view_as(v, &v->store, data, batch); }
+
+ampc__op_call ampc__graph_call(const ampc_graph *g, const ampc__value *v, int64_t batch) {
+  ampc__op_call c;
+  memset(&c, 0, sizeof c);
+  c.op = v->op;
+  c.n_in = v->n_in;
+  for (int j = 0; j < v->n_in; j++) {
+    if (v->in[j] < 0) continue;
+    const ampc__value *x = &g->v[v->in[j]];
+    c.in[j] = view(x, x->data, batch);
+    if (x->requires_grad && x->op != AMPC_OP_BUFFER) c.din[j] = view(x, x->grad, batch);
+    else c.din[j].data = NULL;
+  }
+  c.out = view(v, v->data, batch);
+  c.dout = view(v, v->grad, batch);
+  c.attr = v->attr;
+  c.aux = v->aux;
+  c.ws = g->ws;
+  c.ws_size = g->ws_bytes;
+  return c;
+}
+
+ampc_status ampc_graph_set_batch(ampc_graph *g, int64_t n) {
+  if (n < 1 || n > g->max_batch)
+    return ampc__error(AMPC_EINVAL, "graph: batch %lld outside 1..%lld", (long long)n, (long long)g->max_batch);
+  g->batch = n;
+  return AMPC_OK;
+}
+int64_t ampc_graph_batch(const ampc_graph *g) { return g->batch; }
+int64_t ampc_graph_max_batch(const ampc_graph *g) { return g->max_batch; }
+
+static ampc_status run(ampc_graph *g, const ampc__op_call *c, int backward) {
+  ampc_status s = g->dev->be->run(g->dev, c, backward);
+  if (s < 0) return ampc__error_prefix(s, "%s %s", ampc_op_name(c->op), backward ? "backward" : "forward");
+  return AMPC_OK;
+}
+
+ampc_status ampc_graph_forward(ampc_graph *g, int training) {
+  AMPC_TRY(ampc_graph_compile(g));
+  for (size_t k = 0; k < g->norder; k++) {
+    ampc__value *v = &g->v[g->order[k]];
+    if (v->alias != AMPC_VALUE_NONE) continue; /* views: flatten, fused relu */
+    ampc__op_call c = ampc__graph_call(g, v, g->batch);
+    c.training = training;
+    AMPC_TRY(run(g, &c, 0));
+  }
+  return AMPC_OK;
+}
+
+ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int accumulate) {
+  if (!g->compiled) return ampc__error(AMPC_ESTATE, "graph: backward before forward");
+  if (!ampc__graph_valid(g, loss) || g->v[loss].op != AMPC_OP_CROSS_ENTROPY)
+    return ampc__error(AMPC_EINVAL, "graph: backward needs a loss value");
+  /* only the ops this loss depends on run; the first to produce a value's
+   * gradient overwrites it (a parameter's: unless accumulating), later ones add */
+  unsigned char *reach = g->bw_reach, *written = g->bw_written;
+  memset(reach, 0, g->nv);
+  memset(written, 0, g->nv);
+  reach[loss] = 1;
+  for (size_t k = g->norder; k-- > 0;) {
+    ampc_value id = g->order[k];
+    ampc__value *v = &g->v[id];
+    if (!reach[id]) continue;
+    if (v->alias != AMPC_VALUE_NONE) reach[v->alias] = 1;
+    for (int j = 0; j < v->n_in; j++)
+      if (v->in[j] >= 0) reach[v->in[j]] = 1;
+  }
+  for (size_t k = g->norder; k-- > 0;) {
+    ampc_value id = g->order[k];
+    ampc__value *v = &g->v[id];
+    if (!reach[id] || v->alias != AMPC_VALUE_NONE || !v->requires_grad) continue;
+    /* an output nothing differentiates (not the loss, which is seeded) has no gradient */
+    if (!v->grad && v->op != AMPC_OP_CROSS_ENTROPY) continue;
+    ampc__op_call c = ampc__graph_call(g, v, g->batch);
+    c.training = 1;
+    c.seed = seed;
+    for (int j = 0; j < v->n_in; j++) {
+      if (v->in[j] < 0 || !c.din[j].data) continue;
+      ampc_value r = ampc__graph_root(g, v->in[j]);
+      c.din_acc[j] = written[r] ? 1 : (g->v[r].op == AMPC_OP_PARAM ? accumulate : 0);
+      written[r] = 1;
+    }
+    AMPC_TRY(run(g, &c, 1));
+  }
+  return AMPC_OK;
+}
+
+ampc_status ampc_graph_zero_grad(ampc_graph *g) {
+  for (int b = 0; b < g->nbuckets; b++)
+    AMPC_TRY(ampc__dev_set(g->dev, g->buckets[b].grad, 0, g->buckets[b].n * ampc_dtype_size(g->buckets[b].type)));
+  return AMPC_OK;
+}
+
+/* ---- values in and out ---- */
+
+/* A batch norm whose max pool was fused into it, and its fused ReLU, have no
+ * full-size values (their memory holds the pool's): their tensors say their
+ * type and shape, with no data. */
+ampc_tensor ampc__graph_view(const ampc_graph *g, ampc_value v, int grad) {
+  ampc_tensor t = {0};
+  if (!ampc__graph_valid(g, v)) return t;
+  const ampc__value *x = &g->v[v];
+  ampc_value r = ampc__graph_root(g, v);
+  if (g->v[r].pool_out != AMPC_VALUE_NONE && g->v[r].pool_out != v) return view_as(x, &x->shape, NULL, g->batch);
+  return view(x, grad ? x->grad : x->data, g->batch);
+}
+
+static ampc_status io_view(const ampc_graph *g, ampc_value v, int grad, const char *what, ampc_tensor *t) {
+  if (!g->compiled) return ampc__error(AMPC_ESTATE, "graph: %s before compile", what);
+  if (!ampc__graph_valid(g, v)) return ampc__error(AMPC_EINVAL, "graph: %s of an invalid value %d", what, (int)v);
+  *t = ampc__graph_view(g, v, grad);
+  if (!t->data)
+    return ampc__error(AMPC_EINVAL, "graph: %s: '%s' has no %s of its own (%s)", what, g->v[v].name, grad ? "gradient" : "memory",
+                       grad ? "nothing differentiates it, or it is only live during backward" : "fused into the op before it");
+  return AMPC_OK;
+}
+
+ampc_status ampc_graph_write(ampc_graph *g, ampc_value v, const void *src, ampc_dtype src_type) {
+  ampc_tensor t = {0};
+  AMPC_TRY(io_view(g, v, 0, "write", &t));
+  ampc_status s = ampc__dev_write(g->dev, t.data, t.dtype, src, src_type, (size_t)ampc_tensor_numel(&t));
+  if (s < 0) return ampc__error_prefix(s, "graph: write of '%s'", g->v[v].name);
+  return AMPC_OK;
+}
+
+ampc_status ampc_graph_write_grad(ampc_graph *g, ampc_value v, const void *src, ampc_dtype src_type) {
+  ampc_tensor t = {0};
+  AMPC_TRY(io_view(g, v, 1, "write of a gradient", &t));
+  ampc_status s = ampc__dev_write(g->dev, t.data, t.dtype, src, src_type, (size_t)ampc_tensor_numel(&t));
+  if (s < 0) return ampc__error_prefix(s, "graph: write of the gradient of '%s'", g->v[v].name);
+  return AMPC_OK;
+}
+
+static ampc_status read_value(const ampc_graph *g, ampc_value v, int grad, void *dst, ampc_dtype dst_type) {
+  ampc_tensor t = {0};
+  AMPC_TRY(io_view(g, v, grad, grad ? "read of a gradient" : "read", &t));
+  ampc_status s = ampc__dev_read(g->dev, dst, dst_type, t.data, t.dtype, (size_t)ampc_tensor_numel(&t));
+  if (s < 0) return ampc__error_prefix(s, "graph: read of '%s'", g->v[v].name);
+  return AMPC_OK;
+}
+
+ampc_status ampc_graph_read(const ampc_graph *g, ampc_value v, void *dst, ampc_dtype dst_type) {
+  return read_value(g, v, 0, dst, dst_type);
+}
+
+ampc_status ampc_graph_read_grad(const ampc_graph *g, ampc_value v, void *dst, ampc_dtype dst_type) {
+  return read_value(g, v, 1, dst, dst_type);
+}

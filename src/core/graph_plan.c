@@ -1,0 +1,226 @@
+/* The memory planner: where each activation and each activation gradient
+ * lives in its arena, reusing memory whose value is dead. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/graph_internal.h"
+#include "core/status_internal.h"
+
+/* A first-fit allocator over one arena's offsets, for planning. */
+typedef struct {
+  size_t *off, *len;
+  size_t n, cap, top;
+} plan_arena;
+
+static size_t plan_alloc(plan_arena *a, size_t len) {
+  for (size_t i = 0; i < a->n; i++)
+    if (a->len[i] >= len) {
+      size_t o = a->off[i];
+      a->off[i] += len;
+      a->len[i] -= len;
+      if (a->len[i] == 0) {
+        memmove(a->off + i, a->off + i + 1, (a->n - i - 1) * sizeof *a->off);
+        memmove(a->len + i, a->len + i + 1, (a->n - i - 1) * sizeof *a->len);
+        a->n--;
+      }
+      return o;
+    }
+  size_t o = a->top;
+  a->top += len;
+  return o;
+}
+
+static int plan_free(plan_arena *a, size_t off, size_t len) {
+  if (a->n == a->cap) {
+    size_t cap = a->cap ? a->cap * 2 : 64;
+    size_t *no = realloc(a->off, cap * sizeof *no);
+    if (!no) return -1;
+    a->off = no;
+    size_t *nl = realloc(a->len, cap * sizeof *nl);
+    if (!nl) return -1;
+    a->len = nl;
+    a->cap = cap;
+  }
+  size_t i = 0;
+  while (i < a->n && a->off[i] < off) i++;
+  memmove(a->off + i + 1, a->off + i, (a->n - i) * sizeof *a->off);
+  memmove(a->len + i + 1, a->len + i, (a->n - i) * sizeof *a->len);
+  a->off[i] = off;
+  a->len[i] = len;
+  a->n++;
+  /* coalesce with the neighbours */
+  if (i + 1 < a->n && a->off[i] + a->len[i] == a->off[i + 1]) {
+    a->len[i] += a->len[i + 1];
+    memmove(a->off + i + 1, a->off + i + 2, (a->n - i - 2) * sizeof *a->off);
+    memmove(a->len + i + 1, a->len + i + 2, (a->n - i - 2) * sizeof *a->len);
+    a->n--;
+  }
+  if (i > 0 && a->off[i - 1] + a->len[i - 1] == a->off[i]) {
+    a->len[i - 1] += a->len[i];
+    memmove(a->off + i, a->off + i + 1, (a->n - i - 1) * sizeof *a->off);
+    memmove(a->len + i, a->len + i + 1, (a->n - i - 1) * sizeof *a->len);
+    a->n--;
+  }
+  /* give the top back */
+  if (a->n && a->off[a->n - 1] + a->len[a->n - 1] == a->top) {
+    a->top = a->off[a->n - 1];
+    a->n--;
+  }
+  return 0;
+}
+
+/* Whether op v's backward reads its inputs, or its own output. */
+static int bwd_reads_inputs(const ampc__value *v) {
+  switch (v->op) {
+    case AMPC_OP_CONV2D:
+    case AMPC_OP_LINEAR:
+    case AMPC_OP_BATCHNORM2D:
+    case AMPC_OP_MAXPOOL2D:
+    case AMPC_OP_CROSS_ENTROPY: return 1;
+    default: return 0; /* relu, add, average pools, softmax, cast: not their inputs */
+  }
+}
+static int bwd_reads_output(const ampc__value *v) {
+  switch (v->op) {
+    case AMPC_OP_RELU:
+    case AMPC_OP_SOFTMAX:
+    case AMPC_OP_LOG_SOFTMAX: return 1;
+    case AMPC_OP_BATCHNORM2D:
+    case AMPC_OP_ADD: return v->attr.relu; /* the fused ReLU's mask */
+    default: return 0;
+  }
+}
+
+/* Plans the activation arena. A value backward reads (or that the user may
+ * read: inputs, labels, values nothing consumes, kept ones, everything under
+ * retain_grads) lives from its op to the end; any other lives only until its
+ * last consumer has run in forward, and its memory is then reused. Sets
+ * v->act_off and returns the arena size and its bytes by type at the peak. */
+ampc_status ampc__graph_plan_activations(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
+  size_t nv = g->nv;
+  int64_t *last_use = malloc(nv * sizeof *last_use);
+  char *needed = calloc(nv, 1), *done = calloc(nv, 1);
+  size_t live_by_type[AMPC_DTYPE_COUNT] = {0};
+  plan_arena a = {0};
+  ampc_status st = AMPC_OK;
+  if (!last_use || !needed || !done) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
+  for (size_t i = 0; st == 0 && i < nv; i++) {
+    last_use[i] = -1;
+    g->v[i].act_off = SIZE_MAX;
+    const ampc__value *v = &g->v[i];
+    if (v->op == AMPC_OP_INPUT || v->op == AMPC_OP_LABELS || v->keep || g->retain_grads) needed[ampc__graph_root(g, (ampc_value)i)] = 1;
+  }
+  for (size_t k = 0; st == 0 && k < g->norder; k++) {
+    ampc__value *v = &g->v[g->order[k]];
+    if (v->alias != AMPC_VALUE_NONE) continue;
+    for (int j = 0; j < v->n_in; j++) {
+      if (v->in[j] < 0) continue;
+      ampc_value r = ampc__graph_root(g, v->in[j]);
+      last_use[r] = (int64_t)k;
+      if (bwd_reads_inputs(v)) needed[r] = 1;
+    }
+    if (bwd_reads_output(v)) needed[g->order[k]] = 1;
+  }
+  size_t peak = 0;
+  /* leaves and values outside the order first, for good */
+  for (size_t i = 0; st == 0 && i < nv; i++) {
+    ampc__value *v = &g->v[i];
+    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE) continue;
+    if (v->op != AMPC_OP_INPUT && v->op != AMPC_OP_LABELS) continue;
+    v->act_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(v)));
+    live_by_type[v->dtype] += ampc__value_bytes(v);
+  }
+  for (size_t k = 0; st == 0 && k < g->norder; k++) {
+    ampc_value id = g->order[k];
+    ampc__value *v = &g->v[id];
+    if (v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX || v->op <= AMPC_OP_BUFFER) continue;
+    if (last_use[id] < 0) needed[id] = 1; /* an output: nothing consumes it */
+    v->act_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(v)));
+    live_by_type[v->dtype] += ampc__value_bytes(v);
+    if (a.top > peak) {
+      peak = a.top;
+      memcpy(peak_by_type, live_by_type, sizeof live_by_type);
+    }
+    for (int j = 0; j < v->n_in; j++) {
+      if (v->in[j] < 0) continue;
+      ampc_value r = ampc__graph_root(g, v->in[j]);
+      ampc__value *rv = &g->v[r];
+      if (needed[r] || done[r] || last_use[r] != (int64_t)k || rv->act_off == SIZE_MAX || rv->op <= AMPC_OP_BUFFER) continue;
+      done[r] = 1;
+      live_by_type[rv->dtype] -= ampc__value_bytes(rv);
+      if (plan_free(&a, rv->act_off, ampc__align64(ampc__value_bytes(rv))) < 0) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
+    }
+  }
+  if (a.top > peak) {
+    peak = a.top;
+    memcpy(peak_by_type, live_by_type, sizeof live_by_type);
+  }
+  /* anything left unplaced (not reached by the order) gets its own space */
+  for (size_t i = 0; st == 0 && i < nv; i++) {
+    ampc__value *v = &g->v[i];
+    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX) continue;
+    v->act_off = peak;
+    peak += ampc__align64(ampc__value_bytes(v));
+    peak_by_type[v->dtype] += ampc__value_bytes(v);
+  }
+  *arena = peak;
+  free(last_use);
+  free(needed);
+  free(done);
+  free(a.off);
+  free(a.len);
+  return st;
+}
+
+/* Plans the activation-gradient arena. The gradient of a value lives from its
+ * last consumer's backward (which writes it first) to its own op's backward
+ * (which reads it last); buffers whose lifetimes do not overlap share memory.
+ * Sets v->grad_off (SIZE_MAX: no gradient buffer) and returns the arena size. */
+ampc_status ampc__graph_plan_activation_grads(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
+  size_t nv = g->nv;
+  int64_t *pos = malloc(nv * sizeof *pos), *last_use = malloc(nv * sizeof *last_use);
+  size_t *live_by_type = calloc(AMPC_DTYPE_COUNT, sizeof *live_by_type);
+  plan_arena a = {0};
+  ampc_status st = AMPC_OK;
+  if (!pos || !last_use || !live_by_type) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
+  for (size_t i = 0; st == 0 && i < nv; i++) {
+    pos[i] = last_use[i] = -1;
+    g->v[i].grad_off = SIZE_MAX;
+  }
+  for (size_t k = 0; st == 0 && k < g->norder; k++) {
+    ampc__value *v = &g->v[g->order[k]];
+    pos[g->order[k]] = (int64_t)k;
+    if (v->alias != AMPC_VALUE_NONE) continue;
+    for (int j = 0; j < v->n_in; j++)
+      if (v->in[j] >= 0) last_use[ampc__graph_root(g, v->in[j])] = (int64_t)k;
+  }
+  size_t peak = 0;
+  for (int64_t t = (int64_t)g->norder - 1; st == 0 && t >= 0; t--) {
+    ampc__value *v = &g->v[g->order[t]];
+    for (int j = 0; j < v->n_in && v->alias == AMPC_VALUE_NONE; j++) {
+      if (v->in[j] < 0) continue;
+      ampc_value r = ampc__graph_root(g, v->in[j]);
+      ampc__value *rv = &g->v[r];
+      if (!rv->requires_grad || rv->op <= AMPC_OP_BUFFER || rv->grad_off != SIZE_MAX || last_use[r] != t) continue;
+      rv->grad_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(rv)));
+      live_by_type[rv->dtype] += ampc__value_bytes(rv);
+      if (a.top > peak) {
+        peak = a.top;
+        memcpy(peak_by_type, live_by_type, AMPC_DTYPE_COUNT * sizeof *live_by_type);
+      }
+    }
+    /* after this op's backward its own output gradient is dead */
+    if (v->alias == AMPC_VALUE_NONE && v->grad_off != SIZE_MAX && !g->retain_grads) {
+      live_by_type[v->dtype] -= ampc__value_bytes(v);
+      if (plan_free(&a, v->grad_off, ampc__align64(ampc__value_bytes(v))) < 0) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
+    }
+  }
+  *arena = peak;
+  free(pos);
+  free(last_use);
+  free(live_by_type);
+  free(a.off);
+  free(a.len);
+  return st;
+}
+
