@@ -39,6 +39,7 @@ struct ampc_graph {
   size_t norder;
   ampc_value *params, *buffers;
   size_t nparams, nbuffers, param_numel, cap_params, cap_buffers;
+  uint64_t init_bytes;   /* recorded values of params and buffers, for the memory check */
   int64_t max_batch, batch;
   int nthreads;
   int profiling;
@@ -56,5 +57,13 @@ struct ampc_graph {
   size_t param_bytes, grad_bytes, act_bytes, actgrad_bytes, ws_bytes;
   size_t bytes_by_type[4][AMPC_DTYPE_COUNT]; /* params, grads, acts, actgrads */
 };
+
+/* The recorded f32 values of a parameter or buffer (its numel floats), for a
+ * builder to fill in place; NULL for any other value. */
+float *ampc__graph_init_data(ampc_graph *g, ampc_value v);
+
+/* The machine's physical memory in bytes (0 if unknown): no plan larger than
+ * this, and no set of parameters larger than half of it, is allocated. */
+uint64_t ampc__physical_memory(void);
 
 #endif
