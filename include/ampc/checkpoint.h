@@ -22,6 +22,7 @@
 
 #include "ampc/amp.h"
 #include "ampc/nn.h"
+#include "ampc/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -45,9 +46,20 @@ typedef struct {
 ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt,
                                  const ampc_train_state *ts);
 /* Checks that the file is an ampc checkpoint of a supported version for the
- * same model and opt level, then restores everything. */
+ * same model, input shape, class count and opt level, and that every number
+ * of its metadata is in range (in its full 64-bit width), then restores
+ * everything. Nothing is restored when a check fails. */
 ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt,
                                  ampc_train_state *ts);
+
+/* The input shape (C x H x W) and class count a file written by ampc (a
+ * checkpoint, or weights saved by `ampc train --save`) was made for, from its
+ * metadata: "input" ("1x28x28") and "classes" ("10"). Returns 1 with them
+ * filled, 0 when the file records neither (weights from another program or
+ * an older ampc), AMPC_EFORMAT when they are malformed or out of range. f
+ * may come from ampc_st_open_header. */
+ampc_status ampc_checkpoint_input(const ampc_st_file *f, int *channels, int *height, int *width,
+                                  int *classes);
 
 #ifdef __cplusplus
 }
