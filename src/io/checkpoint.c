@@ -155,16 +155,17 @@ static ampc_status restore_tensor(const char *path, const ampc_st_file *f, const
   }
   if (s->dtype != t->dtype && (!ampc_dtype_is_float(t->dtype) || !ampc_dtype_is_float(s->dtype)))
     return ampc__error(AMPC_EFORMAT, "checkpoint: %s: tensor '%s' is %s, expected %s", path, name, ampc_dtype_name(s->dtype), ampc_dtype_name(t->dtype));
-  if (check_only) return AMPC_OK;
   if (s->dtype == t->dtype) {
-    memcpy(t->data, s->data, ampc_tensor_nbytes(t));
+    if (!check_only) memcpy(t->data, s->data, ampc_tensor_nbytes(t));
     return AMPC_OK;
   }
+  /* a conversion can fail (an f64 beyond f32's range): the check converts too */
   size_t n = (size_t)ampc_tensor_numel(t);
   float *tmp = malloc((n ? n : 1) * sizeof *tmp);
   if (!tmp) return ampc__error(AMPC_ENOMEM, "checkpoint: out of memory");
   ampc_status st = ampc_st_read_f32(s, tmp, n);
-  if (st == 0) ampc_store_f32(t->dtype, t->data, tmp, n);
+  if (st < 0) ampc__error_prefix(st, "checkpoint: %s", path);
+  else if (!check_only) ampc_store_f32(t->dtype, t->data, tmp, n);
   free(tmp);
   return st;
 }
