@@ -117,7 +117,7 @@ static int remove_leftovers(const char *dir) {
   return removed;
 }
 
-int cli_ckptdir_lock(const char *flag, const char *dir, int quiet) {
+int cli_ckptdir_lock(const char *flag, const char *dir) {
   if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
     cli_error("%s: cannot create '%s': %s", flag, dir, strerror(errno));
     return -1;
@@ -176,7 +176,7 @@ int cli_ckptdir_lock(const char *flag, const char *dir, int quiet) {
   close(pf);
   unlink(probe);
   int removed = remove_leftovers(dir);
-  if (removed && !quiet)
+  if (removed) /* even with --quiet: files were deleted */
     fprintf(stderr, "ampc: removed %d unfinished checkpoint file%s left in %s by an interrupted save\n", removed, removed == 1 ? "" : "s", dir);
   return fd; /* held, with the lock, until the process ends */
 }

@@ -10,8 +10,8 @@
  * rest of the process's life, and removes the temporary files that a killed
  * save left there. Returns the lock's descriptor, or prints one error (for
  * flag, naming the holder's pid when another run has the folder) and returns
- * -1. A note about removed files goes to stderr unless quiet. */
-int cli_ckptdir_lock(const char *flag, const char *dir, int quiet);
+ * -1. A note about removed files goes to stderr. */
+int cli_ckptdir_lock(const char *flag, const char *dir);
 
 /* 1 (and its step) if name is a checkpoint file's name: ckpt-step-N.safetensors. */
 int cli_checkpoint_step(const char *name, long long *step);

@@ -62,7 +62,7 @@ int cmd_train(int argc, char **argv) {
   int skip_nonfinite;
   if (train_args_check(&a, &ocfg, &sched, &skip_nonfinite) < 0) return 2;
   /* one run per checkpoint folder: found out before anything else is done */
-  if (a.checkpoint_dir && cli_ckptdir_lock("--checkpoint-dir", a.checkpoint_dir, a.quiet) < 0) return 1;
+  if (a.checkpoint_dir && cli_ckptdir_lock("--checkpoint-dir", a.checkpoint_dir) < 0) return 1;
   char resume_path[4096] = "";
   if (a.resume) {
     struct stat sb;
@@ -265,7 +265,7 @@ int cmd_train(int argc, char **argv) {
       if (tty) fprintf(stderr, "\n");
       fprintf(stderr, "ampc: %s received: saving a checkpoint at step %lld and stopping\n", stop_requested == SIGINT ? "SIGINT" : "SIGTERM", (long long)ts.step);
       /* the default folder is taken only now: take its lock like --checkpoint-dir's */
-      if ((!a.checkpoint_dir && cli_ckptdir_lock("saving a checkpoint", dir, 0) < 0) || save_checkpoint(&s, dir, a.keep, &ts, 0) < 0) rc = 1;
+      if ((!a.checkpoint_dir && cli_ckptdir_lock("saving a checkpoint", dir) < 0) || save_checkpoint(&s, dir, a.keep, &ts, 0) < 0) rc = 1;
       break;
     }
     if (skip_repeats) {
