@@ -22,6 +22,7 @@
 
 #include "ampc/amp.h"
 #include "ampc/nn.h"
+#include "ampc/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -45,9 +46,11 @@ typedef struct {
 ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt,
                                  const ampc_train_state *ts);
 /* Checks that the file is an ampc checkpoint of a supported version for the
- * same model and opt level, then restores everything: the model (as
- * ampc_checkpoint_load_weights does), the optimizer state, each loss
- * scaler's state and the run state. */
+ * same model, input shape, class count and opt level, and that every number
+ * of its metadata is in range (in its full 64-bit width), then restores
+ * everything: the model (as ampc_checkpoint_load_weights does), the
+ * optimizer state, each loss scaler's state and the run state. Nothing is
+ * restored when a check fails. */
 ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt,
                                  ampc_train_state *ts);
 
@@ -62,6 +65,15 @@ ampc_status ampc_checkpoint_save_weights(const char *path, ampc_model *m, ampc_a
  * that belongs to neither the model nor a checkpoint's own sections is an
  * error naming the file and the tensor. */
 ampc_status ampc_checkpoint_load_weights(const char *path, ampc_model *m, ampc_amp *amp);
+
+/* The input shape (C x H x W) and class count a file written by ampc (a
+ * checkpoint, or weights saved by `ampc train --save`) was made for, from its
+ * metadata: "input" ("1x28x28") and "classes" ("10"). Returns 1 with them
+ * filled, 0 when the file records neither (weights from another program or
+ * an older ampc), AMPC_EFORMAT when they are malformed or out of range. f
+ * may come from ampc_st_open_header. */
+ampc_status ampc_checkpoint_input(const ampc_st_file *f, int *channels, int *height, int *width,
+                                  int *classes);
 
 #ifdef __cplusplus
 }

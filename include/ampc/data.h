@@ -79,6 +79,25 @@ ampc_status ampc_dataset_open(ampc_dataset **out, ampc_dataset_kind kind, const 
                               int train, size_t limit);
 void ampc_dataset_free(ampc_dataset *d);
 
+/* What a split holds, from its headers (IDX) or file sizes (CIFAR) alone. */
+typedef struct {
+  ampc_dataset_kind kind;
+  int train;                      /* 1: the training split, 0: the test split */
+  size_t count;                   /* samples, after the limit */
+  int channels, height, width, classes;
+  char images[4096];              /* the file the image shape comes from, for messages */
+} ampc_dataset_info;
+
+/* Opens the split's files and checks everything ampc_dataset_open checks
+ * before it reads the data (presence, regular files, headers, sizes), without
+ * reading or allocating for the data; the same errors. */
+ampc_status ampc_dataset_probe(ampc_dataset_info *out, ampc_dataset_kind kind, const char *dir,
+                               int train, size_t limit);
+/* A model is sized from the training split, so the test split must have the
+ * same image shape (C x H x W) and classes: AMPC_EINVAL otherwise, with a
+ * message naming both files and both shapes. */
+ampc_status ampc_dataset_check_pair(const ampc_dataset_info *train, const ampc_dataset_info *test);
+
 ampc_dataset_kind ampc_dataset_get_kind(const ampc_dataset *d);
 size_t ampc_dataset_count(const ampc_dataset *d);
 int ampc_dataset_channels(const ampc_dataset *d);

@@ -76,6 +76,12 @@ typedef struct ampc_st_file ampc_st_file;
  * (U16, U32, U64, F8_*) or more than AMPC_ST_MAX_DIMS dims. */
 ampc_status ampc_st_open(ampc_st_file **out, const char *path);
 
+/* Reads and validates only the header (names, dtypes, shapes, offsets and
+ * metadata, checked as ampc_st_open checks them), not the data: every
+ * tensor's data is NULL, so reading one fails with AMPC_EINVAL. For looking
+ * at a large file's metadata before deciding to load it. */
+ampc_status ampc_st_open_header(ampc_st_file **out, const char *path);
+
 /* The same from a buffer in memory (copied; buf may be freed after the call).
  * label names the buffer in error messages (NULL: "<memory>"). */
 ampc_status ampc_st_open_memory(ampc_st_file **out, const void *buf, size_t len,

@@ -106,6 +106,8 @@ typedef struct ampc__backend {
   ampc_status (*copy)(ampc__device *d, void *dst, const void *src, size_t bytes);
   ampc_status (*set)(ampc__device *d, void *dst, int byte, size_t bytes);
   ampc_status (*synchronize)(ampc__device *d);
+  /* bytes of memory the device has (0: unknown): no plan larger is allocated */
+  uint64_t (*capacity)(ampc__device *d);
 
   /* ops */
   int (*supports)(const ampc__device *d, ampc_op_kind op, ampc_dtype t);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/graph_internal.h"
 #include "core/status_internal.h"
@@ -200,11 +201,28 @@ static ampc_value leaf_with_init(ampc_graph *g, ampc_op_kind op, const char *nam
                                    : list_push(&g->buffers, &g->nbuffers, &g->cap_buffers, r);
   if (pushed < 0) return fail(g, AMPC_ENOMEM, "out of memory for '%s'", name);
   size_t n = (size_t)ampc_shape_numel(&shape);
+  /* parameters are held at least twice more (the model's copy, gradients):
+   * more than half the machine in recorded values cannot be trained or run */
+  uint64_t phys = ampc__physical_memory(), bytes = (uint64_t)n * sizeof(float);
+  if (phys && (bytes > phys / 2 || g->init_bytes + bytes > phys / 2))
+    return fail(g, AMPC_ENOMEM, "'%s' %s would bring the parameters to %.1f GB, more than half of this machine's %.1f GB of memory",
+                name, ampc_shape_str(&shape, (char[96]){0}, 96), (double)(g->init_bytes + bytes) / 1e9, (double)phys / 1e9);
   float *p = calloc(n, sizeof *p);
   if (!p) return fail(g, AMPC_ENOMEM, "out of memory for '%s'", name);
+  g->init_bytes += bytes;
   if (init) memcpy(p, init, n * sizeof *p);
   g->v[r].init = p;
   return r;
+}
+
+uint64_t ampc__physical_memory(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
+float *ampc__graph_init_data(ampc_graph *g, ampc_value v) {
+  if (!valid(g, v) || (val(g, v)->op != AMPC_OP_PARAM && val(g, v)->op != AMPC_OP_BUFFER)) return NULL;
+  return val(g, v)->init;
 }
 
 ampc_value ampc_graph_param(ampc_graph *g, const char *name, ampc_shape shape, int is_norm, const float *init) {
@@ -374,6 +392,7 @@ ampc_value ampc_graph_cast(ampc_graph *g, ampc_value x, ampc_dtype to) {
 /* ---------------- options ---------------- */
 
 ampc_status ampc_graph_keep(ampc_graph *g, ampc_value v) {
+  if (g->err) return g->err; /* keep the first error's message: v is NONE because of it */
   if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: values to keep must be chosen before compile");
   if (!valid(g, v)) return ampc__error(AMPC_EINVAL, "graph: keep of an invalid value %d", (int)v);
   g->v[v].keep = 1;

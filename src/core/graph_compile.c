@@ -137,6 +137,16 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
     if (w > ws) ws = w;
   }
 
+  /* the whole plan must fit in the device before any of it is allocated */
+  uint64_t pb = 0;
+  for (int b = 0; b < g->nbuckets; b++) pb += 2 * (uint64_t)g->buckets[b].n * ampc_dtype_size(g->buckets[b].type);
+  uint64_t cap = d->be->capacity(d), total = pb + bb + ab + agb + ws;
+  if (cap && total > cap)
+    return ampc__error(AMPC_ENOMEM,
+                       "graph: batch %lld needs %.1f GB (activations %.1f, their gradients %.1f, parameters and "
+                       "gradients %.1f, workspace %.1f), more than the %.1f GB of memory of backend %s",
+                       (long long)g->max_batch, (double)total / 1e9, (double)ab / 1e9, (double)agb / 1e9,
+                       (double)(pb + bb) / 1e9, (double)ws / 1e9, (double)cap / 1e9, d->be->name);
   for (int b = 0; b < g->nbuckets; b++) {
     ampc__bucket *k = &g->buckets[b];
     size_t bytes = k->n * ampc_dtype_size(k->type);

@@ -62,6 +62,7 @@ struct ampc_graph {
   size_t norder;
   ampc_value *params, *buffers;
   size_t nparams, nbuffers, param_numel, cap_params, cap_buffers;
+  uint64_t init_bytes;   /* recorded values of params and buffers, for the memory check */
   int64_t max_batch, batch;
   int fuse;              /* fuse ReLUs into batch norm / add (default on) */
   int retain_grads;      /* every activation gradient its own buffer */
@@ -102,5 +103,13 @@ ampc__device *ampc__graph_device(const ampc_graph *g);
 int ampc__graph_spans(const ampc_graph *g, ampc__span *out);
 /* Backward counts 16-bit weight-gradient underflow while on (amp's grad stats). */
 void ampc__graph_count_underflow(ampc_graph *g, int on);
+
+/* The recorded f32 values of a parameter or buffer (its numel floats), for a
+ * builder to fill in place; NULL for any other value. */
+float *ampc__graph_init_data(ampc_graph *g, ampc_value v);
+
+/* The machine's physical memory in bytes (0 if unknown): no plan larger than
+ * this, and no set of parameters larger than half of it, is allocated. */
+uint64_t ampc__physical_memory(void);
 
 #endif

@@ -9,9 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/status_internal.h"
 #include "data/data_internal.h"
+#include "io/fsutil_internal.h"
 
 #define CIFAR_C 3
 #define CIFAR_HW 32
@@ -72,12 +74,36 @@ static ampc_status cifar_truncated(const cifar_layout *L, const char *file, size
                      L->prefix, file, complete, of, bytes, rec);
 }
 
+/* Opens path without blocking (a FIFO is refused, not waited on) and only if
+ * it is a regular file; *bytes is its size. */
+static ampc_status cifar_open(const cifar_layout *L, const char *path, const char *dir,
+                              const char *file, int *fd, unsigned long long *bytes) {
+  struct stat st;
+  *fd = ampc__open_input(path, &st);
+  if (*fd == AMPC__NOT_REGULAR)
+    return ampc__error(AMPC_EIO, "%s: %s is not a regular file", L->prefix, path);
+  if (*fd < 0) {
+    if (errno == ENOENT)
+      return ampc__error(AMPC_ENOTFOUND, "%s: cannot find %s in %s", L->prefix, file, dir);
+    return ampc__error(AMPC_EIO, "%s: cannot open %s: %s", L->prefix, path, strerror(errno));
+  }
+  *bytes = (unsigned long long)st.st_size;
+  return AMPC_OK;
+}
+
 /* Reads take records of one file into images/labels (already sized). */
-static ampc_status cifar_read_file(const cifar_layout *L, const char *path, const char *file,
-                                   size_t take, uint8_t *images, int32_t *labels, uint8_t *buf) {
+static ampc_status cifar_read_file(const cifar_layout *L, const char *path, const char *dir,
+                                   const char *file, size_t take, uint8_t *images,
+                                   int32_t *labels, uint8_t *buf) {
   const size_t rec = (size_t)L->label_bytes + CIFAR_PIXELS;
-  FILE *f = fopen(path, "rb");
-  if (!f) return ampc__error(AMPC_EIO, "%s: cannot open %s: %s", L->prefix, path, strerror(errno));
+  int fd = -1;
+  unsigned long long bytes = 0;
+  AMPC_TRY(cifar_open(L, path, dir, file, &fd, &bytes));
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    close(fd);
+    return ampc__error(AMPC_ENOMEM, "%s: cannot open %s: %s", L->prefix, path, strerror(errno));
+  }
   ampc_status s = AMPC_OK;
   for (size_t done = 0; s == AMPC_OK && done < take;) {
     size_t want = take - done < CIFAR_CHUNK ? take - done : CIFAR_CHUNK;
@@ -114,33 +140,53 @@ static ampc_status cifar_read_file(const cifar_layout *L, const char *path, cons
   return s;
 }
 
+/* Pass 1: finds and sizes the files, only as many as limit needs. */
+static ampc_status cifar_sizes(const cifar_layout *L, const char *dir, size_t limit,
+                               size_t counts[CIFAR_MAX_FILES], int *used_out, size_t *total_out) {
+  const size_t rec = (size_t)L->label_bytes + CIFAR_PIXELS;
+  char path[4096];
+  size_t total = 0;
+  int used = 0;
+  for (; used < L->nfiles && !(limit && total >= limit); used++) {
+    AMPC_TRY(cifar_path(path, sizeof path, L, dir, L->files[used]));
+    int fd = -1;
+    unsigned long long bytes = 0;
+    AMPC_TRY(cifar_open(L, path, dir, L->files[used], &fd, &bytes));
+    close(fd);
+    if (bytes == 0) return ampc__error(AMPC_EFORMAT, "%s: %s: empty file", L->prefix, L->files[used]);
+    if (bytes % rec) return cifar_truncated(L, L->files[used], (size_t)(bytes / rec), bytes, rec);
+    counts[used] = (size_t)(bytes / rec);
+    total += counts[used];
+  }
+  *used_out = used;
+  *total_out = total;
+  return AMPC_OK;
+}
+
+ampc_status ampc__cifar_probe(ampc_dataset_info *info, ampc_dataset_kind kind, const char *dir,
+                              int train, size_t limit) {
+  cifar_layout L;
+  cifar_layout_get(&L, kind, train);
+  size_t counts[CIFAR_MAX_FILES] = {0}, total = 0;
+  int used = 0;
+  AMPC_TRY(cifar_sizes(&L, dir, limit, counts, &used, &total));
+  info->count = limit && limit < total ? limit : total;
+  info->channels = CIFAR_C;
+  info->height = info->width = CIFAR_HW;
+  info->classes = L.classes;
+  snprintf(info->images, sizeof info->images, "%s/%s", dir, L.files[0]);
+  return AMPC_OK;
+}
+
 ampc_status ampc__cifar_read(ampc_dataset **out, ampc_dataset_kind kind, const char *dir,
                              int train, size_t limit) {
   cifar_layout L;
   cifar_layout_get(&L, kind, train);
   const size_t rec = (size_t)L.label_bytes + CIFAR_PIXELS;
   char path[4096];
-
-  /* Pass 1: find and size the files, only as many as limit needs. */
   size_t counts[CIFAR_MAX_FILES] = {0}, total = 0;
   int used = 0;
-  for (; used < L.nfiles && !(limit && total >= limit); used++) {
-    AMPC_TRY(cifar_path(path, sizeof path, &L, dir, L.files[used]));
-    struct stat st;
-    if (stat(path, &st) != 0) {
-      if (errno == ENOENT)
-        return ampc__error(AMPC_ENOTFOUND, "%s: cannot find %s in %s", L.prefix, L.files[used],
-                           dir);
-      return ampc__error(AMPC_EIO, "%s: cannot open %s: %s", L.prefix, path, strerror(errno));
-    }
-    if (!S_ISREG(st.st_mode))
-      return ampc__error(AMPC_EIO, "%s: %s is not a regular file", L.prefix, path);
-    unsigned long long bytes = (unsigned long long)st.st_size;
-    if (bytes == 0) return ampc__error(AMPC_EFORMAT, "%s: %s: empty file", L.prefix, L.files[used]);
-    if (bytes % rec) return cifar_truncated(&L, L.files[used], (size_t)(bytes / rec), bytes, rec);
-    counts[used] = (size_t)(bytes / rec);
-    total += counts[used];
-  }
+  AMPC_TRY(cifar_sizes(&L, dir, limit, counts, &used, &total));
   size_t n = limit && limit < total ? limit : total;
 
   /* Pass 2: read. */
@@ -153,7 +199,7 @@ ampc_status ampc__cifar_read(ampc_dataset **out, ampc_dataset_kind kind, const c
     size_t take = counts[i] < n - at ? counts[i] : n - at;
     s = cifar_path(path, sizeof path, &L, dir, L.files[i]);
     if (s == AMPC_OK)
-      s = cifar_read_file(&L, path, L.files[i], take, d->images + at * CIFAR_PIXELS,
+      s = cifar_read_file(&L, path, dir, L.files[i], take, d->images + at * CIFAR_PIXELS,
                           d->labels + at, buf);
     at += take;
   }

@@ -27,6 +27,13 @@ ampc_status ampc__idx_read(ampc_dataset **out, ampc_dataset_kind kind, const cha
 ampc_status ampc__cifar_read(ampc_dataset **out, ampc_dataset_kind kind, const char *dir,
                              int train, size_t limit);
 
+/* The probes: ampc_dataset_probe for each reader (info's kind and train are
+ * set by the caller). */
+ampc_status ampc__idx_probe(ampc_dataset_info *info, ampc_dataset_kind kind, const char *dir,
+                            int train, size_t limit);
+ampc_status ampc__cifar_probe(ampc_dataset_info *info, ampc_dataset_kind kind, const char *dir,
+                              int train, size_t limit);
+
 /* The augmentation of the sample at position pos of epoch epoch: crop
  * offsets *oy, *ox in [0, 2 * padding] (0 if padding is 0) and *flip in
  * {0, 1} (0 unless hflip). A pure function of its arguments. */

@@ -1,6 +1,8 @@
 /* Dataset kinds, the in-memory record and its accessors; the readers live in
  * idx.c and cifar.c. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 
 #include "core/status_internal.h"
@@ -93,6 +95,32 @@ ampc_status ampc_dataset_open(ampc_dataset **out, ampc_dataset_kind kind, const 
   if (kind == AMPC_DATASET_MNIST || kind == AMPC_DATASET_FASHION_MNIST)
     return ampc__idx_read(out, kind, dir, train, limit);
   return ampc__cifar_read(out, kind, dir, train, limit);
+}
+
+ampc_status ampc_dataset_probe(ampc_dataset_info *out, ampc_dataset_kind kind, const char *dir,
+                               int train, size_t limit) {
+  if (!out) return ampc__error(AMPC_EINVAL, "dataset: out must not be NULL");
+  memset(out, 0, sizeof *out);
+  if (!kind_valid(kind)) return ampc__error(AMPC_EINVAL, "dataset: unknown kind %d", (int)kind);
+  if (!dir) dir = dataset_infos[kind].dir;
+  out->kind = kind;
+  out->train = train ? 1 : 0;
+  if (kind == AMPC_DATASET_MNIST || kind == AMPC_DATASET_FASHION_MNIST)
+    return ampc__idx_probe(out, kind, dir, train, limit);
+  return ampc__cifar_probe(out, kind, dir, train, limit);
+}
+
+ampc_status ampc_dataset_check_pair(const ampc_dataset_info *train, const ampc_dataset_info *test) {
+  if (!train || !test) return ampc__error(AMPC_EINVAL, "dataset: check_pair: NULL argument");
+  if (train->channels == test->channels && train->height == test->height &&
+      train->width == test->width && train->classes == test->classes)
+    return AMPC_OK;
+  return ampc__error(AMPC_EINVAL,
+                     "%s: the test set %s has %dx%dx%d images and %d classes, but the training set "
+                     "%s has %dx%dx%d images and %d classes (the model is sized from the training set)",
+                     ampc_dataset_kind_name(test->kind), test->images, test->channels, test->height,
+                     test->width, test->classes, train->images, train->channels, train->height,
+                     train->width, train->classes);
 }
 
 void ampc_dataset_free(ampc_dataset *d) {

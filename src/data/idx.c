@@ -10,10 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "core/status_internal.h"
 #include "data/data_internal.h"
+#include "io/fsutil_internal.h"
 
 #define IDX_MAGIC_IMAGES 0x00000803u
 #define IDX_MAGIC_LABELS 0x00000801u
@@ -30,7 +32,10 @@ typedef struct {
                        * gzip the most its compressed size can expand to */
 } idx_file;
 
-/* Opens dir/base or else dir/base.gz. */
+/* Opens dir/base or else dir/base.gz: without blocking (a FIFO in the
+ * folder is refused, not waited on), and only a regular file. A name that
+ * exists but cannot be opened (no permission, ...) is reported as such, not
+ * as missing. */
 static ampc_status idx_open(idx_file *x, const char *prefix, const char *dir, const char *base) {
   static const char *const suffixes[] = {"", ".gz"};
   x->f = NULL;
@@ -40,7 +45,12 @@ static ampc_status idx_open(idx_file *x, const char *prefix, const char *dir, co
     if (len < 0 || (size_t)len >= sizeof x->path)
       return ampc__error(AMPC_EINVAL, "%s: directory name too long: %s", prefix, dir);
     struct stat st;
-    if (stat(x->path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    int fd = ampc__open_input(x->path, &st);
+    if (fd == AMPC__NOT_REGULAR)
+      return ampc__error(AMPC_EIO, "%s: %s is not a regular file", prefix, x->path);
+    if (fd < 0 && errno == ENOENT) continue;
+    if (fd < 0)
+      return ampc__error(AMPC_EIO, "%s: cannot open %s: %s", prefix, x->path, strerror(errno));
     snprintf(x->name, sizeof x->name, "%s%s", base, suffixes[i]);
     x->size = UINT64_MAX;
     if (suffixes[i][0] == '\0') {
@@ -49,10 +59,11 @@ static ampc_status idx_open(idx_file *x, const char *prefix, const char *dir, co
       /* deflate expands at most about 1032:1, which bounds what a gzip can hold */
       x->size = (uint64_t)st.st_size * 1032 + 64;
     }
-    x->f = gzopen(x->path, "rb");
-    if (!x->f)
-      return ampc__error(AMPC_EIO, "%s: cannot open %s: %s", prefix, x->path,
-                         errno ? strerror(errno) : "out of memory");
+    x->f = gzdopen(fd, "rb"); /* gzclose closes fd */
+    if (!x->f) {
+      close(fd);
+      return ampc__error(AMPC_ENOMEM, "%s: cannot open %s: out of memory", prefix, x->path);
+    }
     gzbuffer(x->f, 1u << 18);
     return AMPC_OK;
   }
@@ -136,8 +147,11 @@ static ampc_status idx_at_end(idx_file *x, uint32_t count, const char *what) {
   return AMPC_OK;
 }
 
-static ampc_status idx_load(ampc_dataset **out, ampc_dataset_kind kind, const char *dir,
-                            int train, size_t limit, idx_file *im, idx_file *lb) {
+/* Opens both files of a split and checks their headers against each other
+ * and against the files' sizes: everything that can be known before the
+ * data is read. *n is the sample count after the limit. */
+static ampc_status idx_headers(ampc_dataset_kind kind, const char *dir, int train, size_t limit,
+                               idx_file *im, idx_file *lb, uint32_t idims[3], size_t *n_out) {
   const char *prefix = ampc_dataset_kind_name(kind);
   const char *split = train ? "train" : "t10k";
   char base[64];
@@ -146,7 +160,7 @@ static ampc_status idx_load(ampc_dataset **out, ampc_dataset_kind kind, const ch
   snprintf(base, sizeof base, "%s-labels-idx1-ubyte", split);
   AMPC_TRY(idx_open(lb, prefix, dir, base));
 
-  uint32_t idims[3], ldims[1];
+  uint32_t ldims[1];
   AMPC_TRY(idx_header(im, IDX_MAGIC_IMAGES, 3, idims));
   uint64_t hw = (uint64_t)idims[1] * idims[2];
   /* hw < 2^31 keeps n * hw below 2^63, and H and W within an int. */
@@ -169,6 +183,17 @@ static ampc_status idx_load(ampc_dataset **out, ampc_dataset_kind kind, const ch
   if (lb->size != UINT64_MAX && need_lb > lb->size)
     return ampc__error(AMPC_EFORMAT, "%s: %s: truncated: expected %llu bytes of label data, got %llu", prefix, lb->name,
                        (unsigned long long)(need_lb - 8), (unsigned long long)(lb->size > 8 ? lb->size - 8 : 0));
+  *n_out = n;
+  return AMPC_OK;
+}
+
+static ampc_status idx_load(ampc_dataset **out, ampc_dataset_kind kind, const char *dir,
+                            int train, size_t limit, idx_file *im, idx_file *lb) {
+  const char *prefix = ampc_dataset_kind_name(kind);
+  uint32_t idims[3];
+  size_t n;
+  AMPC_TRY(idx_headers(kind, dir, train, limit, im, lb, idims, &n));
+  uint64_t hw = (uint64_t)idims[1] * idims[2];
   ampc_dataset *d;
   AMPC_TRY(ampc__dataset_alloc(&d, kind, n, 1, (int)idims[1], (int)idims[2], IDX_CLASSES));
   ampc_status s = idx_data(im, d->images, n * hw, "image");
@@ -177,7 +202,7 @@ static ampc_status idx_load(ampc_dataset **out, ampc_dataset_kind kind, const ch
   if (s == AMPC_OK && !(raw = malloc(n)))
     s = ampc__error(AMPC_ENOMEM, "%s: out of memory for %zu labels", prefix, n);
   if (s == AMPC_OK) s = idx_data(lb, raw, n, "label");
-  if (s == AMPC_OK && n == idims[0]) s = idx_at_end(lb, ldims[0], "labels");
+  if (s == AMPC_OK && n == idims[0]) s = idx_at_end(lb, idims[0], "labels");
   for (size_t i = 0; s == AMPC_OK && i < n; i++) {
     if (raw[i] >= IDX_CLASSES)
       s = ampc__error(AMPC_EFORMAT, "%s: %s: label %u at index %zu out of range [0, %d)", prefix,
@@ -198,6 +223,25 @@ ampc_status ampc__idx_read(ampc_dataset **out, ampc_dataset_kind kind, const cha
                            int train, size_t limit) {
   idx_file im = {0}, lb = {0};
   ampc_status s = idx_load(out, kind, dir, train, limit, &im, &lb);
+  idx_close(&im);
+  idx_close(&lb);
+  return s;
+}
+
+ampc_status ampc__idx_probe(ampc_dataset_info *info, ampc_dataset_kind kind, const char *dir,
+                            int train, size_t limit) {
+  idx_file im = {0}, lb = {0};
+  uint32_t idims[3];
+  size_t n = 0;
+  ampc_status s = idx_headers(kind, dir, train, limit, &im, &lb, idims, &n);
+  if (s == AMPC_OK) {
+    info->count = n;
+    info->channels = 1;
+    info->height = (int)idims[1];
+    info->width = (int)idims[2];
+    info->classes = IDX_CLASSES;
+    snprintf(info->images, sizeof info->images, "%s", im.path);
+  }
   idx_close(&im);
   idx_close(&lb);
   return s;

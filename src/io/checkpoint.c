@@ -2,6 +2,8 @@
  * masters and optimizer state, and the run state -- each saved and loaded as
  * one walk over the parameters, through the device's read and write calls. */
 #include <jansson.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,10 +96,37 @@ static ampc_status walk_model(walk *w, int params_f32) {
   return AMPC_OK;
 }
 
+/* The metadata every file of a model carries: the caller's, then the input
+ * shape ("1x28x28") and class count it was made for. */
+typedef struct {
+  const char *kv[24];
+  char input[64], classes[16];
+} model_meta;
+
+static ampc_status make_meta(model_meta *mm, const ampc_model *m, const char *const *meta) {
+  const ampc_model_opts *mo = ampc_model_options(m);
+  snprintf(mm->input, sizeof mm->input, "%dx%dx%d", mo->channels, mo->height, mo->width);
+  snprintf(mm->classes, sizeof mm->classes, "%d", mo->classes);
+  size_t k = 0;
+  for (; meta && meta[k]; k += 2) {
+    if (k + 6 >= sizeof mm->kv / sizeof mm->kv[0]) return ampc__error(AMPC_EINVAL, "checkpoint: too many metadata entries");
+    mm->kv[k] = meta[k];
+    mm->kv[k + 1] = meta[k + 1];
+  }
+  mm->kv[k++] = "input";
+  mm->kv[k++] = mm->input;
+  mm->kv[k++] = "classes";
+  mm->kv[k++] = mm->classes;
+  mm->kv[k] = NULL;
+  return AMPC_OK;
+}
+
 ampc_status ampc_checkpoint_save_weights(const char *path, ampc_model *m, ampc_amp *amp, const char *const *meta) {
   walk w = {ampc_model_graph(m), amp, NULL, NULL, NULL, 0, 0};
-  ampc_status s = walk_model(&w, 1);
-  if (s == 0) s = ampc_st_write_stream(path, w.t, w.n, meta, fetch, &w);
+  model_meta mm;
+  ampc_status s = make_meta(&mm, m, meta);
+  if (s == 0) s = walk_model(&w, 1);
+  if (s == 0) s = ampc_st_write_stream(path, w.t, w.n, mm.kv, fetch, &w);
   walk_free(&w);
   return s;
 }
@@ -158,7 +187,9 @@ ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp,
     char ver[16];
     snprintf(ver, sizeof ver, "%d", AMPC_CHECKPOINT_VERSION);
     const char *meta[] = {"format", AMPC_CHECKPOINT_FORMAT, "format_version", ver, "ampc", js, NULL};
-    s = ampc_st_write_stream(path, w.t, w.n, meta, fetch, &w);
+    model_meta mm;
+    s = make_meta(&mm, m, meta);
+    if (s == 0) s = ampc_st_write_stream(path, w.t, w.n, mm.kv, fetch, &w);
   }
   free(js);
   walk_free(&w);
@@ -192,10 +223,12 @@ static ampc_status read_i64(const ampc_st_tensor *t, int64_t *dst, size_t n) {
  * master copy ("master.<name>") where the file has one, else from its own
  * tensor (any float type), into the model's copy and the masters. With
  * strict, a tensor that is neither the model's nor a checkpoint's own
- * section is an error. */
-static ampc_status load_model(const ampc_st_file *f, ampc_model *m, ampc_amp *amp, int strict) {
+ * section is an error. check_only: the same checks (and conversions, which
+ * can fail), changing nothing. */
+static ampc_status load_model(const ampc_st_file *f, ampc_model *m, ampc_amp *amp, int strict, int check_only) {
   const char *path = ampc_st_label(f), *model = ampc_model_name(m);
   ampc_graph *g = ampc_model_graph(m);
+  const ampc_model_opts *mo = ampc_model_options(m);
   size_t np = ampc_graph_param_count(g), nb = ampc_graph_buffer_count(g), most = 1;
   for (size_t i = 0; i < np + nb; i++) {
     ampc_tensor t = ampc_graph_tensor(g, i < np ? ampc_graph_param_at(g, i) : ampc_graph_buffer_at(g, i - np));
@@ -218,15 +251,21 @@ static ampc_status load_model(const ampc_st_file *f, ampc_model *m, ampc_amp *am
     if (!t) {
       s = ampc__error(AMPC_EFORMAT, "%s: missing tensor '%s' for model %s", path, name, model);
     } else if (!same_shape(t, &tv)) {
-      s = ampc__error(AMPC_EFORMAT, "%s: tensor '%s' has the wrong shape for model %s (expected %s)", path, t->name, model,
-                      ampc_shape_str(&tv.shape, sh, sizeof sh));
+      char got[96];
+      ampc_shape fs = {.ndim = t->ndim < AMPC_MAX_DIMS ? t->ndim : AMPC_MAX_DIMS};
+      for (int k = 0; k < fs.ndim; k++) fs.d[k] = t->shape[k];
+      s = ampc__error(AMPC_EFORMAT, "%s: tensor '%s' has the wrong shape for model %s: %s%s, expected %s (for %dx%dx%d inputs and %d classes)",
+                      path, t->name, model, ampc_shape_str(&fs, got, sizeof got), t->ndim > AMPC_MAX_DIMS ? "..." : "",
+                      ampc_shape_str(&tv.shape, sh, sizeof sh), mo->channels, mo->height, mo->width, mo->classes);
     } else if (tv.dtype == AMPC_DTYPE_I64) {
-      s = read_i64(t, tmp, n);
-      if (s == 0) s = ampc_graph_write(g, v, tmp, AMPC_DTYPE_I64);
+      if (ampc_dtype_is_float(t->dtype))
+        s = ampc__error(AMPC_EFORMAT, "%s: tensor '%s' is %s, expected an integer type", path, t->name, ampc_dtype_name(t->dtype));
+      if (s == 0) s = read_i64(t, tmp, n);
+      if (s == 0 && !check_only) s = ampc_graph_write(g, v, tmp, AMPC_DTYPE_I64);
     } else {
       s = ampc_st_read_f32(t, tmp, n);
-      if (s == 0) s = ampc_graph_write(g, v, tmp, AMPC_DTYPE_F32);
-      if (s == 0 && i < np && amp && ampc_amp_has_master_weights(amp)) s = ampc_amp_write_master(amp, name, tmp, n);
+      if (s == 0 && !check_only) s = ampc_graph_write(g, v, tmp, AMPC_DTYPE_F32);
+      if (s == 0 && !check_only && i < np && amp && ampc_amp_has_master_weights(amp)) s = ampc_amp_write_master(amp, name, tmp, n);
     }
   }
   free(tmp);
@@ -241,12 +280,14 @@ static ampc_status load_model(const ampc_st_file *f, ampc_model *m, ampc_amp *am
 ampc_status ampc_checkpoint_load_weights(const char *path, ampc_model *m, ampc_amp *amp) {
   ampc_st_file *f;
   AMPC_TRY(ampc_st_open(&f, path));
-  ampc_status s = load_model(f, m, amp, 1);
+  /* everything checked before anything is changed */
+  ampc_status s = load_model(f, m, amp, 1, 1);
+  if (s == 0) s = load_model(f, m, amp, 1, 0);
   ampc_st_close(f);
   return s;
 }
 
-static ampc_status load_optim(const ampc_st_file *f, ampc_model *m, ampc_amp *amp, ampc_optim *opt) {
+static ampc_status load_optim(const ampc_st_file *f, ampc_model *m, ampc_amp *amp, ampc_optim *opt, int check_only) {
   const char *path = ampc_st_label(f);
   ampc_graph *g = ampc_model_graph(m);
   float *tmp = NULL;
@@ -264,9 +305,12 @@ static ampc_status load_optim(const ampc_st_file *f, ampc_model *m, ampc_amp *am
         s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: missing tensor '%s'", path, name);
         break;
       }
-      if (ampc_st_numel(t) != (int64_t)n) {
-        s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: tensor '%s' has %lld values, the model has %zu", path, name,
-                        (long long)ampc_st_numel(t), n);
+      if (!same_shape(t, &tv)) {
+        char have[96], want[96];
+        ampc_shape fs = {.ndim = t->ndim < AMPC_MAX_DIMS ? t->ndim : AMPC_MAX_DIMS};
+        for (int k = 0; k < fs.ndim; k++) fs.d[k] = t->shape[k];
+        s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: tensor '%s' is %s, the model's is %s", path, name,
+                        ampc_shape_str(&fs, have, sizeof have), ampc_shape_str(&tv.shape, want, sizeof want));
         break;
       }
       float *p = realloc(tmp, n * sizeof *p);
@@ -276,14 +320,88 @@ static ampc_status load_optim(const ampc_st_file *f, ampc_model *m, ampc_amp *am
       }
       tmp = p;
       s = ampc_st_read_f32(t, tmp, n);
-      if (s == 0) s = ampc_amp_write_optim_state(amp, sname, ampc_graph_name(g, v), tmp, n);
+      if (s < 0) ampc__error_prefix(s, "checkpoint: %s", path);
+      if (s == 0 && !check_only) s = ampc_amp_write_optim_state(amp, sname, ampc_graph_name(g, v), tmp, n);
     }
   }
   free(tmp);
   return s;
 }
 
-static int64_t jint(json_t *o, const char *k) { return (int64_t)json_integer_value(json_object_get(o, k)); }
+/* A decimal integer in [lo, hi] spanning the whole of [p, end) (end NULL: to the NUL). */
+static int parse_int_in(const char *p, const char *end, long long lo, long long hi, long long *out) {
+  if (!end) end = p + strlen(p);
+  if (p == end || end - p > 19) return 0;
+  long long v = 0;
+  for (const char *q = p; q < end; q++) {
+    if (*q < '0' || *q > '9') return 0;
+    v = v * 10 + (*q - '0');
+  }
+  if (v < lo || v > hi) return 0;
+  *out = v;
+  return 1;
+}
+
+ampc_status ampc_checkpoint_input(const ampc_st_file *f, int *channels, int *height, int *width, int *classes) {
+  const char *in = ampc_st_metadata(f, "input"), *k = ampc_st_metadata(f, "classes");
+  if (!in && !k) return 0;
+  long long d[3], kk;
+  const char *p = in;
+  int ok = in && k;
+  for (int i = 0; ok && i < 3; i++) {
+    const char *x = strchr(p, 'x');
+    if ((i < 2) != (x != NULL)) ok = 0;
+    else ok = parse_int_in(p, i < 2 ? x : NULL, 1, INT32_MAX, &d[i]);
+    if (ok && x) p = x + 1;
+  }
+  if (ok) ok = parse_int_in(k, NULL, 2, INT32_MAX, &kk);
+  if (!ok)
+    return ampc__error(AMPC_EFORMAT, "%s: metadata input '%s' and classes '%s' are not CxHxW and a class count (each at least 1, classes at least 2, at most %d)",
+                       ampc_st_label(f), in ? in : "(none)", k ? k : "(none)", INT32_MAX);
+  *channels = (int)d[0];
+  *height = (int)d[1];
+  *width = (int)d[2];
+  *classes = (int)kk;
+  return 1;
+}
+
+/* An integer of the metadata in [lo, hi], in its full width; 0 or a message. */
+static ampc_status jint_in(const char *path, json_t *o, const char *what, const char *k, int64_t lo, int64_t hi, int64_t *out) {
+  json_t *v = json_object_get(o, k);
+  if (!json_is_integer(v))
+    return ampc__error(AMPC_EFORMAT, "checkpoint: %s: %s'%s' is %s, not an integer", path, what, k, v ? "of another type" : "missing");
+  json_int_t x = json_integer_value(v);
+  if (x < lo || x > hi)
+    return ampc__error(AMPC_EFORMAT, "checkpoint: %s: %s'%s' = %lld is outside [%lld, %lld]", path, what, k, (long long)x, (long long)lo, (long long)hi);
+  *out = (int64_t)x;
+  return AMPC_OK;
+}
+
+/* A finite number of the metadata, at least 0. */
+static ampc_status jnum_nonneg(const char *path, json_t *o, const char *k, double *out) {
+  json_t *v = json_object_get(o, k);
+  double x = json_number_value(v);
+  if (!json_is_number(v) || !(x >= 0) || !isfinite(x))
+    return ampc__error(AMPC_EFORMAT, "checkpoint: %s: '%s' is %s", path, k, json_is_number(v) ? "negative or not finite" : "missing or not a number");
+  *out = x;
+  return AMPC_OK;
+}
+
+/* Every number of the run state, range-checked in its full width before any is used. */
+static ampc_status read_train_state(const char *path, json_t *root, ampc_train_state *ts) {
+  int64_t seed = 0;
+  AMPC_TRY(jint_in(path, root, "", "seed", 0, INT64_MAX, &seed));
+  AMPC_TRY(jint_in(path, root, "", "epoch", 0, INT64_MAX, &ts->epoch));
+  AMPC_TRY(jint_in(path, root, "", "batch", 0, INT64_MAX, &ts->batch));
+  AMPC_TRY(jint_in(path, root, "", "step", 0, INT64_MAX, &ts->step));
+  AMPC_TRY(jint_in(path, root, "", "seen", 0, INT64_MAX, &ts->seen));
+  AMPC_TRY(jint_in(path, root, "", "skipped_total", 0, ts->step, &ts->skipped_total));
+  AMPC_TRY(jint_in(path, root, "", "skipped", 0, ts->skipped_total, &ts->skipped));
+  AMPC_TRY(jnum_nonneg(path, root, "loss_sum", &ts->loss_sum));
+  AMPC_TRY(jnum_nonneg(path, root, "train_seconds", &ts->train_seconds));
+  ts->seed = (uint64_t)seed;
+  return AMPC_OK;
+}
 
 ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt, ampc_train_state *ts) {
   ampc_st_file *f;
@@ -295,7 +413,8 @@ ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp,
     s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: not an ampc checkpoint (no '%s' format in the metadata)", path, AMPC_CHECKPOINT_FORMAT);
     goto done;
   }
-  if (!ver || atoi(ver) != AMPC_CHECKPOINT_VERSION) {
+  long long vnum = 0;
+  if (!ver || !parse_int_in(ver, NULL, 0, INT32_MAX, &vnum) || vnum != AMPC_CHECKPOINT_VERSION) {
     s = ampc__error(AMPC_EUNSUPPORTED, "checkpoint: %s: format version %s, this ampc reads version %d", path, ver ? ver : "(none)", AMPC_CHECKPOINT_VERSION);
     goto done;
   }
@@ -318,43 +437,72 @@ ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp,
                     lvl ? lvl : "?", half ? half : "?", ampc_opt_level_name(c->opt_level), ampc_dtype_name(c->half_type));
     goto done;
   }
-  json_t *scalers = json_object_get(root, "scalers");
-  if (!json_is_array(scalers) || (int)json_array_size(scalers) != c->num_losses) {
-    s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: %zu loss scalers saved, the run has %d", path, json_array_size(scalers), c->num_losses);
-    goto done;
-  }
-  s = load_model(f, m, amp, 0);
+  /* the shapes it was made for must be the model's, before any tensor is touched */
+  const ampc_model_opts *mo = ampc_model_options(m);
+  int ic, ih, iw, ik;
+  s = ampc_checkpoint_input(f, &ic, &ih, &iw, &ik);
   if (s < 0) {
     ampc__error_prefix(s, "checkpoint");
     goto done;
   }
-  if (opt) s = load_optim(f, m, amp, opt);
-  if (s == 0 && opt) s = ampc_optim_set_step_count(opt, jint(root, "optimizer_step"));
+  if (s == 1 && (ic != mo->channels || ih != mo->height || iw != mo->width || ik != mo->classes)) {
+    s = ampc__error(AMPC_EINVAL, "checkpoint: %s: made for %dx%dx%d inputs and %d classes, but the model here takes %dx%dx%d inputs and %d classes",
+                    path, ic, ih, iw, ik, mo->channels, mo->height, mo->width, mo->classes);
+    goto done;
+  }
+  s = AMPC_OK;
+  json_t *scalers = json_object_get(root, "scalers");
+  if (!json_is_array(scalers) || json_array_size(scalers) != (size_t)c->num_losses) {
+    s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: %zu loss scalers saved, the run has %d", path, json_array_size(scalers), c->num_losses);
+    goto done;
+  }
+  ampc_train_state st_read;
+  s = read_train_state(path, root, &st_read);
+  if (s < 0) goto done;
+  ampc_scaler_state sc_read[8];
+  if (c->num_losses > 8) {
+    s = ampc__error(AMPC_EUNSUPPORTED, "checkpoint: %s: more than 8 loss scalers", path);
+    goto done;
+  }
   for (int k = 0; k < c->num_losses && s == 0; k++) {
     json_t *o = json_array_get(scalers, (size_t)k);
-    ampc_scaler_state st = {
-        .scale = (float)json_number_value(json_object_get(o, "scale")),
-        .growth_tracker = jint(o, "growth_tracker"),
-        .hysteresis_left = (int)jint(o, "hysteresis_left"),
-        .overflows = jint(o, "overflows"),
-        .skipped_steps = jint(o, "skipped_steps"),
-        .steps = jint(o, "steps"),
-        .min_scale_hits = jint(o, "min_scale_hits"),
-    };
-    s = ampc_scaler_set_state(ampc_amp_scaler(amp, k), &st);
+    char what[32];
+    snprintf(what, sizeof what, "scaler %d: ", k);
+    int64_t hl = 0;
+    ampc_scaler_state *st = &sc_read[k];
+    json_t *sj = json_object_get(o, "scale");
+    if (!json_is_number(sj)) {
+      s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: %s'scale' is missing or not a number", path, what);
+      break;
+    }
+    st->scale = (float)json_number_value(sj);
+    if (!(st->scale > 0) || !isfinite(st->scale)) {
+      s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: %s'scale' = %g is not a positive finite f32", path, what, json_number_value(sj));
+      break;
+    }
+    if (s == 0) s = jint_in(path, o, what, "growth_tracker", 0, INT64_MAX, &st->growth_tracker);
+    if (s == 0) s = jint_in(path, o, what, "hysteresis_left", 1, INT32_MAX, &hl);
+    if (s == 0) s = jint_in(path, o, what, "overflows", 0, INT64_MAX, &st->overflows);
+    if (s == 0) s = jint_in(path, o, what, "skipped_steps", 0, INT64_MAX, &st->skipped_steps);
+    if (s == 0) s = jint_in(path, o, what, "steps", 0, INT64_MAX, &st->steps);
+    if (s == 0) s = jint_in(path, o, what, "min_scale_hits", 0, INT64_MAX, &st->min_scale_hits);
+    st->hysteresis_left = (int)hl;
+  }
+  if (s < 0) goto done;
+  int64_t optim_step = 0;
+  if (opt) s = jint_in(path, root, "", "optimizer_step", 0, INT64_MAX, &optim_step);
+  /* everything checked before anything is changed */
+  if (s == 0) s = load_model(f, m, amp, 0, 1);
+  if (s == 0 && opt) s = load_optim(f, m, amp, opt, 1);
+  if (s == 0) s = load_model(f, m, amp, 0, 0);
+  if (s == 0 && opt) s = load_optim(f, m, amp, opt, 0);
+  if (s < 0 && strncmp(ampc_last_error(), "checkpoint", 10) != 0) ampc__error_prefix(s, "checkpoint");
+  if (s == 0 && opt) s = ampc_optim_set_step_count(opt, optim_step);
+  for (int k = 0; k < c->num_losses && s == 0; k++) {
+    s = ampc_scaler_set_state(ampc_amp_scaler(amp, k), &sc_read[k]);
     if (s < 0) ampc__error_prefix(s, "checkpoint: %s", path);
   }
-  if (s == 0 && ts) {
-    ts->seed = (uint64_t)jint(root, "seed");
-    ts->epoch = jint(root, "epoch");
-    ts->batch = jint(root, "batch");
-    ts->step = jint(root, "step");
-    ts->loss_sum = json_number_value(json_object_get(root, "loss_sum"));
-    ts->seen = jint(root, "seen");
-    ts->skipped = jint(root, "skipped");
-    ts->skipped_total = jint(root, "skipped_total");
-    ts->train_seconds = json_number_value(json_object_get(root, "train_seconds"));
-  }
+  if (s == 0 && ts) *ts = st_read;
 done:
   json_decref(root);
   ampc_st_close(f);

@@ -96,6 +96,29 @@ static ampc_status create_temp(const char *path, const char *dir, const char *ba
                      path, dir);
 }
 
+int ampc__open_input(const char *path, struct stat *st) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return -1;
+  if (fstat(fd, st) != 0) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  if (!S_ISREG(st->st_mode)) {
+    close(fd);
+    return AMPC__NOT_REGULAR;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
 static ampc_status sync_dir(const char *path, const char *dir) {
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0)

@@ -50,6 +50,16 @@ typedef struct {
 ampc_status ampc__write_file_atomic_chunks(const char *path, const ampc__chunk *chunks,
                                            size_t n);
 
+/* Opens an input file for reading without ever blocking: O_NONBLOCK (a FIFO
+ * or a device would otherwise wait in open() for a writer or a carrier), then
+ * fstat, and only a regular file is kept; the descriptor is returned in
+ * blocking mode, with *st filled. Returns the descriptor, -1 with errno set
+ * when the file cannot be opened or examined, or AMPC__NOT_REGULAR (nothing
+ * left open) when it is a folder, FIFO, socket or device. */
+#define AMPC__NOT_REGULAR (-2)
+struct stat;
+int ampc__open_input(const char *path, struct stat *st);
+
 /* Test hook: after `bytes` more bytes have been appended on this thread, the
  * next append writes what fits and then fails with ENOSPC, as a full disk
  * would; the hook then disarms itself (it stays armed until it fires).

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ampc/safetensors.h"
 #include "core/status_internal.h"
@@ -288,26 +289,29 @@ static ampc_status st_build(ampc_st_file *f, const char *hdr, size_t hlen, uint6
     goto done;
   }
 
-  /* One allocation, one aligned slot per tensor, filled in file order. */
+  /* One allocation, one aligned slot per tensor, filled in file order (no
+   * source: the header alone, every tensor's data NULL). */
   size_t total = 0;
-  for (i = 0; i < n; i++) total += (es[i].t.nbytes + ST_ALIGN - 1) / ST_ALIGN * ST_ALIGN;
-  f->arena = aligned_alloc(ST_ALIGN, total ? total : ST_ALIGN);
+  for (i = 0; src && i < n; i++) total += (es[i].t.nbytes + ST_ALIGN - 1) / ST_ALIGN * ST_ALIGN;
+  f->arena = src ? aligned_alloc(ST_ALIGN, total ? total : ST_ALIGN) : NULL;
   f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
   f->by_name = calloc(n ? n : 1, sizeof *f->by_name);
-  if (!f->arena || !f->tensors || !f->by_name) {
+  if ((src && !f->arena) || !f->tensors || !f->by_name) {
     s = st_err(label, AMPC_ENOMEM, "out of memory for %zu bytes of tensor data", total);
     goto done;
   }
   unsigned char *slot = f->arena;
   for (i = 0; i < n; i++) {
     f->tensors[i] = es[i].t;
+    f->tensors[i].values = NULL;
+    f->by_name[i] = &f->tensors[i];
+    if (!src) continue;
     f->tensors[i].values = slot;
     if (src_read(src, slot, es[i].t.nbytes) != 0) {
       s = st_err(label, AMPC_EIO, "read failed in tensor '%s' (file truncated while reading?)", es[i].t.name);
       goto done;
     }
     slot += (es[i].t.nbytes + ST_ALIGN - 1) / ST_ALIGN * ST_ALIGN;
-    f->by_name[i] = &f->tensors[i];
   }
   f->n = n;
   qsort(f->by_name, n, sizeof *f->by_name, cmp_by_name);
@@ -370,29 +374,28 @@ ampc_status ampc_st_open_memory(ampc_st_file **out, const void *buf, size_t len,
   return AMPC_OK;
 }
 
-ampc_status ampc_st_open(ampc_st_file **out, const char *path) {
+static ampc_status st_open_file(ampc_st_file **out, const char *path, int with_data) {
   if (!out) return ampc__error(AMPC_EINVAL, "safetensors: open: out is NULL");
   *out = NULL;
   if (!path) return ampc__error(AMPC_EINVAL, "safetensors: open: path is NULL");
-  FILE *fp = fopen(path, "rb");
-  if (!fp) {
+  struct stat st;
+  int fd = ampc__open_input(path, &st);
+  if (fd == AMPC__NOT_REGULAR) return st_err(path, AMPC_EIO, "not a regular file");
+  if (fd < 0) {
     int e = errno;
     return st_err(path, e == ENOENT ? AMPC_ENOTFOUND : AMPC_EIO, "cannot open: %s", strerror(e));
   }
-  struct stat st;
+  FILE *fp = fdopen(fd, "rb");
+  if (!fp) {
+    int e = errno;
+    close(fd);
+    return st_err(path, AMPC_ENOMEM, "cannot open: %s", strerror(e));
+  }
   ampc_status s;
   ampc_st_file *f = NULL;
   char *hdr = NULL;
   unsigned char lenb[8];
   uint64_t hlen = 0, data_len = 0;
-  if (fstat(fileno(fp), &st) != 0) {
-    s = st_err(path, AMPC_EIO, "cannot stat: %s", strerror(errno));
-    goto done;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    s = st_err(path, AMPC_EIO, "not a regular file");
-    goto done;
-  }
   if (st.st_size < 8) {
     s = st_err(path, AMPC_EFORMAT, "file is %lld bytes, shorter than the 8-byte header length",
                (long long)st.st_size);
@@ -417,7 +420,7 @@ ampc_status ampc_st_open(ampc_st_file **out, const char *path) {
   s = st_new(&f, path);
   if (s < 0) goto done;
   st_source src = {fp, NULL, 0};
-  s = st_build(f, hdr, (size_t)hlen, data_len, &src);
+  s = st_build(f, hdr, (size_t)hlen, data_len, with_data ? &src : NULL);
 done:
   free(hdr);
   fclose(fp);
@@ -428,6 +431,10 @@ done:
   *out = f;
   return AMPC_OK;
 }
+
+ampc_status ampc_st_open(ampc_st_file **out, const char *path) { return st_open_file(out, path, 1); }
+
+ampc_status ampc_st_open_header(ampc_st_file **out, const char *path) { return st_open_file(out, path, 0); }
 
 void ampc_st_close(ampc_st_file *f) {
   if (!f) return;

@@ -6,6 +6,7 @@
 
 #include "ampc/nn.h"
 #include "ampc/rng.h"
+#include "core/graph_internal.h"
 #include "core/status_internal.h"
 
 #define NN_MAX_DEPTH 8
@@ -77,13 +78,13 @@ const ampc_nn_row *ampc_nn_row_at(const ampc_nn *b, size_t i) { return i < b->nr
 
 static ampc_value uniform_param(ampc_nn *b, const char *name, const char *leaf, ampc_shape s, float bound) {
   size_t n = (size_t)ampc_shape_numel(&s);
-  float *init = malloc(n * sizeof *init);
-  if (!init) return AMPC_VALUE_NONE;
-  for (size_t i = 0; i < n; i++) init[i] = (2.0f * ampc_rng_uniform(&b->rng) - 1.0f) * bound;
   char full[160];
   full_name(b, name, leaf, full, sizeof full);
-  ampc_value v = ampc_graph_param(b->g, full, s, 0, init);
-  free(init);
+  /* recorded as zeros first: the graph checks the size (and reports a failure) before the values are drawn */
+  ampc_value v = ampc_graph_param(b->g, full, s, 0, NULL);
+  float *init = ampc__graph_init_data(b->g, v);
+  if (!init) return AMPC_VALUE_NONE;
+  for (size_t i = 0; i < n; i++) init[i] = (2.0f * ampc_rng_uniform(&b->rng) - 1.0f) * bound;
   return v;
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The unit tests again, built with AddressSanitizer and UndefinedBehaviorSanitizer
-# (in their own build folder), plus one short training run of the CLI under them.
+# (in their own build folder), plus one short training run of the CLI and the
+# bad-input table's shape_ cases under them.
 set -u
 ampc="$1"; dir="$2"
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -24,6 +25,13 @@ if "$b/ampc" train --model cnn --epochs 1 --train-limit 512 --test-limit 128 --o
   pass=$((pass + 1)); echo "ok   short O2 training run under ASan/UBSan"
 else
   fail=$((fail + 1)); echo "FAIL short training run under ASan/UBSan"; tail -30 "$dir/train.log"
+fi
+# the bad-input cases of inputs that disagree (issue 11, class 1: a test set
+# larger than the training set overflowed a heap buffer) under ASan/UBSan
+if BAD_INPUT_ONLY='^shape_' bash "$src/tests/e2e/bad_input.sh" "$b/ampc" "$dir/bad_input_shape" > "$dir/bad_input_shape.log" 2>&1; then
+  pass=$((pass + 1)); echo "ok   bad-input shape cases under ASan/UBSan ($(grep -o '^bad_input: [0-9]* cases' "$dir/bad_input_shape.log"))"
+else
+  fail=$((fail + 1)); echo "FAIL bad-input shape cases under ASan/UBSan"; tail -30 "$dir/bad_input_shape.log"
 fi
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -63,6 +63,33 @@ def make_idx():
     idx_seed("huge_claim", struct.pack(">IIII", 0x803, 1 << 20, 64, 16), idx_labels([1] * 4))
 
 
+# ---- pair: train images/labels headers, test images/labels headers,
+# [gzip test|cut train<<1|cut test<<2|test limit<<3][loader] labels ------
+
+def pair_seed(name, train, test, flags=0, loader=0, labels=b""):
+    (n1, h1, w1), (n2, h2, w2) = train, test
+    put("pair", name, struct.pack(">IIIIII", 0x803, n1, h1, w1, 0x801, n1)
+        + struct.pack(">IIIIII", 0x803, n2, h2, w2, 0x801, n2) + bytes([flags, loader]) + labels)
+
+
+def make_pair():
+    pair_seed("same_4x4", (3, 4, 4), (2, 4, 4), loader=0x31)
+    pair_seed("same_28x28_limit1", (2, 28, 28), (3, 28, 28), flags=1 << 3, loader=0x46)
+    pair_seed("same_gzip_test", (2, 5, 3), (2, 5, 3), flags=1, loader=0x02)
+    pair_seed("test_32_train_28", (2, 28, 28), (2, 32, 32))
+    pair_seed("test_1000x1000", (1, 28, 28), (1, 1000, 1000))
+    pair_seed("test_taller", (2, 4, 4), (2, 5, 4), flags=1)
+    pair_seed("test_wider_1x40", (2, 1, 4), (2, 1, 40))
+    pair_seed("train_cut", (2, 4, 4), (2, 4, 4), flags=2)
+    pair_seed("test_cut_gzip", (2, 4, 4), (2, 4, 4), flags=5)
+    pair_seed("label_out_of_range", (2, 4, 4), (2, 4, 4), labels=bytes([3, 12]))
+
+
+# The checkpoint target's seeds (corpus/checkpoint/from<k>_into<m>) are real
+# checkpoint headers, written by the target itself from its own models:
+#   AMPC_FUZZ_WRITE_SEEDS=tests/fuzz/corpus/checkpoint build-fuzz/tests/fuzz/fuzz_checkpoint
+
+
 # ---- CIFAR: [c100|train<<1|limit<<2][loader] file ----------------------
 
 def cifar_record(label, c100=False, coarse=3, seed=0):
@@ -186,6 +213,7 @@ def main():
     make_cifar()
     make_safetensors()
     make_cli()
+    make_pair()
     for target in sorted(os.listdir(OUT)):
         d = os.path.join(OUT, target)
         total = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))

@@ -10,7 +10,7 @@
 # build-fuzz/corpus/<target>/, which keeps what the fuzzer finds across runs;
 # a crashing input is written to build-fuzz/artifacts/ and its path printed.
 # Replay one with: build-fuzz/tests/fuzz/fuzz_<target> <file>
-# Environment: FUZZ_TARGETS (default "idx cifar safetensors cli"),
+# Environment: FUZZ_TARGETS (default "idx cifar safetensors cli pair checkpoint"),
 # AMPC_FUZZ_BUILD (default <repo>/build-fuzz), AMPC_FUZZ_SRC (default the repo),
 # FUZZ_RSS_MB (libFuzzer's -rss_limit_mb, default 2560).
 set -uo pipefail
@@ -23,7 +23,7 @@ secs=$1
 here=$(cd "$(dirname "$0")" && pwd)
 src=${AMPC_FUZZ_SRC:-$(cd "$here/../.." && pwd)}
 build=${AMPC_FUZZ_BUILD:-$src/build-fuzz}
-targets=${FUZZ_TARGETS:-idx cifar safetensors cli}
+targets=${FUZZ_TARGETS:-idx cifar safetensors cli pair checkpoint}
 
 if ! grep -q "tests/fuzz" "$src/CMakeLists.txt"; then
   echo "run.sh: $src/CMakeLists.txt does not add tests/fuzz (see tests/fuzz/CMakeLists.txt)" >&2
@@ -49,7 +49,7 @@ cmake --build "$build" -j "$(nproc)" --target "${bins[@]}" >"$build/fuzz-build.l
 if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi
 export OMP_NUM_THREADS=1
 # Largest input per target: CIFAR records are 3073/3074 bytes, so 4 of them.
-declare -A max_len=([idx]=8192 [cifar]=12800 [safetensors]=4096 [cli]=1024)
+declare -A max_len=([idx]=8192 [cifar]=12800 [safetensors]=4096 [cli]=1024 [pair]=256 [checkpoint]=16384)
 
 mkdir -p "$build/artifacts"
 status=0

@@ -151,5 +151,94 @@ TEST(failed_write_keeps_previous_checkpoint) {
   rig_free(&b);
 }
 
-TEST_MAIN(TEST_ENTRY(roundtrip_continues_exactly), TEST_ENTRY(roundtrip_on_the_guarded_backend), TEST_ENTRY(refuses_other_model_level_version),
-          TEST_ENTRY(failed_write_keeps_previous_checkpoint))
+/* Rewrites the "ampc" metadata of a checkpoint: the first `from` replaced by `to`. */
+static void edit_state(const char *in, const char *out, const char *from, const char *to) {
+  ampc_st_file *f;
+  CHECK_OK(ampc_st_open(&f, in));
+  size_t n = ampc_st_count(f), nm = ampc_st_metadata_count(f);
+  ampc_st_tensor *ts = calloc(n, sizeof *ts);
+  for (size_t i = 0; i < n; i++) ts[i] = *ampc_st_get(f, i);
+  const char **meta = calloc(2 * nm + 1, sizeof *meta);
+  char *js = NULL;
+  for (size_t i = 0; i < nm; i++) {
+    const char *k = ampc_st_metadata_key(f, i), *v = ampc_st_metadata(f, k);
+    const char *at = strstr(v, from);
+    if (at) {
+      js = malloc(strlen(v) + strlen(to) + 1);
+      snprintf(js, strlen(v) + strlen(to) + 1, "%.*s%s%s", (int)(at - v), v, to, at + strlen(from));
+      v = js;
+    }
+    meta[2 * i] = k;
+    meta[2 * i + 1] = v;
+  }
+  CHECK_OK(ampc_st_write(out, ts, n, meta));
+  free(js);
+  free(meta);
+  free(ts);
+  ampc_st_close(f);
+}
+
+/* Issue 11: the recorded input shape and classes, every number of the run
+ * state in its full width, and nothing restored when a check fails. */
+TEST(checks_shapes_and_ranges) {
+  rig a, b, c;
+  rig_make(&a, "mlp", AMPC_OPT_O0);
+  train_steps(&a, 1, 5);
+  ampc_train_state ts = {.seed = 3, .epoch = 1, .batch = 2, .step = 5, .seen = 16, .skipped = 1, .skipped_total = 2, .loss_sum = 3.5};
+  char path[512]; /* tmp()'s buffers are reused */
+  snprintf(path, sizeof path, "%s", tmp("mlp_ranges.safetensors"));
+  CHECK_OK(ampc_checkpoint_save(path, a.m, a.amp, a.opt, &ts));
+  ampc_st_file *hf;
+  CHECK_OK(ampc_st_open_header(&hf, path));
+  int ch = 0, h = 0, w = 0, k = 0;
+  CHECK(ampc_checkpoint_input(hf, &ch, &h, &w, &k) == 1);
+  CHECK(ch == 1 && h == 8 && w == 8 && k == 4);
+  CHECK(ampc_st_get(hf, 0)->values == NULL);
+  ampc_st_close(hf);
+  /* another input shape with the same tensors (the mlp's first layer sees H * W = 64) */
+  ampc_model_opts o = {.batch = 8, .channels = 1, .height = 16, .width = 4, .classes = 4, .seed = 11};
+  CHECK_OK(ampc_model_create(&b.m, "mlp", &o));
+  ampc_optim_config oc;
+  ampc_optim_config_default(&oc, AMPC_OPTIM_ADAM);
+  CHECK_OK(ampc_optim_create(&b.opt, &oc, ampc_graph_param_numel(ampc_model_graph(b.m))));
+  ampc_amp_config ac;
+  CHECK_OK(ampc_amp_config_init(&ac, AMPC_OPT_O0, AMPC_DTYPE_F16));
+  CHECK_OK(ampc_amp_initialize(&b.amp, ampc_model_graph(b.m), b.opt, &ac));
+  CHECK_ERR(ampc_checkpoint_load(path, b.m, b.amp, b.opt, &ts), AMPC_EINVAL, "made for 1x8x8 inputs and 4 classes, but the model here takes 1x16x4 inputs and 4 classes");
+  rig_make(&c, "mlp", AMPC_OPT_O0);
+  float *fresh = params_of(&c);
+  size_t np = ampc_graph_param_numel(ampc_model_graph(c.m));
+  const struct {
+    const char *from, *to, *msg;
+  } bad[] = {
+      {"\"epoch\":1,", "\"epoch\":-1,", "'epoch' = -1 is outside"},
+      {"\"seen\":16,", "\"seen\":\"16\",", "'seen' is of another type, not an integer"},
+      {"\"skipped\":1,", "\"skipped\":3,", "'skipped' = 3 is outside [0, 2]"},
+      {"\"hysteresis_left\":1,", "\"hysteresis_left\":4294967297,", "'hysteresis_left' = 4294967297 is outside [1, 2147483647]"},
+      {"\"loss_sum\":3.5", "\"loss_sum\":-3.5", "'loss_sum' is negative or not finite"},
+      {"\"scale\":1.0", "\"scale\":1e39", "is not a positive finite f32"},
+      {"\"optimizer_step\":", "\"optimizer_stepx\":", "'optimizer_step' is missing"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char p2[512];
+    snprintf(p2, sizeof p2, "%s", tmp("mlp_bad.safetensors"));
+    edit_state(path, p2, bad[i].from, bad[i].to);
+    ampc_train_state back = {0};
+    ampc_status s = ampc_checkpoint_load(p2, c.m, c.amp, c.opt, &back);
+    CHECK_MSG(s < 0 && strstr(ampc_last_error(), bad[i].msg), "case %zu: status %d, '%s'", i, s, ampc_last_error());
+    float *now = params_of(&c);
+    CHECK_MSG(memcmp(fresh, now, np * sizeof *now) == 0, "case %zu: a failed load changed the parameters", i);
+    CHECK(back.step == 0);
+    free(now);
+  }
+  CHECK_OK(ampc_checkpoint_load(path, c.m, c.amp, c.opt, &ts));
+  CHECK(ts.epoch == 1 && ts.batch == 2 && ts.step == 5 && ts.seen == 16 && ts.skipped == 1 && ts.skipped_total == 2);
+  free(fresh);
+  rig_free(&a);
+  rig_free(&b);
+  rig_free(&c);
+}
+
+TEST_MAIN(TEST_ENTRY(roundtrip_continues_exactly), TEST_ENTRY(roundtrip_on_the_guarded_backend),
+          TEST_ENTRY(refuses_other_model_level_version), TEST_ENTRY(failed_write_keeps_previous_checkpoint),
+          TEST_ENTRY(checks_shapes_and_ranges))

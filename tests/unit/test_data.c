@@ -1040,7 +1040,79 @@ TEST(loader_errors) {
   ampc_dataset_free(d);
 }
 
-TEST_MAIN(TEST_ENTRY(idx_roundtrip), TEST_ENTRY(idx_errors), TEST_ENTRY(cifar10_roundtrip),
+/* Probing reads headers only, agrees with a full read, and the pair check
+ * refuses a test set of another shape naming both files (issue 11). */
+TEST(probe_and_pair) {
+  const char *dir = case_dir("probe");
+  idx_write_split(dir, "train", 6, 0);
+  idx_write_split(dir, "t10k", 3, 1);
+  ampc_dataset_info tr, te;
+  CHECK_OK(ampc_dataset_probe(&tr, AMPC_DATASET_FASHION_MNIST, dir, 1, 0));
+  CHECK_OK(ampc_dataset_probe(&te, AMPC_DATASET_FASHION_MNIST, dir, 0, 2));
+  CHECK(tr.train == 1 && tr.count == 6 && tr.channels == 1 && tr.height == 5 && tr.width == 4 && tr.classes == 10);
+  CHECK(te.train == 0 && te.count == 2 && strstr(te.images, "t10k-images-idx3-ubyte.gz"));
+  CHECK_OK(ampc_dataset_check_pair(&tr, &te));
+  ampc_dataset *d;
+  CHECK_OK(ampc_dataset_open(&d, AMPC_DATASET_FASHION_MNIST, dir, 1, 0));
+  CHECK(ampc_dataset_count(d) == tr.count && ampc_dataset_height(d) == tr.height && ampc_dataset_width(d) == tr.width);
+  ampc_dataset_free(d);
+  /* a test set of 7x4 images: refused, naming both files and shapes */
+  buf im = {0};
+  idx_images(&im, 0x803, 3, 7, 4, 3);
+  write_file(dir, "t10k-images-idx3-ubyte", im.p, im.n, 1);
+  buf_free(&im);
+  CHECK_OK(ampc_dataset_probe(&te, AMPC_DATASET_FASHION_MNIST, dir, 0, 0));
+  CHECK(ampc_dataset_check_pair(&tr, &te) == AMPC_EINVAL);
+  const char *msg = ampc_last_error();
+  CHECK_MSG(strstr(msg, "t10k-images-idx3-ubyte.gz has 1x7x4 images") && strstr(msg, "train-images-idx3-ubyte has 1x5x4 images"), "%s", msg);
+  /* a header that claims more than the file holds fails in the probe, as in the read */
+  idx_images(&im, 0x803, 1000, 5, 4, 3);
+  write_file(dir, "train-images-idx3-ubyte", im.p, im.n, 0);
+  buf_free(&im);
+  CHECK(ampc_dataset_probe(&tr, AMPC_DATASET_FASHION_MNIST, dir, 1, 0) == AMPC_EFORMAT);
+  /* CIFAR: sizes only */
+  const char *cdir = case_dir("probe_cifar");
+  write_cifar(cdir, "test_batch.bin", 1, 0, 3);
+  CHECK_OK(ampc_dataset_probe(&te, AMPC_DATASET_CIFAR10, cdir, 0, 0));
+  CHECK(te.count == 3 && te.channels == 3 && te.height == 32 && te.width == 32 && te.classes == 10);
+}
+
+/* A FIFO or a folder where a data file should be is refused at once (it
+ * would block in open()); a file that cannot be opened says why. */
+TEST(special_files) {
+  const char *dir = case_dir("special");
+  idx_write_split(dir, "train", 4, 0);
+  char p[1400];
+  snprintf(p, sizeof p, "%s/train-labels-idx1-ubyte", dir);
+  unlink(p);
+  CHECK(mkfifo(p, 0644) == 0);
+  ampc_dataset *d = NULL;
+  CHECK(ampc_dataset_open(&d, AMPC_DATASET_MNIST, dir, 1, 0) == AMPC_EIO && d == NULL);
+  CHECK_MSG(strstr(ampc_last_error(), "train-labels-idx1-ubyte is not a regular file"), "%s", ampc_last_error());
+  unlink(p);
+  CHECK(mkdir(p, 0755) == 0);
+  ampc_dataset_info info;
+  CHECK(ampc_dataset_probe(&info, AMPC_DATASET_MNIST, dir, 1, 0) == AMPC_EIO);
+  CHECK(strstr(ampc_last_error(), "is not a regular file") != NULL);
+  rmdir(p);
+  const char *cdir = case_dir("special_cifar");
+  snprintf(p, sizeof p, "%s/test_batch.bin", cdir);
+  unlink(p);
+  CHECK(mkfifo(p, 0644) == 0);
+  CHECK(ampc_dataset_open(&d, AMPC_DATASET_CIFAR10, cdir, 0, 0) == AMPC_EIO);
+  CHECK(strstr(ampc_last_error(), "test_batch.bin is not a regular file") != NULL);
+  unlink(p);
+  if (geteuid() != 0) { /* root reads anything */
+    idx_write_split(dir, "t10k", 2, 0);
+    snprintf(p, sizeof p, "%s/t10k-images-idx3-ubyte", dir);
+    CHECK(chmod(p, 0) == 0);
+    CHECK(ampc_dataset_open(&d, AMPC_DATASET_MNIST, dir, 0, 0) == AMPC_EIO);
+    CHECK_MSG(strstr(ampc_last_error(), "Permission denied"), "%s", ampc_last_error());
+    chmod(p, 0644);
+  }
+}
+
+TEST_MAIN(TEST_ENTRY(probe_and_pair), TEST_ENTRY(special_files), TEST_ENTRY(idx_roundtrip), TEST_ENTRY(idx_errors), TEST_ENTRY(cifar10_roundtrip),
           TEST_ENTRY(cifar100_roundtrip), TEST_ENTRY(cifar_errors), TEST_ENTRY(dataset_kinds),
           TEST_ENTRY(loader_defaults), TEST_ENTRY(loader_order), TEST_ENTRY(loader_batches),
           TEST_ENTRY(loader_resume), TEST_ENTRY(loader_background), TEST_ENTRY(loader_free_midway),

@@ -615,7 +615,31 @@ TEST(atomic_write_errors) {
   free(b);
 }
 
-TEST_MAIN(TEST_ENTRY(roundtrip_all_dtypes), TEST_ENTRY(write_exact_bytes), TEST_ENTRY(known_bytes),
+/* A FIFO is refused at once, not waited on (it has no writer here); the
+ * header alone can be read and checked without the data. */
+TEST(special_files_and_header_only) {
+  unlink(TMP("fifo.safetensors"));
+  CHECK(mkfifo(TMP("fifo.safetensors"), 0644) == 0);
+  ampc_st_file *f = (ampc_st_file *)1;
+  CHECK_ERR(ampc_st_open(&f, TMP("fifo.safetensors")), AMPC_EIO, "fifo.safetensors: not a regular file");
+  CHECK(f == NULL);
+  CHECK_ERR(ampc_st_open_header(&f, TMP("fifo.safetensors")), AMPC_EIO, "not a regular file");
+  CHECK_ERR(ampc_st_open(&f, AMPC_TEST_TMPDIR), AMPC_EIO, "not a regular file");
+  unlink(TMP("fifo.safetensors"));
+  float v[3] = {1, 2, 3};
+  ampc_st_tensor t = {.name = "w", .dtype = AMPC_DTYPE_F32, .ndim = 1, .shape = {3}, .values = v, .nbytes = sizeof v};
+  const char *meta[] = {"input", "1x2x3", NULL};
+  CHECK_OK(ampc_st_write(TMP("header_only.safetensors"), &t, 1, meta));
+  CHECK_OK(ampc_st_open_header(&f, TMP("header_only.safetensors")));
+  const ampc_st_tensor *w = ampc_st_find(f, "w");
+  CHECK(w && w->values == NULL && w->nbytes == 12 && w->shape[0] == 3);
+  CHECK(strcmp(ampc_st_metadata(f, "input"), "1x2x3") == 0);
+  float out[3];
+  CHECK(ampc_st_read_f32(w, out, 3) == AMPC_EINVAL);
+  ampc_st_close(f);
+}
+
+TEST_MAIN(TEST_ENTRY(special_files_and_header_only), TEST_ENTRY(roundtrip_all_dtypes), TEST_ENTRY(write_exact_bytes), TEST_ENTRY(known_bytes),
           TEST_ENTRY(python_fixture), TEST_ENTRY(bad_inputs), TEST_ENTRY(bad_lengths),
           TEST_ENTRY(bad_files), TEST_ENTRY(read_conversions), TEST_ENTRY(write_invalid),
           TEST_ENTRY(write_failure_keeps_old_file), TEST_ENTRY(atomic_write_errors))

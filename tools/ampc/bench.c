@@ -47,7 +47,7 @@ int cmd_bench(int argc, char **argv) {
   int n = cli_common_opts(&c, opts, 1);
   opts[n++] = (cli_opt){"--steps", OPT_INT, &steps, "N", "timed training steps (default 3)", 1, NULL};
   opts[n++] = (cli_opt){"--warmup", OPT_INT, &warmup, "N", "untimed steps first (default 1)", 0, NULL};
-  opts[n++] = (cli_opt){"--sgemm-size", OPT_INT, &sgemm_n, "N", "size of the baseline sgemm (default 2048)", 64, NULL};
+  opts[n++] = (cli_opt){"--sgemm-size", OPT_INT, &sgemm_n, "N", "size of the baseline sgemm, 64..16384 (default 2048)", 64, NULL};
   opts[n++] = (cli_opt){"--json", OPT_FLAG, &json, NULL, "print one JSON object", 0, NULL};
   opts[n] = (cli_opt){0};
   int pr = cli_parse("bench", "[--model M] [options]", opts, argc, argv);
@@ -57,7 +57,7 @@ int cmd_bench(int argc, char **argv) {
   ampc_optim_config oc;
   ampc_optim_config_default(&oc, AMPC_OPTIM_ADAM);
   cli_session s;
-  if (cli_session_open(&s, &c, 0, 0, shape, &oc, c.batch_size) < 0) {
+  if (cli_session_open(&s, &c, 0, 0, shape, &oc, c.batch_size, NULL, NULL) < 0) {
     cli_session_close(&s);
     return 1;
   }

@@ -1,6 +1,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <float.h>
 #include <jansson.h>
 #include <math.h>
@@ -62,6 +63,11 @@ static int parse_value(const cli_opt *o, const char *v) {
       }
       if ((double)x < o->min) {
         cli_error("%s: must be at least %g, got %lld", o->name, o->min, x);
+        return -1;
+      }
+      double max = cli_opt_max(o->name);
+      if (max > 0 && (double)x > max) {
+        cli_error("%s: must be at most %.0f, got %lld", o->name, max, x);
         return -1;
       }
       if (o->kind == OPT_INT) {
@@ -171,11 +177,11 @@ int cli_common_opts(cli_common *c, cli_opt *out, int with_amp) {
   out[n++] = (cli_opt){"--model", OPT_STRING, &c->model, "NAME", "mlp, cnn or resnet18 (default cnn)", 0, NULL};
   out[n++] = (cli_opt){"--dataset", OPT_STRING, &c->dataset, "NAME", "fashion-mnist, mnist, cifar10 or cifar100 (default fashion-mnist)", 0, NULL};
   out[n++] = (cli_opt){"--data", OPT_STRING, &c->data_dir, "DIR", "dataset folder (default: the dataset's standard location)", 0, NULL};
-  out[n++] = (cli_opt){"--batch-size", OPT_I64, &c->batch_size, "N", "images per batch (default 128)", 1, NULL};
+  out[n++] = (cli_opt){"--batch-size", OPT_I64, &c->batch_size, "N", "images per batch, 1.." CLI_STR(CLI_MAX_BATCH) " and the model must fit in memory (default 128)", 1, NULL};
   out[n++] = (cli_opt){"--train-limit", OPT_I64, &c->train_limit, "N", "use only the first N training images", 1, NULL};
   out[n++] = (cli_opt){"--test-limit", OPT_I64, &c->test_limit, "N", "use only the first N test images", 1, NULL};
   out[n++] = (cli_opt){"--seed", OPT_I64, &c->seed, "N", "seed of every random choice (default 0)", 0, NULL};
-  out[n++] = (cli_opt){"--threads", OPT_INT, &c->threads, "N", "threads (default: all cores)", 1, NULL};
+  out[n++] = (cli_opt){"--threads", OPT_INT, &c->threads, "N", "threads, 1.." CLI_STR(CLI_THREADS_PER_CPU) "x the online CPUs, at most " CLI_STR(CLI_MAX_THREADS) " (default: all cores)", 1, NULL};
   out[n++] = (cli_opt){"--conv", OPT_STRING, &c->conv, "auto|im2col|winograd|direct",
                        "convolution algorithm: im2col products, Winograd F(4x4,3x3) or a direct loop (default auto: for stride-1 3x3, Winograd from 8 channels, direct up to 4)", 0, NULL};
   out[n++] = (cli_opt){"--device", OPT_STRING, &c->device, "NAME", "where the model runs: cpu (default), cpu-guarded (tests), cuda (where built)", 0, NULL};
@@ -193,7 +199,7 @@ int cli_common_opts(cli_common *c, cli_opt *out, int with_amp) {
   out[n++] = (cli_opt){"--hysteresis", OPT_STRING, &c->hysteresis, "N", "overflows tolerated before backing off (default 1)", 0, NULL};
   out[n++] = (cli_opt){"--stochastic-rounding", OPT_FLAG, &c->stochastic_rounding, NULL, "round half weight updates stochastically (no masters)", 0, NULL};
   out[n++] = (cli_opt){"--clip-grad-norm", OPT_FLOAT, &c->clip_grad_norm, "X", "clip the global gradient norm to X", 0, NULL};
-  out[n++] = (cli_opt){"--grad-accum", OPT_INT, &c->grad_accum, "N", "micro-batches per optimizer step (default 1)", 1, NULL};
+  out[n++] = (cli_opt){"--grad-accum", OPT_INT, &c->grad_accum, "N", "micro-batches per optimizer step, 1..the batches of an epoch (default 1)", 1, NULL};
   out[n++] = (cli_opt){"--amp-report", OPT_FLAG, &c->amp_report, NULL, "add gradient underflow statistics to the metrics", 0, NULL};
   return n;
 }
@@ -234,6 +240,39 @@ int cli_amp_config(const cli_common *c, ampc_amp_config *cfg) {
     return -1;
   }
   return 0;
+}
+
+int cli_max_threads(void) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cpus < 1) cpus = 1;
+  return cpus > CLI_MAX_THREADS / CLI_THREADS_PER_CPU ? CLI_MAX_THREADS : (int)cpus * CLI_THREADS_PER_CPU;
+}
+
+double cli_opt_max(const char *name) {
+  /* the counts that size buffers; their help texts give these ranges */
+  if (strcmp(name, "--threads") == 0) return cli_max_threads();
+  if (strcmp(name, "--batch-size") == 0) return CLI_MAX_BATCH;
+  if (strcmp(name, "--classes") == 0) return CLI_MAX_CLASSES;
+  if (strcmp(name, "--sgemm-size") == 0) return 16384;
+  return 0;
+}
+
+FILE *cli_open_output(const char *flag, const char *path, int append) {
+  /* O_NONBLOCK: opening a FIFO that has no reader fails with ENXIO instead
+   * of waiting; the flag is dropped again for the writes themselves */
+  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (append ? O_APPEND : O_TRUNC), 0666);
+  if (fd < 0) {
+    int e = errno;
+    cli_error("%s: cannot open '%s' for writing: %s", flag, path, e == ENXIO ? "a FIFO with no reader" : strerror(e));
+    return NULL;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  FILE *f = fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ? NULL : fdopen(fd, append ? "a" : "w");
+  if (!f) {
+    cli_error("%s: cannot open '%s' for writing: %s", flag, path, strerror(errno));
+    close(fd);
+  }
+  return f;
 }
 
 void cli_set_threads(int threads) {

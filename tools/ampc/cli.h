@@ -61,6 +61,27 @@ int cli_amp_config(const cli_common *c, ampc_amp_config *cfg);
 /* Sets the thread count for ampc and OpenBLAS. */
 void cli_set_threads(int threads);
 
+/* Ranges of the counts given on the command line, checked at parse time and
+ * listed in --help: --threads at most CLI_THREADS_PER_CPU times the online
+ * CPUs and never above CLI_MAX_THREADS; --batch-size at most CLI_MAX_BATCH;
+ * --classes at most CLI_MAX_CLASSES. Whether the model then fits in memory
+ * is checked when it is built, before its buffers are allocated. */
+#define CLI_STR_(x) #x
+#define CLI_STR(x) CLI_STR_(x)
+#define CLI_THREADS_PER_CPU 4
+#define CLI_MAX_THREADS 1024
+#define CLI_MAX_BATCH 65536
+#define CLI_MAX_CLASSES 100000
+int cli_max_threads(void);
+/* The largest value an integer option takes (the table in cli.c, by option
+ * name; 0 when it has none beyond OPT_INT's 1e9). */
+double cli_opt_max(const char *name);
+
+/* Opens path for writing (append or truncate) without ever blocking: a FIFO
+ * with no reader is refused at once instead of waiting for one. Prints the
+ * error (prefixed with flag) and returns NULL on failure. */
+FILE *cli_open_output(const char *flag, const char *path, int append);
+
 /* Memory report as one JSON object {"parameters": {...bytes by dtype...}, ...} */
 struct json_t;
 struct json_t *cli_memory_json(const ampc_mem_report *r);

@@ -18,7 +18,7 @@ int cmd_eval(int argc, char **argv) {
     return 2;
   }
   cli_session s;
-  int rc = cli_session_open(&s, &c, 0, 1, NULL, NULL, c.batch_size) < 0 || cli_load_weights(&s, weights) < 0;
+  int rc = cli_session_open(&s, &c, 0, 1, NULL, NULL, c.batch_size, "--weights", weights) < 0 || cli_load_weights(&s, weights) < 0;
   double loss = 0, acc = 0;
   if (!rc) rc = cli_evaluate(&s, s.test, &loss, &acc) < 0;
   if (!rc) printf("test_loss %.4f test_acc %.4f images %zu\n", loss, acc, ampc_dataset_count(s.test));

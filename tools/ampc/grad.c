@@ -16,7 +16,7 @@ int cmd_grad(int argc, char **argv) {
   opts[n++] = (cli_opt){"--weights", OPT_STRING, &weights, "FILE", "weights or checkpoint (safetensors), required", 0, NULL};
   opts[n++] = (cli_opt){"--batch", OPT_STRING, &batch, "FILE", "safetensors with x (f32 N,C,H,W) and y (integer labels), required", 0, NULL};
   opts[n++] = (cli_opt){"--out", OPT_STRING, &out, "FILE", "where to write loss, logits and grad.<name>, required", 0, NULL};
-  opts[n++] = (cli_opt){"--classes", OPT_INT, &classes, "N", "classes of the model (default 10)", 2, NULL};
+  opts[n++] = (cli_opt){"--classes", OPT_INT, &classes, "N", "classes of the model, 2.." CLI_STR(CLI_MAX_CLASSES) " (default 10)", 2, NULL};
   opts[n] = (cli_opt){0};
   int pr = cli_parse("grad", "--model M --weights W --batch B --out OUT [options]", opts, argc, argv);
   if (pr) return pr > 0 ? 0 : 2;
@@ -30,15 +30,19 @@ int cmd_grad(int argc, char **argv) {
     return 1;
   }
   const ampc_st_tensor *x = ampc_st_find(bf, "x"), *y = ampc_st_find(bf, "y");
-  if (!x || !y || x->ndim != 4 || y->ndim != 1 || y->shape[0] != x->shape[0]) {
-    cli_error("%s: expected tensors x (N, C, H, W) and y (N)", batch);
+  int shape[4];
+  int64_t nb;
+  char from[4200];
+  snprintf(from, sizeof from, "the batch %s", batch);
+  if (cli_check_batch(batch, x, y, classes, shape, &nb) < 0 || cli_check_weights_input("--weights", weights, shape[0], shape[1], shape[2], classes, from) < 0) {
     ampc_st_close(bf);
     return 1;
   }
-  int shape[4] = {(int)x->shape[1], (int)x->shape[2], (int)x->shape[3], classes};
   cli_session s;
   int rc = 0;
-  if (cli_session_open(&s, &c, 0, 0, shape, NULL, x->shape[0]) < 0 || cli_load_weights(&s, weights) < 0) rc = 1;
+  if (cli_session_open(&s, &c, 0, 0, shape, NULL, nb, NULL, NULL) < 0) rc = 1;
+  if (!rc) snprintf(s.shape_from, sizeof s.shape_from, "%s", from);
+  if (!rc && cli_load_weights(&s, weights) < 0) rc = 1;
   float *xf = NULL, *grads = NULL, *logits = NULL;
   int32_t *yi = NULL;
   if (!rc) {

@@ -4,28 +4,57 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int open_dataset(const cli_common *c, int train, ampc_dataset **out) {
-  ampc_dataset_kind kind;
-  if (ampc_dataset_kind_parse(c->dataset, &kind) < 0) {
+static int dataset_kind(const cli_common *c, ampc_dataset_kind *kind, const char **dir) {
+  if (ampc_dataset_kind_parse(c->dataset, kind) < 0) {
     cli_lib_error(NULL);
     return -1;
   }
-  const char *dir = c->data_dir ? c->data_dir : ampc_dataset_default_dir(kind);
+  *dir = c->data_dir ? c->data_dir : ampc_dataset_default_dir(*kind);
+  return 0;
+}
+
+/* The split's headers (no data read); the limit is the command's. */
+static int probe_dataset(const cli_common *c, int train, ampc_dataset_info *info) {
+  ampc_dataset_kind kind;
+  const char *dir;
+  if (dataset_kind(c, &kind, &dir) < 0) return -1;
   size_t limit = (size_t)(train ? c->train_limit : c->test_limit);
-  if (ampc_dataset_open(out, kind, dir, train, limit) < 0) {
+  if (ampc_dataset_probe(info, kind, dir, train, limit) < 0) {
     cli_lib_error(NULL);
     return -1;
   }
   return 0;
 }
 
+static int open_dataset(const cli_common *c, int train, const ampc_dataset_info *info, ampc_dataset **out) {
+  ampc_dataset_kind kind;
+  const char *dir;
+  if (dataset_kind(c, &kind, &dir) < 0) return -1;
+  size_t limit = (size_t)(train ? c->train_limit : c->test_limit);
+  if (ampc_dataset_open(out, kind, dir, train, limit) < 0) {
+    cli_lib_error(NULL);
+    return -1;
+  }
+  /* the files may have changed since their headers were read */
+  if (ampc_dataset_channels(*out) != info->channels || ampc_dataset_height(*out) != info->height ||
+      ampc_dataset_width(*out) != info->width || ampc_dataset_classes(*out) != info->classes) {
+    cli_error("%s: changed while it was being read", info->images);
+    return -1;
+  }
+  return 0;
+}
+
 int cli_session_open(cli_session *s, const cli_common *c, int need_train, int need_test, const int *shape,
-                     const ampc_optim_config *ocfg, int64_t batch) {
+                     const ampc_optim_config *ocfg, int64_t batch, const char *weights_flag, const char *weights) {
   memset(s, 0, sizeof *s);
   s->normalize = c->normalize;
   cli_set_threads(c->threads);
   /* everything that can be checked without the data is checked before it is read */
   if (cli_amp_config(c, &s->amp_cfg) < 0) return -1;
+  if (ampc_backend_check(c->device) < 0) {
+    cli_lib_error("--device");
+    return -1;
+  }
   if (!ampc_model_known(c->model)) {
     cli_error("--model: unknown model '%s' (expected one of: %s)", c->model, ampc_model_names());
     return -1;
@@ -34,20 +63,28 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
     cli_error("--label-smoothing: %g is outside [0, 1]", c->label_smoothing);
     return -1;
   }
-  if (need_train && open_dataset(c, 1, &s->train) < 0) return -1;
-  if (need_test && open_dataset(c, 0, &s->test) < 0) return -1;
-  const ampc_dataset *d = s->train ? s->train : s->test;
+  /* the inputs must agree with each other before any of them is read */
+  ampc_dataset_info tr, te;
+  if (need_train && probe_dataset(c, 1, &tr) < 0) return -1;
+  if (need_test && probe_dataset(c, 0, &te) < 0) return -1;
+  if (need_train && need_test && ampc_dataset_check_pair(&tr, &te) < 0) {
+    cli_lib_error(NULL);
+    return -1;
+  }
+  const ampc_dataset_info *d = need_train ? &tr : need_test ? &te : NULL;
   if (d) {
-    s->channels = ampc_dataset_channels(d);
-    s->height = ampc_dataset_height(d);
-    s->width = ampc_dataset_width(d);
-    s->classes = ampc_dataset_classes(d);
+    s->channels = d->channels;
+    s->height = d->height;
+    s->width = d->width;
+    s->classes = d->classes;
+    snprintf(s->shape_from, sizeof s->shape_from, "the %s set %s", d->train ? "training" : "test", d->images);
   } else {
     s->channels = shape[0];
     s->height = shape[1];
     s->width = shape[2];
     s->classes = shape[3];
   }
+  if (weights && d && cli_check_weights_input(weights_flag, weights, s->channels, s->height, s->width, s->classes, s->shape_from) < 0) return -1;
   ampc_model_opts mo = {.batch = batch, .channels = s->channels, .height = s->height, .width = s->width,
                         .classes = s->classes, .seed = c->seed, .label_smoothing = c->label_smoothing};
   if (ampc_model_create(&s->model, c->model, &mo) < 0) {
@@ -79,6 +116,8 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
   }
   ampc_amp_set_clip_grad_norm(s->amp, c->clip_grad_norm);
   ampc_amp_set_stochastic_rounding(s->amp, c->stochastic_rounding, c->seed);
+  if (need_train && open_dataset(c, 1, &tr, &s->train) < 0) return -1;
+  if (need_test && open_dataset(c, 0, &te, &s->test) < 0) return -1;
   return 0;
 }
 
@@ -93,7 +132,9 @@ void cli_session_close(cli_session *s) {
 
 int cli_load_weights(cli_session *s, const char *path) {
   if (ampc_checkpoint_load_weights(path, s->model, s->amp) < 0) {
-    cli_lib_error(NULL);
+    /* say where the model's shape came from: the data, or a grad batch */
+    if (s->shape_from[0]) cli_error("%s; the model is sized from %s", ampc_last_error(), s->shape_from);
+    else cli_lib_error(NULL);
     return -1;
   }
   return 0;

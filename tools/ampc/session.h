@@ -16,14 +16,19 @@ typedef struct {
   ampc_amp_config amp_cfg;
   int channels, height, width, classes;
   int normalize; /* the loader's per-channel normalisation, the same in training and evaluation */
+  char shape_from[4200]; /* what the model's input shape came from, for messages ("" if given) */
 } cli_session;
 
 /* Opens the datasets asked for (need_train / need_test), builds the model for
  * batch (shape and classes from the data, or from `shape` when no data is
- * opened: {C, H, W, classes}), the optimizer (if ocfg) and amp. Prints the
- * error and returns -1 on failure. */
+ * opened: {C, H, W, classes}), the optimizer (if ocfg) and amp. The data's
+ * headers are checked first -- the test set against the training set, and
+ * weights (a weights or checkpoint file given as weights_flag, or NULL)
+ * against them -- then the
+ * model is built (which refuses a model too large for the machine), and only
+ * then is the data read. Prints the error and returns -1 on failure. */
 int cli_session_open(cli_session *s, const cli_common *c, int need_train, int need_test, const int *shape,
-                     const ampc_optim_config *ocfg, int64_t batch);
+                     const ampc_optim_config *ocfg, int64_t batch, const char *weights_flag, const char *weights);
 void cli_session_close(cli_session *s);
 /* Loads parameters and buffers by their PyTorch names from a safetensors file. */
 int cli_load_weights(cli_session *s, const char *path);
@@ -31,5 +36,21 @@ int cli_load_weights(cli_session *s, const char *path);
 int cli_save_weights(cli_session *s, const char *path, const char *const *meta);
 /* Mean loss and accuracy over a dataset (eval mode). */
 int cli_evaluate(cli_session *s, const ampc_dataset *d, double *loss, double *acc);
+
+/* inputs.c: checks that inputs agree, each printing one error and returning -1. */
+/* The input shape and classes a weights or checkpoint file (given as flag)
+ * records (its header only is read) against those the model is built for,
+ * which come from `against` ("the test set DIR/t10k-images-idx3-ubyte"); a
+ * file that records none passes. */
+int cli_check_weights_input(const char *flag, const char *path, int channels, int height, int width, int classes, const char *against);
+/* A `grad` batch file's x (N, C, H, W) and y (N): present, of those ranks,
+ * and every size in range in its full width; fills shape {C, H, W, classes}
+ * and *n. */
+int cli_check_batch(const char *path, const ampc_st_tensor *x, const ampc_st_tensor *y, int classes, int shape[4], int64_t *n);
+/* --grad-accum at most the batches of an epoch of `images` in `batch`es. */
+int cli_check_grad_accum(int accum, size_t images, int64_t batch);
+/* A resumed run state against this run: its epoch within --epochs' range and
+ * its batch within the `batches` of an epoch here; names the checkpoint. */
+int cli_check_resume(const char *path, const ampc_train_state *ts, int64_t batches);
 
 #endif

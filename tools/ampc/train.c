@@ -1,5 +1,4 @@
 /* ampc train: the training loop, progress and per-epoch metrics. */
-#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -10,6 +9,7 @@
 #include <unistd.h>
 
 #include "ampc/checkpoint.h"
+#include "ckptdir.h"
 #include "session.h"
 #include "train_args.h"
 
@@ -19,67 +19,19 @@ static void on_signal(int sig) { stop_requested = sig; }
 #define CKPT_PREFIX "ckpt-step-"
 #define CKPT_SUFFIX ".safetensors"
 
-/* 1 (and its step) if name is a checkpoint file of ours. */
-static int checkpoint_step(const char *name, long long *step) {
-  char tail[32];
-  return sscanf(name, CKPT_PREFIX "%lld%31s", step, tail) == 2 && strcmp(tail, CKPT_SUFFIX) == 0;
-}
-
-/* The checkpoint of the highest step in dir into out; 0 if found. */
-static int latest_checkpoint(const char *dir, char *out, size_t len) {
-  DIR *d = opendir(dir);
-  if (!d) return -1;
-  long long best = -1;
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    long long st;
-    if (checkpoint_step(e->d_name, &st) && st > best) {
-      best = st;
-      snprintf(out, len, "%s/%s", dir, e->d_name);
-    }
-  }
-  closedir(d);
-  return best >= 0 ? 0 : -1;
-}
-
-/* Removes all but the newest `keep` checkpoints in dir. */
-static void prune_checkpoints(const char *dir, int keep) {
-  for (;;) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    long long oldest = -1;
-    int count = 0;
-    char name[512] = "";
-    struct dirent *e;
-    while ((e = readdir(d))) {
-      long long st;
-      if (checkpoint_step(e->d_name, &st)) {
-        count++;
-        if (oldest < 0 || st < oldest) {
-          oldest = st;
-          snprintf(name, sizeof name, "%s/%s", dir, e->d_name);
-        }
-      }
-    }
-    closedir(d);
-    if (count <= keep || !name[0]) return;
-    if (unlink(name) != 0) return;
-  }
-}
-
 static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc_train_state *ts, int quiet) {
   if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
     cli_error("--checkpoint-dir: cannot create '%s': %s", dir, strerror(errno));
     return -1;
   }
-  char path[1024];
-  snprintf(path, sizeof path, "%s/" CKPT_PREFIX "%08lld" CKPT_SUFFIX, dir, (long long)ts->step);
+  char path[4096];
+  cli_checkpoint_path(path, sizeof path, dir, (long long)ts->step);
   if (ampc_checkpoint_save(path, s->model, s->amp, s->opt, ts) < 0) {
     cli_lib_error("saving checkpoint");
     return -1;
   }
   if (!quiet) fprintf(stderr, "ampc: saved %s\n", path);
-  if (keep > 0) prune_checkpoints(dir, keep);
+  if (keep > 0) cli_prune_checkpoints(dir, keep);
   return 0;
 }
 
@@ -128,7 +80,9 @@ int cmd_train(int argc, char **argv) {
   ampc_lr_schedule sched;
   int skip_nonfinite;
   if (train_args_check(&a, &ocfg, &sched, &skip_nonfinite) < 0) return 2;
-  char resume_path[1024] = "";
+  /* one run per checkpoint folder: found out before anything else is done */
+  if (a.checkpoint_dir && cli_ckptdir_lock("--checkpoint-dir", a.checkpoint_dir) < 0) return 1;
+  char resume_path[4096] = "";
   if (a.resume) {
     struct stat sb;
     if (stat(a.resume, &sb) != 0) {
@@ -136,7 +90,7 @@ int cmd_train(int argc, char **argv) {
       return 1;
     }
     if (S_ISDIR(sb.st_mode)) {
-      if (latest_checkpoint(a.resume, resume_path, sizeof resume_path) < 0) {
+      if (cli_latest_checkpoint(a.resume, resume_path, sizeof resume_path) < 0) {
         cli_error("--resume: no checkpoint (" CKPT_PREFIX "*" CKPT_SUFFIX ") in '%s'", a.resume);
         return 1;
       }
@@ -163,11 +117,10 @@ int cmd_train(int argc, char **argv) {
   staging in = {NULL, NULL};
   cli_session s;
   memset(&s, 0, sizeof s);
-  if (a.metrics && !(mf = fopen(a.metrics, a.resume ? "a" : "w"))) {
-    cli_error("--metrics: cannot open '%s' for writing", a.metrics);
+  if (a.metrics && !(mf = cli_open_output("--metrics", a.metrics, a.resume != NULL))) goto done;
+  if (cli_session_open(&s, &a.c, 1, 1, NULL, &ocfg, a.c.batch_size, "--resume", resume_path[0] ? resume_path : NULL) < 0 ||
+      cli_check_grad_accum(a.c.grad_accum, ampc_dataset_count(s.train), a.c.batch_size) < 0)
     goto done;
-  }
-  if (cli_session_open(&s, &a.c, 1, 1, NULL, &ocfg, a.c.batch_size) < 0) goto done;
   int is_cifar = strncmp(a.c.dataset, "cifar", 5) == 0;
   int augment = a.augment_given ? a.augment : is_cifar;
   ampc_loader_opts lo;
@@ -206,8 +159,12 @@ int cmd_train(int argc, char **argv) {
       rc = 1;
       goto done;
     }
+    if (cli_check_resume(resume_path, &ts, ampc_loader_batches_per_epoch(ld)) < 0) {
+      rc = 1;
+      goto done;
+    }
     if (ts.seed != a.c.seed) {
-      cli_error("--resume: the checkpoint was made with --seed %llu, this run has --seed %llu", (unsigned long long)ts.seed, (unsigned long long)a.c.seed);
+      cli_error("--resume: %s was made with --seed %llu, this run has --seed %llu", resume_path, (unsigned long long)ts.seed, (unsigned long long)a.c.seed);
       rc = 1;
       goto done;
     }
@@ -321,7 +278,8 @@ int cmd_train(int argc, char **argv) {
       const char *dir = a.checkpoint_dir ? a.checkpoint_dir : "checkpoints";
       if (tty) fprintf(stderr, "\n");
       fprintf(stderr, "ampc: %s received: saving a checkpoint at step %lld and stopping\n", stop_requested == SIGINT ? "SIGINT" : "SIGTERM", (long long)ts.step);
-      if (save_checkpoint(&s, dir, a.keep, &ts, 0) < 0) rc = 1;
+      /* the default folder is taken only now: take its lock like --checkpoint-dir's */
+      if ((!a.checkpoint_dir && cli_ckptdir_lock("saving a checkpoint", dir) < 0) || save_checkpoint(&s, dir, a.keep, &ts, 0) < 0) rc = 1;
       break;
     }
     if (skip_repeats) {

@@ -35,9 +35,9 @@ int train_args_opts(train_args *a, cli_opt *opts) {
   opts[n++] = (cli_opt){"--augment", OPT_ONOFF, &a->augment, "on|off", "random crop (pad 4) and flip (default: on for CIFAR)", 0, &a->augment_given};
   opts[n++] = (cli_opt){"--metrics", OPT_STRING, &a->metrics, "FILE", "write one JSON object per epoch to FILE", 0, NULL};
   opts[n++] = (cli_opt){"--save", OPT_STRING, &a->save, "FILE", "save the trained weights (safetensors)", 0, NULL};
-  opts[n++] = (cli_opt){"--checkpoint-dir", OPT_STRING, &a->checkpoint_dir, "DIR", "save a checkpoint at each epoch end (and on SIGINT/SIGTERM) in DIR", 0, NULL};
+  opts[n++] = (cli_opt){"--checkpoint-dir", OPT_STRING, &a->checkpoint_dir, "DIR", "save a checkpoint at each epoch end (and on SIGINT/SIGTERM) in DIR; one run per DIR (it locks DIR/.lock)", 0, NULL};
   opts[n++] = (cli_opt){"--save-every", OPT_I64, &a->save_every, "N", "also save every N optimizer steps", 1, NULL};
-  opts[n++] = (cli_opt){"--keep", OPT_INT, &a->keep, "K", "keep only the last K checkpoints (default: all)", 1, NULL};
+  opts[n++] = (cli_opt){"--keep", OPT_INT, &a->keep, "K", "keep only the last K complete checkpoints (default: all)", 1, NULL};
   opts[n++] = (cli_opt){"--resume", OPT_STRING, &a->resume, "FILE|DIR", "continue a run from a checkpoint (a folder: its latest)", 0, NULL};
   opts[n++] = (cli_opt){"--on-nonfinite", OPT_STRING, &a->on_nonfinite, "stop|skip", "without a dynamic loss scale: stop (default) or skip steps with inf/NaN gradients", 0, NULL};
   opts[n++] = (cli_opt){"--quiet", OPT_FLAG, &a->quiet, NULL, "no progress output", 0, NULL};

@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "backend/cpu/cpu_internal.h"
 
@@ -78,6 +79,10 @@ static ampc_status cpu_set(ampc__device *d, void *dst, int byte, size_t bytes) {
   return AMPC_OK;
 }
 static ampc_status cpu_synchronize(ampc__device *d) { return AMPC_OK; }
+static uint64_t cpu_capacity(ampc__device *d) {
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
 
 /* ---- the device ---- */
 
@@ -219,6 +224,7 @@ const ampc__backend ampc__backend_cpu = {
     .copy = cpu_copy,
     .set = cpu_set,
     .synchronize = cpu_synchronize,
+    .capacity = cpu_capacity,
     .supports = cpu_supports,
     .run = cpu_run,
     .workspace = cpu_workspace,

@@ -134,6 +134,7 @@ static ampc_status gd_set(ampc__device *d, void *dst, int byte, size_t bytes) {
   RUN(ampc__backend_cpu.set(g->cpu, dst, byte, bytes));
 }
 static ampc_status gd_synchronize(ampc__device *d) { return AMPC_OK; }
+static uint64_t gd_capacity(ampc__device *d) { return ampc__backend_cpu.capacity(G(d)->cpu); }
 static int gd_supports(const ampc__device *d, ampc_op_kind op, ampc_dtype t) {
   return ampc__backend_cpu.supports(((const guarded *)d->impl)->cpu, op, t);
 }
@@ -208,6 +209,7 @@ const ampc__backend ampc__backend_cpu_guarded = {
     .copy = gd_copy,
     .set = gd_set,
     .synchronize = gd_synchronize,
+    .capacity = gd_capacity,
     .supports = gd_supports,
     .run = gd_run,
     .workspace = gd_workspace,

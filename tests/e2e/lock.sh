@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# One writer per checkpoint folder (issue 11, class 4): a second run on a
+# folder another run holds fails at once, naming the holder's pid; after a
+# kill -9 of the holder a new run takes the folder and removes the temporary
+# files of interrupted saves (but not those of a live writer); --keep counts
+# only complete checkpoints; the SIGTERM save into the default folder takes
+# the lock too.
+#
+#   bash tests/e2e/lock.sh <path-to-ampc> <scratch-dir>
+set -u
+ampc="$1"; dir="$2"
+case $dir in "" | / | . | "$HOME") echo "lock: refusing scratch dir '$dir'" >&2; exit 2 ;; esac
+rm -rf "$dir"; mkdir -p "$dir"
+data=/usr/share/datasets/fashion-mnist
+pass=0; fail=0
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+if [ ! -e "$data/train-images-idx3-ubyte.gz" ]; then
+  echo "skipped: $data not installed"; echo "0 passed, 0 failed"; exit 0
+fi
+export OMP_NUM_THREADS=1
+ck="$dir/ck"
+F=(--model mlp --data "$data" --train-limit 512 --test-limit 64 --batch-size 32 --quiet --threads 1)
+
+# the holder: a long run saving often
+"$ampc" train "${F[@]}" --epochs 100000 --checkpoint-dir "$ck" --save-every 1 >/dev/null 2>"$dir/a.err" &
+a=$!
+for _ in $(seq 1 300); do
+  [ "$(cat "$ck/.lock" 2>/dev/null)" = "$a" ] && ls "$ck"/ckpt-step-*.safetensors >/dev/null 2>&1 && break
+  kill -0 $a 2>/dev/null || break
+  sleep 0.1
+done
+[ "$(cat "$ck/.lock" 2>/dev/null)" = "$a" ] && ok "the holder's pid is in $ck/.lock" || { bad "no lock file with the holder's pid"; cat "$dir/a.err"; }
+
+# a second run on the same folder: fails at once, with the holder's pid
+t0=$(date +%s%N)
+timeout 20 "$ampc" train "${F[@]}" --epochs 1 --checkpoint-dir "$ck" >"$dir/b.out" 2>"$dir/b.err"
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+[ $rc = 1 ] && ok "second run exits 1" || bad "second run exit status $rc"
+grep -q "^ampc: error: --checkpoint-dir: '$ck' is in use by another ampc run (pid $a holds" "$dir/b.err" &&
+  ok "second run names the holder (pid $a)" || { bad "second run's error"; cat "$dir/b.err"; }
+[ $ms -lt 5000 ] && ok "second run failed at once (${ms} ms)" || bad "second run took ${ms} ms"
+[ "$(cat "$ck/.lock")" = "$a" ] && ok "the holder keeps the folder" || bad "the lock file changed"
+
+# kill -9 the holder; plant what an interrupted save leaves (its pid is dead
+# now), one of a live writer, and a file that is none of ours
+kill -9 $a; wait $a 2>/dev/null
+head -c 4096 /dev/zero >"$ck/.ckpt-step-00000077.safetensors.tmp.$a.3"
+sleep 600 </dev/null >/dev/null 2>&1 &
+live=$!
+: >"$ck/.ckpt-step-00000078.safetensors.tmp.$live.0"
+: >"$ck/.notes.tmp.$a.1"
+before=$(ls -A "$ck" | grep -c '\.tmp\.')
+"$ampc" train "${F[@]}" --epochs 1 --train-limit 128 --checkpoint-dir "$ck" --save-every 1 >"$dir/c.out" 2>"$dir/c.err" &
+c=$!
+held=0
+for _ in $(seq 1 300); do
+  [ "$(cat "$ck/.lock" 2>/dev/null)" = "$c" ] && { held=1; break; }
+  kill -0 $c 2>/dev/null || break
+  sleep 0.05
+done
+wait $c; rc=$?
+[ $rc = 0 ] && ok "after kill -9 a new run takes the folder (exit 0)" || { bad "new run exit status $rc"; cat "$dir/c.err"; }
+[ $held = 1 ] && ok "the new run's pid was in the lock file" || bad "the new run's pid never showed in the lock file"
+left=$(ls -A "$ck" | grep "^\.ckpt-step-.*\.tmp\.$a\." | wc -l)
+[ "$left" = 0 ] && ok "the killed run's leftovers are removed ($before temporary files before)" || { bad "$left leftovers of pid $a remain"; ls -A "$ck"; }
+[ -e "$ck/.ckpt-step-00000078.safetensors.tmp.$live.0" ] && ok "a live writer's temporary file is left alone" || bad "a live writer's file was removed"
+[ -e "$ck/.notes.tmp.$a.1" ] && ok "files that are not checkpoints are left alone" || bad "an unrelated file was removed"
+grep -Eq "removed [0-9]+ unfinished checkpoint files? left in $ck" "$dir/c.err" && ok "the removal is reported" || { bad "no note of the removal"; cat "$dir/c.err"; }
+kill $live 2>/dev/null; wait $live 2>/dev/null
+
+# --keep counts complete checkpoints only: a folder and a leftover that look like checkpoints do not count
+kd="$dir/keep"
+mkdir -p "$kd/ckpt-step-99999999.safetensors"
+"$ampc" train "${F[@]}" --epochs 1 --train-limit 256 --checkpoint-dir "$kd" --save-every 1 --keep 2 >/dev/null 2>"$dir/k.err" || { bad "--keep run failed"; cat "$dir/k.err"; }
+n=$(find "$kd" -maxdepth 1 -type f -name 'ckpt-step-*.safetensors' | wc -l)
+[ "$n" = 2 ] && ok "--keep 2 keeps 2 complete checkpoints beside a folder of that name" || { bad "--keep 2 left $n"; ls -A "$kd"; }
+
+# SIGTERM without --checkpoint-dir saves into ./checkpoints: locked there too
+wd="$dir/wd"
+mkdir -p "$wd/checkpoints"
+echo 4243 >"$wd/checkpoints/.lock"
+(exec 9<>"$wd/checkpoints/.lock"; flock 9; exec sleep 600) </dev/null >/dev/null 2>&1 &
+holder=$!
+for _ in $(seq 1 50); do flock -n "$wd/checkpoints/.lock" true 2>/dev/null || break; sleep 0.1; done
+(cd "$wd" && exec "$ampc" train "${F[@]}" --epochs 100000) >/dev/null 2>"$dir/t.err" &
+t=$!
+sleep 2
+kill -TERM $t; wait $t; rc=$?
+kill $holder 2>/dev/null; wait $holder 2>/dev/null
+[ $rc = 1 ] && ok "SIGTERM save into a folder another run holds: exit 1" || bad "SIGTERM into a held folder: exit status $rc"
+grep -q "is in use by another ampc run (pid 4243" "$dir/t.err" && ok "... naming the holder" || { bad "SIGTERM into a held folder: message"; cat "$dir/t.err"; }
+
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]

@@ -1,0 +1,182 @@
+/* Checkpoint folders: one writer at a time, leftovers of killed saves, the
+ * list of complete checkpoints.
+ *
+ * A run that writes into a folder holds an exclusive flock on DIR/.lock for
+ * as long as the process lives (the kernel drops it when the process ends,
+ * however it ends, so a kill -9 leaves no stale lock), with its pid in the
+ * file for the message a second run gets. Holding the lock, the run owns the
+ * folder: the temporary files of an earlier run's interrupted save
+ * (".ckpt-step-N.safetensors.tmp.<pid>.<n>", see src/io/fsutil.c) can only
+ * be leftovers, and are removed -- unless their pid is a live process, which
+ * then writes there without taking the lock (an older ampc), and is left
+ * alone. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckptdir.h"
+#include "cli.h"
+
+#define CKPT_PREFIX "ckpt-step-"
+#define CKPT_SUFFIX ".safetensors"
+#define LOCK_NAME ".lock"
+
+int cli_checkpoint_step(const char *name, long long *step) {
+  char tail[32];
+  return sscanf(name, CKPT_PREFIX "%lld%31s", step, tail) == 2 && strcmp(tail, CKPT_SUFFIX) == 0 && *step >= 0;
+}
+
+void cli_checkpoint_path(char *out, size_t len, const char *dir, long long step) {
+  snprintf(out, len, "%s/" CKPT_PREFIX "%08lld" CKPT_SUFFIX, dir, step);
+}
+
+/* 1 if dir/name is a regular file (a complete checkpoint, not a folder or a FIFO of that name). */
+static int is_regular(const char *dir, const char *name) {
+  char p[4096];
+  struct stat sb;
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  return lstat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+int cli_latest_checkpoint(const char *dir, char *out, size_t len) {
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  long long best = -1;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    long long st;
+    if (cli_checkpoint_step(e->d_name, &st) && st > best && is_regular(dir, e->d_name)) {
+      best = st;
+      snprintf(out, len, "%s/%s", dir, e->d_name);
+    }
+  }
+  closedir(d);
+  return best >= 0 ? 0 : -1;
+}
+
+void cli_prune_checkpoints(const char *dir, int keep) {
+  for (;;) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    long long oldest = -1;
+    int count = 0;
+    char name[4096] = "";
+    struct dirent *e;
+    while ((e = readdir(d))) {
+      long long st;
+      /* only complete checkpoints count: not the temporary files of a save */
+      if (cli_checkpoint_step(e->d_name, &st) && is_regular(dir, e->d_name)) {
+        count++;
+        if (oldest < 0 || st < oldest) {
+          oldest = st;
+          snprintf(name, sizeof name, "%s/%s", dir, e->d_name);
+        }
+      }
+    }
+    closedir(d);
+    if (count <= keep || !name[0]) return;
+    if (unlink(name) != 0) return;
+  }
+}
+
+/* The pid of a temporary checkpoint file's writer: ".ckpt-step-N.safetensors.tmp.<pid>.<n>". */
+static int leftover_pid(const char *name, long *pid) {
+  static const char head[] = "." CKPT_PREFIX;
+  if (strncmp(name, head, sizeof head - 1) != 0) return 0;
+  const char *t = strstr(name, CKPT_SUFFIX ".tmp.");
+  if (!t) return 0;
+  t += strlen(CKPT_SUFFIX ".tmp.");
+  char *end;
+  errno = 0;
+  long p = strtol(t, &end, 10);
+  if (errno || end == t || *end != '.' || p <= 0) return 0;
+  *pid = p;
+  return 1;
+}
+
+/* Removes the leftovers of interrupted saves; returns how many. */
+static int remove_leftovers(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  int removed = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    long pid;
+    if (!leftover_pid(e->d_name, &pid)) continue;
+    if (pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno == EPERM)) continue; /* a live writer */
+    if (unlinkat(dirfd(d), e->d_name, 0) == 0) removed++;
+  }
+  closedir(d);
+  return removed;
+}
+
+int cli_ckptdir_lock(const char *flag, const char *dir) {
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+    cli_error("%s: cannot create '%s': %s", flag, dir, strerror(errno));
+    return -1;
+  }
+  struct stat sb;
+  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    cli_error("%s: '%s' is not a folder", flag, dir);
+    return -1;
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s/" LOCK_NAME, dir);
+  /* O_NONBLOCK: a FIFO of that name must not hang us */
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW, 0666);
+  if (fd < 0) {
+    cli_error("%s: cannot write into '%s': %s", flag, dir, strerror(errno));
+    return -1;
+  }
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    cli_error("%s: %s is not a regular file", flag, path);
+    close(fd);
+    return -1;
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    char buf[32] = "";
+    ssize_t n = e == EWOULDBLOCK ? pread(fd, buf, sizeof buf - 1, 0) : -1;
+    long pid = n > 0 ? strtol(buf, NULL, 10) : 0;
+    close(fd);
+    if (e != EWOULDBLOCK) {
+      cli_error("%s: cannot lock %s: %s", flag, path, strerror(e));
+      return -1;
+    }
+    if (pid > 0)
+      cli_error("%s: '%s' is in use by another ampc run (pid %ld holds %s)", flag, dir, pid, path);
+    else
+      cli_error("%s: '%s' is in use by another ampc run (it holds %s)", flag, dir, path);
+    return -1;
+  }
+  char pid[32];
+  int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)len, 0) != len) {
+    cli_error("%s: cannot write into '%s': %s", flag, dir, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  /* the lock file may be an old one: make sure a new file can be made there now,
+   * rather than at the first save */
+  char probe[4096];
+  snprintf(probe, sizeof probe, "%s/.ampc-write-test.%ld", dir, (long)getpid());
+  int pf = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+  if (pf < 0) {
+    cli_error("%s: cannot write into '%s': %s", flag, dir, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  close(pf);
+  unlink(probe);
+  int removed = remove_leftovers(dir);
+  if (removed) /* even with --quiet: files were deleted */
+    fprintf(stderr, "ampc: removed %d unfinished checkpoint file%s left in %s by an interrupted save\n", removed, removed == 1 ? "" : "s", dir);
+  return fd; /* held, with the lock, until the process ends */
+}

@@ -1,0 +1,77 @@
+/* Checks that the inputs of a command agree with each other -- the data, a
+ * weights or checkpoint file, a `grad` batch, the counts given as flags --
+ * made from their headers and metadata before anything is read or allocated
+ * for them. Each prints one error naming both sides and returns -1. */
+#include <limits.h>
+#include <string.h>
+
+#include "ampc/checkpoint.h"
+#include "session.h"
+
+int cli_check_weights_input(const char *flag, const char *path, int channels, int height, int width, int classes, const char *against) {
+  ampc_st_file *f;
+  if (ampc_st_open_header(&f, path) < 0) {
+    cli_lib_error(flag);
+    return -1;
+  }
+  int c, h, w, k;
+  ampc_status st = ampc_checkpoint_input(f, &c, &h, &w, &k);
+  ampc_st_close(f);
+  if (st < 0) {
+    cli_lib_error(flag);
+    return -1;
+  }
+  if (st == 1 && (c != channels || h != height || w != width || k != classes)) {
+    cli_error("%s: %s was made for %dx%dx%d inputs and %d classes, but %s has %dx%dx%d inputs and %d classes",
+              flag, path, c, h, w, k, against, channels, height, width, classes);
+    return -1;
+  }
+  return 0;
+}
+
+int cli_check_batch(const char *path, const ampc_st_tensor *x, const ampc_st_tensor *y, int classes, int shape[4], int64_t *n) {
+  if (!x || !y || x->ndim != 4 || y->ndim != 1 || y->shape[0] != x->shape[0]) {
+    cli_error("%s: expected tensors x (N, C, H, W) and y (N)", path);
+    return -1;
+  }
+  /* each size in its full width before it becomes an int */
+  if (x->shape[0] < 1 || x->shape[0] > CLI_MAX_BATCH) {
+    cli_error("%s: x has a batch of %lld, expected 1..%d", path, (long long)x->shape[0], CLI_MAX_BATCH);
+    return -1;
+  }
+  for (int d = 1; d < 4; d++)
+    if (x->shape[d] < 1 || x->shape[d] > INT_MAX) {
+      cli_error("%s: x (N, C, H, W) has %s %lld, expected 1..%d", path, d == 1 ? "C" : d == 2 ? "H" : "W", (long long)x->shape[d], INT_MAX);
+      return -1;
+    }
+  shape[0] = (int)x->shape[1];
+  shape[1] = (int)x->shape[2];
+  shape[2] = (int)x->shape[3];
+  shape[3] = classes;
+  *n = x->shape[0];
+  return 0;
+}
+
+int cli_check_grad_accum(int accum, size_t images, int64_t batch) {
+  int64_t batches = (int64_t)((images + (size_t)batch - 1) / (size_t)batch);
+  if (accum > batches) {
+    cli_error("--grad-accum: %d is more than the %lld batches of an epoch (%zu training images in batches of %lld): no optimizer step would run in a whole epoch",
+              accum, (long long)batches, images, (long long)batch);
+    return -1;
+  }
+  return 0;
+}
+
+int cli_check_resume(const char *path, const ampc_train_state *ts, int64_t batches) {
+  /* the epoch loop counts in int: an epoch past --epochs' range would wrap */
+  if (ts->epoch > 1000000000) {
+    cli_error("--resume: %s: the checkpoint is at epoch %lld, beyond the most a run can have (1000000000)", path, (long long)ts->epoch + 1);
+    return -1;
+  }
+  if (ts->batch > batches) {
+    cli_error("--resume: %s: the checkpoint is at batch %lld of epoch %lld, but an epoch here has %lld batches (another --batch-size or --train-limit?)",
+              path, (long long)ts->batch, (long long)ts->epoch + 1, (long long)batches);
+    return -1;
+  }
+  return 0;
+}
