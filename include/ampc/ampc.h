@@ -13,6 +13,7 @@
  *   data.h         IDX and CIFAR datasets, the batch loader
  *   safetensors.h  reading and writing safetensors files
  *   checkpoint.h   checkpoints and exact resume
+ *   version.h      version, build type, backends and CPU paths (config.h: the same as macros)
  */
 #ifndef AMPC_AMPC_H
 #define AMPC_AMPC_H
@@ -29,5 +30,6 @@
 #include "ampc/safetensors.h"
 #include "ampc/status.h"
 #include "ampc/tensor.h"
+#include "ampc/version.h"
 
 #endif
