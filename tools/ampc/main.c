@@ -15,6 +15,7 @@ static const struct {
     {"grad", cmd_grad, "one forward and backward on a batch; write loss, logits and gradients"},
     {"summary", cmd_summary, "layers, output shapes and parameter counts of a model"},
     {"bench", cmd_bench, "time training steps and compare with the machine's sgemm rate"},
+    {"report", cmd_report, "draw the metrics of runs as one HTML page of charts"},
 };
 
 static void usage(FILE *f) {
@@ -40,6 +41,6 @@ int main(int argc, char **argv) {
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
-  fprintf(stderr, "ampc: error: unknown command '%s' (expected train, eval, grad, summary or bench; see ampc --help)\n", argv[1]);
+  fprintf(stderr, "ampc: error: unknown command '%s' (expected train, eval, grad, summary, bench or report; see ampc --help)\n", argv[1]);
   return 2;
 }
