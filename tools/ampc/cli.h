@@ -71,5 +71,6 @@ int cmd_grad(int argc, char **argv);
 int cmd_summary(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_report(int argc, char **argv);
+int cmd_export(int argc, char **argv);
 
 #endif

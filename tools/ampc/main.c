@@ -16,6 +16,7 @@ static const struct {
     {"summary", cmd_summary, "layers, output shapes and parameter counts of a model"},
     {"bench", cmd_bench, "time training steps and compare with the machine's sgemm rate"},
     {"report", cmd_report, "draw the metrics of runs as one HTML page of charts"},
+    {"export", cmd_export, "write a checkpoint's model weights as a PyTorch state_dict"},
 };
 
 static void usage(FILE *f) {
@@ -41,6 +42,6 @@ int main(int argc, char **argv) {
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
-  fprintf(stderr, "ampc: error: unknown command '%s' (expected train, eval, grad, summary, bench or report; see ampc --help)\n", argv[1]);
+  fprintf(stderr, "ampc: error: unknown command '%s' (expected train, eval, grad, summary, bench, report or export; see ampc --help)\n", argv[1]);
   return 2;
 }
