@@ -59,6 +59,16 @@ else()
   set(_ampc_lib_targets ampc)
 endif()
 
+# The installed static library names its OpenMP runtime through
+# ampc::openmp_runtime, which ampcConfig.cmake defines: OpenMP::OpenMP_C
+# where the user's compiler is the one libampc was built with, else the
+# runtime library itself (a libampc.a from clang needs libomp, even in a
+# program linked by gcc). The build tree keeps OpenMP::OpenMP_C.
+get_target_property(_ampc_iface ampc INTERFACE_LINK_LIBRARIES)
+list(TRANSFORM _ampc_iface REPLACE "^OpenMP::OpenMP_C$"
+     "$<BUILD_INTERFACE:OpenMP::OpenMP_C>;$<INSTALL_INTERFACE:ampc::openmp_runtime>")
+set_target_properties(ampc PROPERTIES INTERFACE_LINK_LIBRARIES "${_ampc_iface}")
+
 # --- install ----------------------------------------------------------------
 set(AMPC_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/ampc)
 install(TARGETS ${_ampc_lib_targets} EXPORT ampcTargets
@@ -71,6 +81,7 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/ampc DESTINATION ${CMAKE_INSTALL
   FILES_MATCHING PATTERN "*.h")
 install(FILES ${PROJECT_BINARY_DIR}/include/ampc/config.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ampc)
 install(EXPORT ampcTargets NAMESPACE ampc:: DESTINATION ${AMPC_CMAKE_DIR})
+set(AMPC_OPENMP_LIBRARIES "${OpenMP_C_LIBRARIES}")
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/ampcConfig.cmake.in
   ${PROJECT_BINARY_DIR}/ampcConfig.cmake INSTALL_DESTINATION ${AMPC_CMAKE_DIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/ampcConfigVersion.cmake
@@ -82,8 +93,17 @@ install(FILES ${PROJECT_BINARY_DIR}/ampcConfig.cmake ${PROJECT_BINARY_DIR}/ampcC
 # the static library needs beyond jansson and zlib (Requires.private)
 file(RELATIVE_PATH AMPC_PC_PREFIX_FROM_PCDIR /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
 string(REGEX REPLACE "/$" "" AMPC_PC_PREFIX_FROM_PCDIR "${AMPC_PC_PREFIX_FROM_PCDIR}")
+# (the OpenMP runtime as a library, not as the compiler's -fopenmp flag:
+# the user's compiler may be another one)
+set(_ampc_omp_libs "")
+foreach(_lib IN LISTS OpenMP_C_LIBRARIES)
+  get_filename_component(_dir ${_lib} DIRECTORY)
+  get_filename_component(_name ${_lib} NAME_WE)
+  string(REGEX REPLACE "^lib" "" _name "${_name}")
+  string(APPEND _ampc_omp_libs " -L${_dir} -l${_name}")
+endforeach()
 get_filename_component(_ampc_blas_dir ${OPENBLAS_LIB} DIRECTORY)
-set(AMPC_PC_LIBS_PRIVATE "${OpenMP_C_FLAGS} -L${_ampc_blas_dir} -lopenblas ${CMAKE_THREAD_LIBS_INIT} -lm")
+set(AMPC_PC_LIBS_PRIVATE "${_ampc_omp_libs} -L${_ampc_blas_dir} -lopenblas ${CMAKE_THREAD_LIBS_INIT} -lm")
 string(REGEX REPLACE "  +" " " AMPC_PC_LIBS_PRIVATE "${AMPC_PC_LIBS_PRIVATE}")
 string(STRIP "${AMPC_PC_LIBS_PRIVATE}" AMPC_PC_LIBS_PRIVATE)
 configure_file(${CMAKE_CURRENT_LIST_DIR}/ampc.pc.in ${PROJECT_BINARY_DIR}/ampc.pc @ONLY)

@@ -144,6 +144,19 @@ else
   bad "pkg-config --static build"; cat "$scratch/pcs.log"
 fi
 
+# ... and with the other compiler (gcc <-> clang) where there is one: libampc.a
+# brings its own OpenMP runtime, not the user's compiler's
+other=clang
+$cc --version 2>/dev/null | grep -qi clang && other=gcc
+if command -v $other >/dev/null 2>&1; then
+  if $other -O2 "$src/examples/resnet18_cifar10.c" -o "$scratch/example_pc_static_$other" $(pkg-config --cflags ampc) $static_libs >"$scratch/pco.log" 2>&1; then
+    ok "pkg-config --static with $other"
+    run_example "$scratch/example_pc_static_$other" "pkg-config, static, $other"
+  else
+    bad "pkg-config --static build with $other"; cat "$scratch/pco.log"
+  fi
+fi
+
 # --- CMake find_package ---------------------------------------------------------
 mkdir -p "$scratch/user"
 cp "$src/examples/resnet18_cifar10.c" "$scratch/user/"
