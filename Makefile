@@ -2,11 +2,18 @@
 #   make demo   trains the default model (cnn, O2) on Fashion-MNIST and prints its results
 #   make test   builds everything and runs the test suite
 # Both install missing Debian packages first (scripts/deps.sh).
+# And for using ampc as a library:
+#   make install [PREFIX=/usr/local] [DESTDIR=]   libampc (shared and static), headers, ampc,
+#                                                 man pages, pkg-config file, CMake package
+#   make uninstall                                removes what the last install put
+#   make docs                                     the API reference (Doxygen) in build/docs/api/html
 
 BUILD ?= build
 JOBS ?= $(shell nproc)
+PREFIX ?= /usr/local
+DESTDIR ?=
 
-.PHONY: all deps build test demo clean
+.PHONY: all deps build test demo install uninstall docs clean
 
 all: build
 
@@ -22,6 +29,18 @@ test: build
 
 demo: build
 	$(BUILD)/ampc train --model cnn --dataset fashion-mnist --epochs 3 --opt-level O2 --metrics $(BUILD)/demo-metrics.jsonl
+
+# the prefix is set at configure time too, so the library folder follows
+# the platform's rule for it (lib/<multiarch> under /usr)
+install: build
+	@cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX="$(PREFIX)" >/dev/null
+	@DESTDIR="$(DESTDIR)" cmake --install $(BUILD)
+
+uninstall:
+	@if [ -f $(BUILD)/install_manifest.txt ]; then sed 's|^|$(DESTDIR)|' $(BUILD)/install_manifest.txt | xargs -d '\n' rm -fv; fi
+
+docs: build
+	@cmake --build $(BUILD) --target docs
 
 clean:
 	rm -rf $(BUILD)

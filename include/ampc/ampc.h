@@ -15,6 +15,7 @@
  *   checkpoint.h   checkpoints and exact resume
  *   backend.h      devices: choosing one, its options and statistics
  *   comm.h         communicators for data-parallel training
+ *   version.h      version, build type, backends and CPU paths (config.h: the same as macros)
  */
 #ifndef AMPC_AMPC_H
 #define AMPC_AMPC_H
@@ -33,5 +34,6 @@
 #include "ampc/safetensors.h"
 #include "ampc/status.h"
 #include "ampc/tensor.h"
+#include "ampc/version.h"
 
 #endif

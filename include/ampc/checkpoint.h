@@ -8,7 +8,11 @@
  * (exp_avg, exp_avg_sq, momentum_buffer, ...). __metadata__ holds "format"
  * ("ampc-checkpoint"), "format_version" and "ampc": a JSON object with the
  * model, the opt level and every amp property, the epoch and step, each loss
- * scaler's state, the seed, the loader position and the running metrics.
+ * scaler's state, the seed, the loader position, the running metrics and,
+ * where the caller sets it, "preprocessing": how the model's inputs were
+ * made from the dataset's pixels ({"dataset", "normalize", "mean", "std",
+ * "shape": [C, H, W], "formula"}), so that another framework can feed the
+ * model the same inputs.
  *
  *     ampc_train_state ts = {...};
  *     ampc_checkpoint_save("run/ckpt.safetensors", m, amp, opt, &ts);   // atomic
@@ -21,6 +25,7 @@
 #define AMPC_CHECKPOINT_H
 
 #include "ampc/amp.h"
+#include "ampc/data.h"
 #include "ampc/nn.h"
 #include "ampc/safetensors.h"
 
@@ -41,6 +46,10 @@ typedef struct {
   int64_t skipped;      /* skipped steps of the epoch so far */
   int64_t skipped_total;
   double train_seconds; /* of the epoch so far */
+  /* Saved when preprocessing.dataset is set (ampc_dataset_preprocessing());
+   * loading fills it from a checkpoint that has it and leaves it as it was
+   * for one that has not (checkpoints written before it was recorded). */
+  ampc_preprocessing preprocessing;
 } ampc_train_state;
 
 ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt,

@@ -114,6 +114,23 @@ const int32_t *ampc_dataset_labels(const ampc_dataset *d);
  * the dataset's channels are mean 0, std 1. */
 void ampc_dataset_norm(const ampc_dataset *d, float mean[3], float std[3]);
 
+/* What a model's input x is, made from a dataset's images, so that another
+ * framework (or a later run) can feed a model the same: per channel c,
+ * x = (pixel / 255 - mean[c]) / std[c] when normalize, else pixel / 255,
+ * shaped (N, channels, height, width). Checkpoints record it (checkpoint.h)
+ * and `ampc export` copies it into the exported file's metadata. */
+typedef struct {
+  char dataset[32];            /* "fashion-mnist", "cifar10", ...; "" when unknown */
+  int normalize;               /* 1: mean/std applied; 0: pixel / 255 only */
+  int channels, height, width; /* of one image */
+  float mean[3], std[3];       /* per channel; 0 and 1 without normalize and past `channels` */
+} ampc_preprocessing;
+
+/* The preprocessing the loader applies to d with ampc_loader_opts.normalize
+ * = normalize (augmentation aside: random crops and flips are training-time
+ * only). */
+void ampc_dataset_preprocessing(const ampc_dataset *d, int normalize, ampc_preprocessing *out);
+
 typedef struct {
   int batch_size;          /* B, >= 1 */
   int shuffle;             /* 1: a new permutation every epoch; 0: file order */

@@ -143,6 +143,47 @@ static json_t *amp_json(const ampc_amp_config *c) {
                    "consecutive_hysteresis", c->consecutive_hysteresis, "num_losses", c->num_losses);
 }
 
+/* The preprocessing record: {"dataset", "normalize", "shape": [C, H, W],
+ * "mean": [...], "std": [...] (one per channel), "formula"}. */
+/* The shortest decimal that reads back as f: 0.286f is written 0.286, not
+ * 0.28600001335144043, and JSON printed with 9 digits shows it as such. */
+static double short_decimal(float f) {
+  char buf[32];
+  for (int prec = 1; prec < 9; prec++) {
+    snprintf(buf, sizeof buf, "%.*g", prec, (double)f);
+    if ((float)strtod(buf, NULL) == f) return strtod(buf, NULL);
+  }
+  return (double)f;
+}
+
+static json_t *preprocessing_json(const ampc_preprocessing *p) {
+  int nc = p->channels < 1 ? 1 : p->channels > 3 ? 3 : p->channels;
+  json_t *mean = json_array(), *std = json_array();
+  for (int c = 0; c < nc; c++) {
+    json_array_append_new(mean, json_real(short_decimal(p->mean[c])));
+    json_array_append_new(std, json_real(short_decimal(p->std[c])));
+  }
+  return json_pack("{s:s, s:b, s:[i, i, i], s:o, s:o, s:s}", "dataset", p->dataset, "normalize", p->normalize, "shape", p->channels,
+                   p->height, p->width, "mean", mean, "std", std, "formula",
+                   "x[c] = (pixel[c] / 255 - mean[c]) / std[c], images (N, C, H, W) in [0, 255]");
+}
+
+static void preprocessing_from_json(json_t *o, ampc_preprocessing *p) {
+  const char *ds = json_string_value(json_object_get(o, "dataset"));
+  json_t *shape = json_object_get(o, "shape"), *mean = json_object_get(o, "mean"), *std = json_object_get(o, "std");
+  if (!ds || !json_is_array(shape) || json_array_size(shape) != 3 || !json_is_array(mean) || !json_is_array(std)) return;
+  memset(p, 0, sizeof *p);
+  snprintf(p->dataset, sizeof p->dataset, "%s", ds);
+  p->normalize = json_is_true(json_object_get(o, "normalize"));
+  p->channels = (int)json_integer_value(json_array_get(shape, 0));
+  p->height = (int)json_integer_value(json_array_get(shape, 1));
+  p->width = (int)json_integer_value(json_array_get(shape, 2));
+  for (int c = 0; c < 3; c++) {
+    p->mean[c] = c < (int)json_array_size(mean) ? (float)json_number_value(json_array_get(mean, (size_t)c)) : 0.0f;
+    p->std[c] = c < (int)json_array_size(std) ? (float)json_number_value(json_array_get(std, (size_t)c)) : 1.0f;
+  }
+}
+
 static char *run_json(ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_train_state *ts) {
   const ampc_amp_config *c = ampc_amp_get_config(amp);
   json_t *scalers = json_array();
@@ -159,6 +200,7 @@ static char *run_json(ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_
                            "batch", (json_int_t)ts->batch, "step", (json_int_t)ts->step, "loss_sum", ts->loss_sum,
                            "seen", (json_int_t)ts->seen, "skipped", (json_int_t)ts->skipped,
                            "skipped_total", (json_int_t)ts->skipped_total, "train_seconds", ts->train_seconds);
+  if (root && ts->preprocessing.dataset[0]) json_object_set_new(root, "preprocessing", preprocessing_json(&ts->preprocessing));
   if (root && opt) {
     json_object_set_new(root, "optimizer", json_string(ampc_optim_kind_name(ampc_optim_get_config(opt)->kind)));
     json_object_set_new(root, "optimizer_step", json_integer((json_int_t)ampc_optim_step_count(opt)));
@@ -456,7 +498,7 @@ ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp,
     s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: %zu loss scalers saved, the run has %d", path, json_array_size(scalers), c->num_losses);
     goto done;
   }
-  ampc_train_state st_read;
+  ampc_train_state st_read = {0};
   s = read_train_state(path, root, &st_read);
   if (s < 0) goto done;
   ampc_scaler_state sc_read[8];
@@ -502,7 +544,11 @@ ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp,
     s = ampc_scaler_set_state(ampc_amp_scaler(amp, k), &sc_read[k]);
     if (s < 0) ampc__error_prefix(s, "checkpoint: %s", path);
   }
-  if (s == 0 && ts) *ts = st_read;
+  if (s == 0 && ts) {
+    st_read.preprocessing = ts->preprocessing; /* kept where the checkpoint has none */
+    preprocessing_from_json(json_object_get(root, "preprocessing"), &st_read.preprocessing);
+    *ts = st_read;
+  }
 done:
   json_decref(root);
   ampc_st_close(f);

@@ -92,5 +92,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
 int cmd_summary(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_report(int argc, char **argv);
+int cmd_export(int argc, char **argv);
 
 #endif

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ampc/version.h"
 #include "cli.h"
 
 static const struct {
@@ -14,12 +15,14 @@ static const struct {
     {"grad", cmd_grad, "one forward and backward on a batch; write loss, logits and gradients"},
     {"summary", cmd_summary, "layers, output shapes and parameter counts of a model"},
     {"bench", cmd_bench, "time training steps and compare with the machine's sgemm rate"},
+    {"report", cmd_report, "draw the metrics of runs as one HTML page of charts"},
+    {"export", cmd_export, "write a checkpoint's model weights as a PyTorch state_dict"},
 };
 
 static void usage(FILE *f) {
   fprintf(f, "usage: ampc <command> [options]\n\ncommands:\n");
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
-  fprintf(f, "\nampc <command> --help shows a command's options.\n");
+  fprintf(f, "\nampc <command> --help shows a command's options; ampc --version the build.\n");
 }
 
 int main(int argc, char **argv) {
@@ -31,8 +34,14 @@ int main(int argc, char **argv) {
     usage(stdout);
     return 0;
   }
+  if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0) {
+    const ampc_version_info *v = ampc_version_get();
+    printf("ampc %s\nbuild type: %s\nbackends: %s\ncpu paths: %s (this cpu: %s)\n", v->version, v->build_type, v->backends,
+           v->cpu_paths, v->cpu_path);
+    return 0;
+  }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
-  fprintf(stderr, "ampc: error: unknown command '%s' (expected train, eval, grad, summary or bench)\n", argv[1]);
+  fprintf(stderr, "ampc: error: unknown command '%s' (expected train, eval, grad, summary, bench, report or export; see ampc --help)\n", argv[1]);
   return 2;
 }

@@ -153,6 +153,7 @@ int cmd_train(int argc, char **argv) {
   int tty = cli_is_tty() && !a.quiet;
   rc = 0;
   ampc_train_state ts = {.seed = a.c.seed};
+  ampc_dataset_preprocessing(s.train, a.c.normalize, &ts.preprocessing); /* recorded in checkpoints */
   if (resume_path[0]) {
     if (ampc_checkpoint_load(resume_path, s.model, s.amp, s.opt, &ts) < 0) {
       cli_lib_error("--resume");

@@ -1,0 +1,47 @@
+/*
+ * version.h -- which libampc this is: version, build type, backends and the
+ * CPU code paths built into it.
+ *
+ * The same facts are available at compile time as macros from the generated
+ * "ampc/config.h" (AMPC_VERSION_STRING, AMPC_VERSION_NUMBER, AMPC_BUILD_TYPE,
+ * AMPC_BACKENDS, AMPC_CPU_PATHS, one AMPC_HAVE_BACKEND_* and one
+ * AMPC_HAVE_CPU_PATH_* per entry) and at run time from the library itself;
+ * the two differ only when a program runs against another build of the
+ * shared library than the one it was compiled with.
+ *
+ *     printf("%s\n", ampc_version());
+ *     // ampc 0.1.0 (Release; backends: cpu; cpu paths: avx2+fma+f16c, baseline; this cpu: avx2+fma+f16c)
+ *
+ *     const ampc_version_info *v = ampc_version_get();
+ *     if (v->number < 100) ...;           // older than 0.1.0
+ */
+#ifndef AMPC_VERSION_H
+#define AMPC_VERSION_H
+
+#include "ampc/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  int major, minor, patch;
+  int number;             /* major * 10000 + minor * 100 + patch */
+  const char *version;    /* "0.1.0" */
+  const char *build_type; /* "Release", "Debug", ... ("none" when unset) */
+  const char *backends;   /* comma-separated: "cpu" */
+  const char *cpu_paths;  /* the CPU backend's paths built, preferred first: "avx2+fma+f16c, baseline" */
+  const char *cpu_path;   /* the path this machine's CPU takes: one of cpu_paths */
+} ampc_version_info;
+
+/* One line: "ampc VERSION (BUILD_TYPE; backends: ...; cpu paths: ...; this
+ * cpu: ...)". A static string; never NULL. */
+const char *ampc_version(void);
+
+/* The same facts one by one. A static struct; never NULL. */
+const ampc_version_info *ampc_version_get(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# End-to-end: `ampc report`. Trains the cnn briefly on the real Fashion-MNIST
+# (O2 with --amp-report, and O0), draws one run and then both on one page,
+# checks that the page is self-contained and that every chart's data equal
+# the metrics (report_check.py), draws per-step charts from step records,
+# checks the errors for bad input, and renders the two-run page in headless
+# Chromium and checks that the screenshot shows the charts (skipped where
+# chromium is not installed).
+#   bash report.sh <path to the ampc binary> <scratch dir>
+set -u
+ampc="$1"; dir="$2"
+here=$(cd "$(dirname "$0")" && pwd)
+rm -rf "$dir"; mkdir -p "$dir"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+data=/usr/share/datasets/fashion-mnist
+pass=0; fail=0
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+if [ ! -e "$data/train-images-idx3-ubyte.gz" ]; then
+  echo "skipped: $data not installed (apt-get install dataset-fashion-mnist)"
+  echo "0 passed, 0 failed"
+  exit 0
+fi
+cd "$dir" || exit 1
+
+# Two short real runs (relative file names: the page names the files as given).
+for run in "O2 --amp-report" "O0"; do
+  set -- $run
+  if "$ampc" train --model cnn --epochs 2 --train-limit 2048 --test-limit 512 --opt-level "$@" --quiet \
+       --metrics "$1.jsonl" > "train_$1.log" 2>&1 && [ "$(wc -l < "$1.jsonl")" -eq 2 ]; then
+    ok "train cnn $1 on Fashion-MNIST: 2 epoch records"
+  else
+    bad "train cnn $1"; cat "train_$1.log"
+  fi
+done
+
+# $1: page; the rest: the metrics files in the page's order
+check_page() {
+  local page=$1; shift
+  if python3 "$here/report_check.py" page "$page" "$@" > "check_$page.log" 2>&1; then
+    ok "$page: self-contained, and every chart's data equal the metrics ($(grep -c '^ok' "check_$page.log") checks)"
+  else
+    bad "$page"; grep -v '^ok' "check_$page.log"
+  fi
+}
+
+if "$ampc" report O2.jsonl -o one.html 2> one.err && [ -s one.html ] && grep -q 'wrote one.html' one.err; then
+  ok "ampc report O2.jsonl -o one.html"
+else
+  bad "report of one run"; cat one.err
+fi
+check_page one.html O2.jsonl
+if "$ampc" report O2.jsonl O0.jsonl -o two.html --title "cnn: O2 against O0" 2> two.err; then
+  ok "ampc report O2.jsonl O0.jsonl: two runs on one page"
+else
+  bad "report of two runs"; cat two.err
+fi
+check_page two.html O2.jsonl O0.jsonl
+grep -q '<h1>cnn: O2 against O0</h1>' two.html && ok "--title sets the heading" || bad "--title"
+"$ampc" report O2.jsonl -o - > stdout.html 2> /dev/null && cmp -s stdout.html one.html && ok "-o - writes the same page to standard output" || bad "-o -"
+
+# Step records (what `train --log-every` adds): lines with "step" and no
+# "epoch" give per-step loss, loss-scale (skipped steps marked) and gradient
+# norm charts. Here made from the O2 run's epochs.
+python3 - O2.jsonl steps.jsonl <<'PY'
+import json, sys
+epochs = [json.loads(l) for l in open(sys.argv[1])]
+out, scale, step = open(sys.argv[2], "w"), 65536.0, 0
+for e in epochs:
+    first = step
+    while step < e["steps"]:
+        step += 1
+        skipped = step in (3, 11)
+        scale = scale / 2 if skipped else scale
+        out.write(json.dumps({"step": step, "loss": 2.5 / step, "loss_scale": scale, "skipped": skipped,
+                              "lr": e["lr"], "grad_norm": 1.0 + step / 100}) + "\n")
+    out.write(json.dumps(e) + "\n")
+PY
+if "$ampc" report steps.jsonl O0.jsonl -o steps.html 2> steps.err; then ok "report with step records"; else bad "report with step records"; cat steps.err; fi
+check_page steps.html steps.jsonl O0.jsonl
+grep -q 'id="chart-step_loss"' steps.html && grep -q 'id="chart-grad_norm"' steps.html && ok "per-step loss and gradient norm charts" || bad "per-step charts missing"
+# a resumed run appends: the later record of an epoch counts
+{ cat O0.jsonl; tail -1 O0.jsonl | sed 's/"test_acc":[0-9.e-]*/"test_acc":0.5/'; } > resumed.jsonl
+"$ampc" report resumed.jsonl -o resumed.html 2> /dev/null
+if python3 - resumed.html <<'PY'
+import re, sys
+m = re.search(r'data-series="test_acc" data-x="([^"]*)" data-y="([^"]*)"', open(sys.argv[1]).read())
+sys.exit(0 if m and m.group(1) == "1,2" and m.group(2).endswith(",0.5") else 1)
+PY
+then ok "a repeated epoch counts once, with its last record"; else bad "repeated epoch"; fi
+
+# Bad input: one line on stderr naming the file (and line), nothing on
+# stdout; exit 1 for bad data, 2 for usage.
+printf '{"epoch": 1, "train_loss": 1.0}\n{"epoch": 2, "train_loss": \n' > malformed.jsonl
+: > empty.jsonl
+printf '[1, 2]\n' > array.jsonl
+printf '{"epoch": 1, "test_acc": "high"}\n' > badtype.jsonl
+printf '{"note": "no records here"}\n\n' > norecords.jsonl
+expect() { # expected exit, pattern of the message, args...
+  local want=$1 pat=$2; shift 2
+  "$ampc" report "$@" > err.out 2> err.txt
+  local rc=$? lines
+  lines=$(wc -l < err.txt)
+  if [ $rc -eq "$want" ] && [ "$lines" -eq 1 ] && grep -Eq "^ampc: error: .*$pat" err.txt && [ ! -s err.out ]; then
+    ok "report $*: exit $rc, $(cat err.txt)"
+  else
+    bad "report $*: exit $rc (want $want), $lines lines: $(cat err.txt)"
+  fi
+}
+expect 1 "missing.jsonl: cannot open: No such file" missing.jsonl
+expect 1 "malformed.jsonl:2: malformed JSON" malformed.jsonl
+expect 1 "empty.jsonl: no records" empty.jsonl
+expect 1 "norecords.jsonl: no records" norecords.jsonl
+expect 1 "array.jsonl:1: not a JSON object" array.jsonl
+expect 1 'badtype.jsonl:1: "test_acc" is not a number' badtype.jsonl
+expect 1 "missing.jsonl: cannot open" O2.jsonl missing.jsonl
+expect 1 "no-such-dir/r.html" O2.jsonl -o no-such-dir/r.html
+expect 2 "no metrics file given"
+expect 2 "unknown option '--bogus'" O2.jsonl --bogus
+expect 2 "-o: missing value" O2.jsonl -o
+[ ! -e report.html ] && ok "no page written on errors" || bad "a page was written despite an error"
+
+# Headless Chromium: the page renders, and the screenshot shows the charts.
+chrome=""
+for c in chromium chromium-browser google-chrome; do command -v "$c" > /dev/null 2>&1 && { chrome=$c; break; }; done
+if [ -z "$chrome" ]; then
+  echo "skipped: no chromium (apt-get install chromium) to render the page"
+else
+  mkdir -p chrome-profile
+  HOME="$dir" timeout 120 "$chrome" --headless --no-sandbox --disable-gpu --user-data-dir="$dir/chrome-profile" \
+    --screenshot="$dir/two.png" --window-size=1200,2400 "file://$dir/two.html" > chrome.log 2>&1
+  if [ -s two.png ]; then
+    ok "$chrome --headless renders two.html into two.png"
+    if python3 "$here/report_check.py" png two.png > png.log 2>&1; then
+      ok "the screenshot shows the charts: $(grep -v '^ok   screenshot [0-9]' png.log | sed 's/^ok   //' | tr '\n' ';')"
+    else
+      bad "screenshot"; cat png.log
+    fi
+  else
+    bad "$chrome wrote no screenshot"; tail -5 chrome.log
+  fi
+fi
+
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]

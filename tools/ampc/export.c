@@ -1,0 +1,228 @@
+/* ampc export: a checkpoint's (or weights file's) model as a PyTorch
+ * state_dict in one safetensors file.
+ *
+ * Every tensor of the input except "master.*" and "optim.*" is written under
+ * its own (PyTorch) name; a parameter whose f32 master copy the checkpoint
+ * holds ("master.<name>") is written from that copy, the exact weights, rather
+ * than from the 16-bit model copy. Floating-point tensors are converted to
+ * --dtype; integer buffers (num_batches_tracked) keep their type. No model is
+ * built: this works on the file alone, so it needs neither the data nor the
+ * model's shapes. */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ampc/safetensors.h"
+#include "ampc/version.h"
+#include "cli.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: ampc export CHECKPOINT -o FILE [--dtype f32|f16|bf16]\n\n"
+          "Writes the model's state_dict from a checkpoint (or a --save weights file) as a\n"
+          "safetensors file that PyTorch's load_state_dict(strict=True) takes: parameters and\n"
+          "buffers under their PyTorch names, each parameter from its f32 master copy where the\n"
+          "checkpoint has one, no optimizer state. The preprocessing the model was trained with\n"
+          "(dataset, per-channel mean and std) goes into the file's metadata.\n\n"
+          "options:\n"
+          "  -o, --output FILE             the safetensors file to write (required)\n"
+          "  --dtype f32|f16|bf16          type of the floating-point tensors (default f32;\n"
+          "                                integer buffers stay integers)\n"
+          "  --help                        show this help\n");
+}
+
+static int is_prefixed(const char *name) { return strncmp(name, "master.", 7) == 0 || strncmp(name, "optim.", 6) == 0; }
+
+static int same_shape(const ampc_st_tensor *a, const ampc_st_tensor *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i]) return 0;
+  return 1;
+}
+
+static int same_file(const char *a, const char *b) {
+  struct stat sa, sb;
+  return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+int cmd_export(int argc, char **argv) {
+  const char *in = NULL, *out = NULL, *dtype_name = "f32";
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      usage(stdout);
+      return 0;
+    }
+    const char **dest = NULL;
+    const char *v = NULL;
+    if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0 || strncmp(a, "--output=", 9) == 0) {
+      dest = &out;
+      v = a[1] == '-' && a[8] == '=' ? a + 9 : NULL;
+    } else if (strcmp(a, "--dtype") == 0 || strncmp(a, "--dtype=", 8) == 0) {
+      dest = &dtype_name;
+      v = a[7] == '=' ? a + 8 : NULL;
+    }
+    if (dest) {
+      if (!v) v = i + 1 < argc ? argv[++i] : NULL;
+      if (!v || !*v) {
+        cli_error("export: %s: missing value", a);
+        return 2;
+      }
+      *dest = v;
+    } else if (a[0] == '-' && a[1]) {
+      cli_error("export: unknown option '%s' (see ampc export --help)", a);
+      return 2;
+    } else if (in) {
+      cli_error("export: one input file only; got '%s' and '%s'", in, a);
+      return 2;
+    } else {
+      in = a;
+    }
+  }
+  if (!in || !out) {
+    cli_error("export: %s (usage: ampc export CHECKPOINT -o FILE [--dtype f32|f16|bf16])", !in ? "no checkpoint given" : "-o FILE is required");
+    return 2;
+  }
+  ampc_dtype dt;
+  if (ampc_dtype_parse(dtype_name, &dt) < 0 || (dt != AMPC_DTYPE_F32 && dt != AMPC_DTYPE_F16 && dt != AMPC_DTYPE_BF16)) {
+    cli_error("--dtype: expected f32, f16 or bf16, got '%s'", dtype_name);
+    return 2;
+  }
+  if (same_file(in, out)) {
+    cli_error("-o: '%s' is the input file; write the export to another file", out);
+    return 2;
+  }
+
+  ampc_st_file *f;
+  if (ampc_st_open(&f, in) < 0) {
+    cli_lib_error(NULL);
+    return 1;
+  }
+  int rc = 0;
+  /* what the input says about itself */
+  const char *fmt = ampc_st_metadata(f, "format"), *model = ampc_st_metadata(f, "model");
+  json_t *info = NULL, *pre = NULL;
+  if (fmt && strcmp(fmt, "ampc-checkpoint") == 0) {
+    json_error_t je;
+    const char *js = ampc_st_metadata(f, "ampc");
+    info = js ? json_loads(js, 0, &je) : NULL;
+    if (!json_is_object(info)) {
+      cli_error("%s: the checkpoint's \"ampc\" metadata is %s", in, js ? "not a JSON object" : "missing");
+      json_decref(info);
+      ampc_st_close(f);
+      return 1;
+    }
+    model = json_string_value(json_object_get(info, "model"));
+    pre = json_object_get(info, "preprocessing");
+  }
+
+  size_t n = ampc_st_count(f), nout = 0, from_master = 0;
+  ampc_st_tensor *t = calloc(n ? n : 1, sizeof *t);
+  void **bufs = calloc(n ? n : 1, sizeof *bufs);
+  int64_t values = 0;
+  if (!t || !bufs) {
+    cli_error("export: out of memory");
+    rc = 1;
+  }
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    const ampc_st_tensor *m = ampc_st_get(f, i);
+    if (is_prefixed(m->name)) continue;
+    char mname[512];
+    snprintf(mname, sizeof mname, "master.%s", m->name);
+    const ampc_st_tensor *src = ampc_st_find(f, mname);
+    if (src && !same_shape(src, m)) {
+      cli_error("%s: '%s' and '%s' differ in shape", in, mname, m->name);
+      rc = 1;
+      break;
+    }
+    if (src) from_master++;
+    else src = m;
+    ampc_st_tensor *o = &t[nout++];
+    *o = *src;
+    o->name = m->name;
+    int64_t numel = ampc_st_numel(src);
+    values += numel;
+    if (!ampc_dtype_is_float(src->dtype)) continue; /* integers as saved */
+    size_t ne = (size_t)numel;
+    float *tmp = malloc((ne ? ne : 1) * sizeof *tmp);
+    void *dst = malloc((ne ? ne : 1) * ampc_dtype_size(dt));
+    if (!tmp || !dst) {
+      free(tmp);
+      free(dst);
+      cli_error("export: out of memory");
+      rc = 1;
+      break;
+    }
+    bufs[i] = dst;
+    if (ampc_st_read_f32(src, tmp, ne) < 0) {
+      free(tmp);
+      cli_lib_error(in);
+      rc = 1;
+      break;
+    }
+    ampc_store_f32(dt, dst, tmp, ne);
+    free(tmp);
+    o->dtype = dt;
+    o->values = dst;
+    o->nbytes = ne * ampc_dtype_size(dt);
+  }
+  if (rc == 0 && nout == 0) {
+    cli_error("%s: no model tensors (only master.* / optim.* entries, or none at all)", in);
+    rc = 1;
+  }
+
+  if (rc == 0) {
+    /* metadata: what PyTorch tools expect ("format": "pt"), where it came
+     * from, and how to make the model's inputs */
+    json_t *src_info = json_pack("{s:s, s:s, s:s, s:s}", "exported_by", ampc_version_get()->version, "source_format", fmt ? fmt : "safetensors",
+                                 "dtype", ampc_dtype_name(dt), "weights",
+                                 from_master ? "parameters from the checkpoint's f32 master weights" : "the file's model tensors");
+    if (info) {
+      json_t *amp = json_object_get(info, "amp");
+      const char *lvl = json_string_value(json_object_get(amp, "opt_level")), *half = json_string_value(json_object_get(amp, "half_type"));
+      if (lvl) json_object_set_new(src_info, "opt_level", json_string(lvl));
+      if (half) json_object_set_new(src_info, "half_type", json_string(half));
+      json_t *ep = json_object_get(info, "epoch"), *st = json_object_get(info, "step");
+      if (json_is_integer(ep)) json_object_set(src_info, "epoch", ep);
+      if (json_is_integer(st)) json_object_set(src_info, "step", st);
+    }
+    char *src_js = json_dumps(src_info, JSON_COMPACT | JSON_SORT_KEYS);
+    char *pre_js = json_is_object(pre) ? json_dumps(pre, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(9)) : NULL;
+    json_decref(src_info);
+    const char *meta[16];
+    int k = 0;
+    meta[k++] = "format";
+    meta[k++] = "pt";
+    if (model) {
+      meta[k++] = "model";
+      meta[k++] = model;
+    }
+    if (src_js) {
+      meta[k++] = "ampc";
+      meta[k++] = src_js;
+    }
+    if (pre_js) {
+      meta[k++] = "preprocessing";
+      meta[k++] = pre_js;
+    }
+    meta[k] = NULL;
+    if (ampc_st_write(out, t, nout, meta) < 0) {
+      cli_lib_error("-o");
+      rc = 1;
+    } else {
+      fprintf(stderr, "ampc: wrote %s: %zu tensors (%lld values) of %s as %s, %s; %s\n", out, nout, (long long)values,
+              model ? model : "the model", ampc_dtype_name(dt),
+              from_master ? "parameters from the f32 master weights" : "from the model's own tensors",
+              pre_js ? "preprocessing recorded in the metadata" : "no preprocessing recorded in the input");
+    }
+    free(src_js);
+    free(pre_js);
+  }
+  for (size_t i = 0; i < n && bufs; i++) free(bufs[i]);
+  free(bufs);
+  free(t);
+  json_decref(info);
+  ampc_st_close(f);
+  return rc;
+}
