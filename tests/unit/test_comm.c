@@ -1,0 +1,210 @@
+/* The amp step with a communicator: the in-process one joins two graphs as
+ * two ranks (one thread each). Two half batches give the weights one full
+ * batch gives -- within f32 (O0) or f16 (O2) rounding, and bit for bit where
+ * the reduction's order is the same (both ranks on the same batch); an inf
+ * on one rank makes both skip with the same new scale; clipping sees the
+ * same norm on every rank. */
+#include <pthread.h>
+
+#include "ampc/ampc.h"
+#include "test.h"
+
+enum { N = 8, D = 12, K = 5, STEPS = 4 };
+
+typedef struct {
+  ampc_model *m;
+  ampc_graph *g;
+  ampc_optim *opt;
+  ampc_amp *amp;
+  ampc_comm *comm;
+  int lo, n;              /* the samples of each batch this rank trains on */
+  int inf_at;             /* the step whose backward is seeded with an infinite weight (-1: none) */
+  ampc_amp_step_info info[STEPS];
+  float *w;               /* the final weights (f32) */
+} rank;
+
+/* The batch of step s: N samples of D features, labels below K. */
+static void batch(int s, float *x, int32_t *y) {
+  ampc_rng r = ampc_rng_make(77 + (uint64_t)s, AMPC_RNG_STREAM_USER);
+  for (int i = 0; i < N * D; i++) x[i] = ampc_rng_normal(&r);
+  for (int i = 0; i < N; i++) y[i] = (int32_t)ampc_rng_below(&r, K);
+}
+
+static int rank_make_with(rank *k, int lo, int n, ampc_opt_level lvl, ampc_comm *c, ampc_optim_kind kind) {
+  memset(k, 0, sizeof *k);
+  k->lo = lo;
+  k->n = n;
+  k->comm = c;
+  k->inf_at = -1;
+  /* the mlp on 1 x 3 x 4 inputs: no batch norm, so a half batch sees the
+   * same function of its samples as the full one */
+  ampc_model_opts mo = {.batch = n, .channels = 1, .height = 3, .width = 4, .classes = K, .seed = 5};
+  CHECK_OK(ampc_model_create(&k->m, "mlp", &mo));
+  if (!k->m) return 0;
+  k->g = ampc_model_graph(k->m);
+  ampc_backend_opts bo;
+  ampc_backend_opts_default(&bo);
+  bo.threads = 1; /* two ranks share the machine */
+  CHECK_OK(ampc_graph_set_backend(k->g, "cpu", &bo));
+  ampc_optim_config oc;
+  ampc_optim_config_default(&oc, kind);
+  oc.lr = 1e-2f;
+  if (kind == AMPC_OPTIM_SGD) oc.momentum = 0.9f;
+  CHECK_OK(ampc_optim_create(&k->opt, &oc, ampc_graph_param_numel(k->g)));
+  ampc_amp_config ac;
+  CHECK_OK(ampc_amp_config_init(&ac, lvl, AMPC_DTYPE_F16));
+  CHECK_OK(ampc_amp_initialize(&k->amp, k->g, k->opt, &ac));
+  if (!k->amp) return 0;
+  ampc_amp_set_clip_grad_norm(k->amp, 0.5f);
+  ampc_amp_set_comm(k->amp, c);
+  return 1;
+}
+
+static int rank_make(rank *k, int lo, int n, ampc_opt_level lvl, ampc_comm *c) {
+  return rank_make_with(k, lo, n, lvl, c, AMPC_OPTIM_ADAM);
+}
+
+static void rank_free(rank *k) {
+  ampc_amp_free(k->amp);
+  ampc_optim_free(k->opt);
+  ampc_model_free(k->m);
+  free(k->w);
+}
+
+static void *rank_run(void *arg) {
+  rank *k = arg;
+  float x[N * D];
+  int32_t y[N];
+  for (int s = 0; s < STEPS; s++) {
+    batch(s, x, y);
+    CHECK_OK(ampc_graph_write(k->g, ampc_model_input(k->m), x + k->lo * D, AMPC_DTYPE_F32));
+    CHECK_OK(ampc_graph_write(k->g, ampc_model_labels(k->m), y + k->lo, AMPC_DTYPE_I32));
+    CHECK_OK(ampc_amp_forward(k->amp, 1));
+    ampc_amp_set_loss_weight(k->amp, s == k->inf_at ? INFINITY : 1.0f);
+    CHECK_OK(ampc_amp_backward(k->amp, ampc_model_loss(k->m), 0, 0));
+    CHECK_OK(ampc_amp_step(k->amp, 1e-2f, &k->info[s]));
+  }
+  size_t n = ampc_graph_param_numel(k->g);
+  k->w = malloc(n * sizeof *k->w);
+  CHECK_OK(ampc_amp_param_values(k->amp, k->w));
+  return NULL;
+}
+
+/* Runs the ranks (one thread each) to the end. */
+static void run_ranks(rank *r, int n) {
+  pthread_t t[4];
+  for (int i = 0; i < n; i++) CHECK(pthread_create(&t[i], NULL, rank_run, &r[i]) == 0);
+  for (int i = 0; i < n; i++) pthread_join(t[i], NULL);
+}
+
+static double max_rel(const float *a, const float *b, size_t n) {
+  double m = 0.0, s = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    m = fmax(m, fabs((double)a[i] - b[i]));
+    s = fmax(s, fabs((double)b[i]));
+  }
+  return m / (s > 0 ? s : 1.0);
+}
+
+static void half_batches(ampc_opt_level lvl, ampc_optim_kind kind, double tol) {
+  rank one, two[2];
+  ampc_comm *c[2];
+  CHECK_OK(ampc_comm_local_create(c, 2));
+  int ok = rank_make_with(&one, 0, N, lvl, NULL, kind) & rank_make_with(&two[0], 0, N / 2, lvl, c[0], kind) &
+           rank_make_with(&two[1], N / 2, N / 2, lvl, c[1], kind);
+  if (ok) {
+    rank_run(&one);
+    run_ranks(two, 2);
+    size_t n = ampc_graph_param_numel(one.g);
+    CHECK_MSG(memcmp(two[0].w, two[1].w, n * sizeof(float)) == 0, "%s: the ranks' weights differ", ampc_opt_level_name(lvl));
+    double e = max_rel(two[0].w, one.w, n);
+    printf("  %s %s: 2 ranks x %d vs 1 x %d, %d steps: max |w2 - w1| / max |w1| = %.3g\n", ampc_opt_level_name(lvl),
+           ampc_optim_kind_name(kind), N / 2, N, STEPS, e);
+    CHECK_MSG(e <= tol, "%s: two half batches differ from the full batch by %.3g (tolerance %g)", ampc_opt_level_name(lvl), e, tol);
+    for (int s = 0; s < STEPS; s++) {
+      CHECK(two[0].info[s].applied == one.info[s].applied && two[1].info[s].applied == one.info[s].applied);
+      /* clipping sees the global norm, the same on every rank */
+      CHECK(two[0].info[s].grad_norm == two[1].info[s].grad_norm && two[0].info[s].clip_coef == two[1].info[s].clip_coef);
+      CHECK_MSG(fabs(two[0].info[s].grad_norm - one.info[s].grad_norm) <= 1e-3 * one.info[s].grad_norm,
+                "step %d: norm %g on 2 ranks, %g on one", s, (double)two[0].info[s].grad_norm, (double)one.info[s].grad_norm);
+    }
+  }
+  rank_free(&one);
+  rank_free(&two[0]);
+  rank_free(&two[1]);
+  ampc_comm_free(c[0]);
+  ampc_comm_free(c[1]);
+}
+
+/* O0 within f32 summation order, with Adam; O2 within f16 gradient
+ * rounding (the half batches' gradients round differently from the full
+ * batch's), with SGD -- Adam's update divides by the gradient's own size and
+ * turns a rounding of a near-zero gradient into a step of lr either way. */
+TEST(two_half_batches_equal_one_full_batch) {
+  half_batches(AMPC_OPT_O0, AMPC_OPTIM_ADAM, 5e-6);
+  half_batches(AMPC_OPT_O0, AMPC_OPTIM_SGD, 1e-6);
+  half_batches(AMPC_OPT_O2, AMPC_OPTIM_SGD, 1e-4);
+}
+
+/* Both ranks on the same (full) batch: the mean of two equal gradients is
+ * the gradient itself, the reduction adds them in one order -- every bit as
+ * one process, f32 and f16 gradients alike. */
+TEST(same_batch_on_two_ranks_is_bit_identical) {
+  for (int l = 0; l < 2; l++) {
+    ampc_opt_level lvl = l ? AMPC_OPT_O2 : AMPC_OPT_O0;
+    rank one, two[2];
+    ampc_comm *c[2];
+    CHECK_OK(ampc_comm_local_create(c, 2));
+    if (rank_make(&one, 0, N, lvl, NULL) & rank_make(&two[0], 0, N, lvl, c[0]) & rank_make(&two[1], 0, N, lvl, c[1])) {
+      rank_run(&one);
+      run_ranks(two, 2);
+      size_t n = ampc_graph_param_numel(one.g);
+      CHECK_MSG(memcmp(two[0].w, one.w, n * sizeof(float)) == 0 && memcmp(two[1].w, one.w, n * sizeof(float)) == 0,
+                "%s: not bit-identical to one process", ampc_opt_level_name(lvl));
+    }
+    rank_free(&one);
+    rank_free(&two[0]);
+    rank_free(&two[1]);
+    ampc_comm_free(c[0]);
+    ampc_comm_free(c[1]);
+  }
+}
+
+/* An inf on rank 1 alone: both ranks skip that step, back off to the same
+ * scale, and keep identical weights; the steps around it apply. */
+TEST(inf_on_one_rank_skips_on_both) {
+  rank two[2];
+  ampc_comm *c[2];
+  CHECK_OK(ampc_comm_local_create(c, 2));
+  if (rank_make(&two[0], 0, N / 2, AMPC_OPT_O2, c[0]) & rank_make(&two[1], N / 2, N / 2, AMPC_OPT_O2, c[1])) {
+    two[1].inf_at = 2;
+    run_ranks(two, 2);
+    size_t n = ampc_graph_param_numel(two[0].g);
+    for (int s = 0; s < STEPS; s++) {
+      CHECK_MSG(two[0].info[s].applied == (s != 2) && two[1].info[s].applied == (s != 2), "step %d: applied %d and %d", s,
+                two[0].info[s].applied, two[1].info[s].applied);
+      CHECK_MSG(two[0].info[s].scale == two[1].info[s].scale, "step %d: scales %g and %g", s, (double)two[0].info[s].scale,
+                (double)two[1].info[s].scale);
+    }
+    CHECK(two[0].info[2].found_inf && two[1].info[2].found_inf);
+    CHECK(two[0].info[2].scale == 0.5f * two[0].info[1].scale);
+    CHECK(memcmp(two[0].w, two[1].w, n * sizeof(float)) == 0);
+  }
+  rank_free(&two[0]);
+  rank_free(&two[1]);
+  ampc_comm_free(c[0]);
+  ampc_comm_free(c[1]);
+}
+
+TEST(local_comm_basics) {
+  ampc_comm *c[3];
+  CHECK_OK(ampc_comm_local_create(c, 3));
+  for (int i = 0; i < 3; i++) CHECK(ampc_comm_rank(c[i]) == i && ampc_comm_size(c[i]) == 3);
+  CHECK(strcmp(ampc_comm_kind(c[0]), "local") == 0);
+  for (int i = 0; i < 3; i++) ampc_comm_free(c[i]);
+  CHECK_ERR(ampc_comm_local_create(c, 0), AMPC_EINVAL, "ranks");
+  CHECK(ampc_comm_size(NULL) == 1 && ampc_comm_rank(NULL) == 0);
+}
+
+TEST_MAIN(TEST_ENTRY(two_half_batches_equal_one_full_batch), TEST_ENTRY(same_batch_on_two_ranks_is_bit_identical),
+          TEST_ENTRY(inf_on_one_rank_skips_on_both), TEST_ENTRY(local_comm_basics))
