@@ -44,6 +44,9 @@ ampc_value ampc_nn_batchnorm2d(ampc_nn *b, const char *name, ampc_value x);
 ampc_value ampc_nn_relu(ampc_nn *b, ampc_value x);
 ampc_value ampc_nn_maxpool2d(ampc_nn *b, ampc_value x, int kernel, int stride);
 ampc_value ampc_nn_flatten(ampc_nn *b, ampc_value x);
+/* (N, C, H, W) -> (N, C): the mean of each plane (PyTorch's
+ * AdaptiveAvgPool2d(1) followed by a flatten). */
+ampc_value ampc_nn_global_avgpool(ampc_nn *b, ampc_value x);
 /* The residual block of ResNet-18/34: conv3x3-bn-relu-conv3x3-bn, plus a
  * 1x1 conv + bn shortcut when the stride or width changes, then relu. */
 ampc_value ampc_nn_basic_block(ampc_nn *b, const char *name, ampc_value x, int64_t out_channels, int stride);
@@ -68,7 +71,9 @@ typedef struct {
 
 ampc_value ampc_nn_sequential(ampc_nn *b, const char *name, ampc_value x, const ampc_layer *layers, size_t n);
 
-/* One row per recorded layer, for `ampc summary`. */
+/* One row per recorded layer, for `ampc summary`: every layer, with or
+ * without parameters, in the order applied (a residual block's add and
+ * ReLUs included). */
 typedef struct {
   char name[96];
   char kind[24];

@@ -136,15 +136,39 @@ ampc_value ampc_nn_batchnorm2d(ampc_nn *b, const char *name, ampc_value x) {
   return y;
 }
 
-ampc_value ampc_nn_relu(ampc_nn *b, ampc_value x) { return ampc_graph_relu(b->g, x); }
-ampc_value ampc_nn_maxpool2d(ampc_nn *b, ampc_value x, int k, int stride) { return ampc_graph_maxpool2d(b->g, x, k, stride, 0); }
-ampc_value ampc_nn_flatten(ampc_nn *b, ampc_value x) { return ampc_graph_flatten(b->g, x); }
+/* Layers without parameters get a summary row too, under a name of their
+ * own ("relu" in a scope, the index in a sequential), as every layer of
+ * every model is listed the same way. */
+static ampc_value relu_as(ampc_nn *b, const char *name, ampc_value x) {
+  ampc_value y = ampc_graph_relu(b->g, x);
+  add_row(b, name, "ReLU", y, 0);
+  return y;
+}
+static ampc_value maxpool_as(ampc_nn *b, const char *name, ampc_value x, int k, int stride) {
+  ampc_value y = ampc_graph_maxpool2d(b->g, x, k, stride, 0);
+  add_row(b, name, "MaxPool2d", y, 0);
+  return y;
+}
+static ampc_value flatten_as(ampc_nn *b, const char *name, ampc_value x) {
+  ampc_value y = ampc_graph_flatten(b->g, x);
+  add_row(b, name, "Flatten", y, 0);
+  return y;
+}
+
+ampc_value ampc_nn_relu(ampc_nn *b, ampc_value x) { return relu_as(b, "relu", x); }
+ampc_value ampc_nn_maxpool2d(ampc_nn *b, ampc_value x, int k, int stride) { return maxpool_as(b, "maxpool", x, k, stride); }
+ampc_value ampc_nn_flatten(ampc_nn *b, ampc_value x) { return flatten_as(b, "flatten", x); }
+ampc_value ampc_nn_global_avgpool(ampc_nn *b, ampc_value x) {
+  ampc_value y = ampc_graph_global_avgpool(b->g, x);
+  add_row(b, "avgpool", "AdaptiveAvgPool2d", y, 0);
+  return y;
+}
 
 ampc_value ampc_nn_basic_block(ampc_nn *b, const char *name, ampc_value x, int64_t out, int stride) {
   if (ampc_graph_status(b->g) || x < 0) return AMPC_VALUE_NONE;
   int64_t in = shape_of(b, x).d[1];
   ampc_nn_push(b, name);
-  ampc_value y = ampc_nn_relu(b, ampc_nn_batchnorm2d(b, "bn1", ampc_nn_conv2d(b, "conv1", x, out, 3, stride, 1, 0)));
+  ampc_value y = relu_as(b, "relu1", ampc_nn_batchnorm2d(b, "bn1", ampc_nn_conv2d(b, "conv1", x, out, 3, stride, 1, 0)));
   y = ampc_nn_batchnorm2d(b, "bn2", ampc_nn_conv2d(b, "conv2", y, out, 3, 1, 1, 0));
   ampc_value sc = x;
   if (stride != 1 || in != out) {
@@ -152,7 +176,9 @@ ampc_value ampc_nn_basic_block(ampc_nn *b, const char *name, ampc_value x, int64
     sc = ampc_nn_batchnorm2d(b, "1", ampc_nn_conv2d(b, "0", x, out, 1, stride, 0, 0));
     ampc_nn_pop(b);
   }
-  y = ampc_nn_relu(b, ampc_graph_add(b->g, y, sc));
+  y = ampc_graph_add(b->g, y, sc);
+  add_row(b, "add", "Add", y, 0); /* the residual */
+  y = relu_as(b, "relu2", y);
   ampc_nn_pop(b);
   return y;
 }
@@ -167,12 +193,9 @@ ampc_value ampc_nn_sequential(ampc_nn *b, const char *name, ampc_value x, const 
       case AMPC_LAYER_LINEAR: x = ampc_nn_linear(b, idx, x, l->out, l->bias); break;
       case AMPC_LAYER_CONV2D: x = ampc_nn_conv2d(b, idx, x, l->out, l->kernel, l->stride ? l->stride : 1, l->pad, l->bias); break;
       case AMPC_LAYER_BATCHNORM2D: x = ampc_nn_batchnorm2d(b, idx, x); break;
-      case AMPC_LAYER_RELU: x = ampc_nn_relu(b, x); add_row(b, idx, "ReLU", x, 0); break;
-      case AMPC_LAYER_MAXPOOL2D:
-        x = ampc_nn_maxpool2d(b, x, l->kernel, l->stride ? l->stride : l->kernel);
-        add_row(b, idx, "MaxPool2d", x, 0);
-        break;
-      case AMPC_LAYER_FLATTEN: x = ampc_nn_flatten(b, x); add_row(b, idx, "Flatten", x, 0); break;
+      case AMPC_LAYER_RELU: x = relu_as(b, idx, x); break;
+      case AMPC_LAYER_MAXPOOL2D: x = maxpool_as(b, idx, x, l->kernel, l->stride ? l->stride : l->kernel); break;
+      case AMPC_LAYER_FLATTEN: x = flatten_as(b, idx, x); break;
       case AMPC_LAYER_BASIC_BLOCK: x = ampc_nn_basic_block(b, idx, x, l->out, l->stride ? l->stride : 1); break;
     }
   }

@@ -355,6 +355,47 @@ TEST(model_accessors) {
   ampc_model_free(m);
 }
 
+/* Every model's summary lists every layer the same way: a row per op the
+ * model applies (parameter-free ones too), named as PyTorch would name the
+ * module, in order; the rows' parameters add up to the model's. ResNet-18:
+ * the stem (conv, bn, relu), per block conv-bn-relu-conv-bn, the shortcut
+ * where there is one, the add and the second relu, then pool and linear. */
+TEST(summary_rows_are_uniform) {
+  static const struct {
+    const char *model;
+    int c, hw;
+    size_t rows, relus;
+  } want[] = {{"mlp", 1, 28, 6, 2}, {"cnn", 1, 28, 12, 3}, {"resnet18", 3, 32, 3 + 8 * 7 + 3 * 2 + 2, 17}};
+  for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+    ampc_model *m = make(want[k].model, opts_of(1, want[k].c, want[k].hw, want[k].hw, 10, 1));
+    if (!m) continue;
+    const ampc_nn *b = ampc_model_builder(m);
+    size_t relus = 0;
+    int64_t total = 0;
+    for (size_t i = 0; i < ampc_nn_row_count(b); i++) {
+      const ampc_nn_row *r = ampc_nn_row_at(b, i);
+      CHECK_MSG(r->name[0] && r->kind[0] && r->out.ndim >= 2 && r->out.d[0] == 1, "%s row %zu: '%s' '%s'", want[k].model, i,
+                r->name, r->kind);
+      relus += strcmp(r->kind, "ReLU") == 0;
+      total += r->params;
+    }
+    CHECK_MSG(ampc_nn_row_count(b) == want[k].rows && relus == want[k].relus, "%s: %zu rows (%zu ReLUs), expected %zu (%zu)",
+              want[k].model, ampc_nn_row_count(b), relus, want[k].rows, want[k].relus);
+    CHECK(total == ampc_model_param_count(m));
+    if (strcmp(want[k].model, "resnet18") == 0) {
+      const char *seq[] = {"layer2.0.conv1", "layer2.0.bn1", "layer2.0.relu1", "layer2.0.conv2", "layer2.0.bn2",
+                           "layer2.0.shortcut.0", "layer2.0.shortcut.1", "layer2.0.add", "layer2.0.relu2"};
+      size_t at = 0;
+      while (at < ampc_nn_row_count(b) && strcmp(ampc_nn_row_at(b, at)->name, seq[0]) != 0) at++;
+      for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
+        const ampc_nn_row *r = ampc_nn_row_at(b, at + i);
+        CHECK_MSG(r && strcmp(r->name, seq[i]) == 0, "resnet18 row %zu: '%s', expected '%s'", at + i, r ? r->name : "(none)", seq[i]);
+      }
+    }
+    ampc_model_free(m);
+  }
+}
+
 static void fill_batch(ampc_model *m, uint64_t seed) {
   ampc_graph *g = ampc_model_graph(m);
   ampc_tensor x = ampc_graph_tensor(g, ampc_model_input(m)), y = ampc_graph_tensor(g, ampc_model_labels(m));
@@ -468,4 +509,4 @@ TEST(cnn_runs_in_half) {
 TEST_MAIN(TEST_ENTRY(resnet18_matches_pytorch_state_dict), TEST_ENTRY(cnn_matches_pytorch_state_dict),
           TEST_ENTRY(mlp_names_and_count), TEST_ENTRY(default_init), TEST_ENTRY(init_is_seeded),
           TEST_ENTRY(model_errors), TEST_ENTRY(model_accessors), TEST_ENTRY(resnet18_runs),
-          TEST_ENTRY(cnn_runs_in_half))
+          TEST_ENTRY(cnn_runs_in_half), TEST_ENTRY(summary_rows_are_uniform))

@@ -32,15 +32,15 @@ int cmd_summary(int argc, char **argv) {
     return 2;
   }
   const ampc_nn *b = ampc_model_builder(m);
-  printf("%-36s %-12s %-22s %12s\n", "layer", "type", "output shape", "params");
-  for (int i = 0; i < 86; i++) putchar('-');
+  printf("%-36s %-18s %-22s %12s\n", "layer", "type", "output shape", "params");
+  for (int i = 0; i < 92; i++) putchar('-');
   putchar('\n');
   for (size_t i = 0; i < ampc_nn_row_count(b); i++) {
     const ampc_nn_row *r = ampc_nn_row_at(b, i);
     char sh[64];
-    printf("%-36s %-12s %-22s %12lld\n", r->name, r->kind, ampc_shape_str(&r->out, sh, sizeof sh), (long long)r->params);
+    printf("%-36s %-18s %-22s %12lld\n", r->name, r->kind, ampc_shape_str(&r->out, sh, sizeof sh), (long long)r->params);
   }
-  for (int i = 0; i < 86; i++) putchar('-');
+  for (int i = 0; i < 92; i++) putchar('-');
   putchar('\n');
   long long total = (long long)ampc_model_param_count(m);
   char buf[32];

@@ -52,7 +52,7 @@ static ampc_value build_resnet18(ampc_nn *b, ampc_value x, int classes) {
     x = ampc_nn_basic_block(b, "1", x, widths[s], 1);
     ampc_nn_pop(b);
   }
-  x = ampc_graph_global_avgpool(ampc_nn_graph(b), x);
+  x = ampc_nn_global_avgpool(b, x);
   return ampc_nn_linear(b, "linear", x, classes, 1);
 }
 
