@@ -44,7 +44,7 @@ int cmd_bench(int argc, char **argv) {
   c.model = "resnet18";
   int steps = 3, warmup = 1, json = 0, sgemm_n = 2048;
   cli_opt opts[48];
-  int n = cli_common_opts(&c, opts, 1);
+  int n = cli_common_opts(&c, opts, CLI_OPTS_BATCH | CLI_OPTS_SEED | CLI_OPTS_PRECISION | CLI_OPTS_STEP);
   opts[n++] = (cli_opt){"--steps", OPT_INT, &steps, "N", "timed training steps (default 3)", 1, NULL};
   opts[n++] = (cli_opt){"--warmup", OPT_INT, &warmup, "N", "untimed steps first (default 1)", 0, NULL};
   opts[n++] = (cli_opt){"--sgemm-size", OPT_INT, &sgemm_n, "N", "size of the baseline sgemm, 64..16384 (default 2048)", 64, NULL};
@@ -52,6 +52,8 @@ int cmd_bench(int argc, char **argv) {
   opts[n] = (cli_opt){0};
   int pr = cli_parse("bench", "[--model M] [options]", opts, argc, argv);
   if (pr) return pr > 0 ? 0 : 2;
+  ampc_amp_config acfg;
+  if (cli_common_check(&c, &acfg) < 0) return 2;
   int is_resnet = strcmp(c.model, "resnet18") == 0;
   int shape[4] = {is_resnet ? 3 : 1, is_resnet ? 32 : 28, is_resnet ? 32 : 28, 10};
   ampc_optim_config oc;
@@ -144,12 +146,19 @@ int cmd_bench(int argc, char **argv) {
   /* the peak of training itself; the baseline's matrices come after it */
   long rss = peak_rss_bytes();
   double sgemm = sgemm_rate(sgemm_n);
+  /* what the run computed in: an f32 run says f32, not the half type it
+   * would have used */
+  char precision[32];
+  const ampc_amp_config *ac = &s.amp_cfg;
+  if (ac->autocast) snprintf(precision, sizeof precision, "%s autocast", ampc_dtype_name(ac->half_type));
+  else snprintf(precision, sizeof precision, "%s", ampc_dtype_name(ac->cast_model_type));
   if (json) {
     json_t *o = json_object();
     json_object_set_new(o, "model", json_string(c.model));
     json_object_set_new(o, "batch_size", json_integer(c.batch_size));
     json_object_set_new(o, "opt_level", json_string(ampc_opt_level_name(s.amp_cfg.opt_level)));
     json_object_set_new(o, "half", json_string(ampc_dtype_name(s.amp_cfg.half_type)));
+    json_object_set_new(o, "precision", json_string(precision));
     json_object_set_new(o, "threads", json_integer(threads));
     json_object_set_new(o, "steps", json_integer(steps));
     json_object_set_new(o, "seconds_per_step", json_real(per_step));
@@ -170,7 +179,7 @@ int cmd_bench(int argc, char **argv) {
     json_decref(o);
   } else {
     printf("model %s, batch %lld, %s (%s), %d threads, %d steps after %d warm-up\n", c.model, (long long)c.batch_size,
-           ampc_opt_level_name(s.amp_cfg.opt_level), ampc_dtype_name(s.amp_cfg.half_type), threads, steps, warmup);
+           ampc_opt_level_name(s.amp_cfg.opt_level), precision, threads, steps, warmup);
     printf("%.3f s/step, %.1f images/s, %.2f GFLOP/image, %.1f GFLOP/s = %.2f of this machine's sgemm (%.1f GFLOP/s at %d^3)\n",
            per_step, ips, flops / (double)c.batch_size / 1e9, gflops, sgemm > 0 ? gflops / sgemm : 0.0, sgemm, sgemm_n);
     printf("time share:");

@@ -1,5 +1,7 @@
 #include "cli.h"
 
+#include "ampc/backend.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <float.h>
@@ -172,26 +174,38 @@ void cli_common_defaults(cli_common *c) {
   c->device = "cpu";
 }
 
-int cli_common_opts(cli_common *c, cli_opt *out, int with_amp) {
+int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
   int n = 0;
   out[n++] = (cli_opt){"--model", OPT_STRING, &c->model, "NAME", "mlp, cnn or resnet18 (default cnn)", 0, NULL};
-  out[n++] = (cli_opt){"--dataset", OPT_STRING, &c->dataset, "NAME", "fashion-mnist, mnist, cifar10 or cifar100 (default fashion-mnist)", 0, NULL};
-  out[n++] = (cli_opt){"--data", OPT_STRING, &c->data_dir, "DIR", "dataset folder (default: the dataset's standard location)", 0, NULL};
-  out[n++] = (cli_opt){"--batch-size", OPT_I64, &c->batch_size, "N", "images per batch, 1.." CLI_STR(CLI_MAX_BATCH) " and the model must fit in memory (default 128)", 1, NULL};
-  out[n++] = (cli_opt){"--train-limit", OPT_I64, &c->train_limit, "N", "use only the first N training images", 1, NULL};
-  out[n++] = (cli_opt){"--test-limit", OPT_I64, &c->test_limit, "N", "use only the first N test images", 1, NULL};
-  out[n++] = (cli_opt){"--seed", OPT_I64, &c->seed, "N", "seed of every random choice (default 0)", 0, NULL};
+  if (groups & CLI_OPTS_DATA) {
+    out[n++] = (cli_opt){"--dataset", OPT_STRING, &c->dataset, "NAME", "fashion-mnist, mnist, cifar10 or cifar100 (default fashion-mnist)", 0, NULL};
+    out[n++] = (cli_opt){"--data", OPT_STRING, &c->data_dir, "DIR", "dataset folder (default: the dataset's standard location)", 0, NULL};
+  }
+  if (groups & CLI_OPTS_BATCH)
+    out[n++] = (cli_opt){"--batch-size", OPT_I64, &c->batch_size, "N", "images per batch, 1.." CLI_STR(CLI_MAX_BATCH) " and the model must fit in memory (default 128)", 1, NULL};
+  if (groups & CLI_OPTS_TRAIN_DATA)
+    out[n++] = (cli_opt){"--train-limit", OPT_I64, &c->train_limit, "N", "use only the first N training images", 1, NULL};
+  if (groups & CLI_OPTS_DATA)
+    out[n++] = (cli_opt){"--test-limit", OPT_I64, &c->test_limit, "N", "use only the first N test images", 1, NULL};
+  if (groups & CLI_OPTS_SEED)
+    out[n++] = (cli_opt){"--seed", OPT_I64, &c->seed, "N", "seed of every random choice (default 0)", 0, NULL};
   out[n++] = (cli_opt){"--threads", OPT_INT, &c->threads, "N", "threads, 1.." CLI_STR(CLI_THREADS_PER_CPU) "x the online CPUs, at most " CLI_STR(CLI_MAX_THREADS) " (default: all cores)", 1, NULL};
   out[n++] = (cli_opt){"--conv", OPT_STRING, &c->conv, "auto|im2col|winograd|direct",
                        "convolution algorithm: im2col products, Winograd F(4x4,3x3) or a direct loop (default auto: for stride-1 3x3, Winograd from 8 channels, direct up to 4)", 0, NULL};
   out[n++] = (cli_opt){"--device", OPT_STRING, &c->device, "NAME", "where the model runs: cpu (default), cpu-guarded (tests), cuda (where built)", 0, NULL};
-  out[n++] = (cli_opt){"--label-smoothing", OPT_FLOAT, &c->label_smoothing, "X", "cross-entropy label smoothing (default 0)", 0, NULL};
-  out[n++] = (cli_opt){"--normalize", OPT_ONOFF, &c->normalize, "on|off", "per-channel mean/std normalisation of the images (default on)", 0, NULL};
-  if (!with_amp) return n;
-  out[n++] = (cli_opt){"--opt-level", OPT_STRING, &c->opt_level, "O0|O1|O2|O3", "apex opt level (default O0)", 0, NULL};
-  out[n++] = (cli_opt){"--half", OPT_STRING, &c->half, "f16|bf16", "the 16-bit type (default f16)", 0, NULL};
-  out[n++] = (cli_opt){"--loss-scale", OPT_STRING, &c->loss_scale, "dynamic|N", "loss scale (default: the opt level's)", 0, NULL};
-  out[n++] = (cli_opt){"--keep-batchnorm-fp32", OPT_STRING, &c->keep_bn_fp32, "on|off", "batch norm parameters in fp32", 0, &c->keep_bn_fp32_given};
+  if (groups & CLI_OPTS_SEED)
+    out[n++] = (cli_opt){"--label-smoothing", OPT_FLOAT, &c->label_smoothing, "X", "cross-entropy label smoothing, 0..1 (default 0)", 0, NULL};
+  if (groups & CLI_OPTS_DATA)
+    out[n++] = (cli_opt){"--normalize", OPT_ONOFF, &c->normalize, "on|off", "per-channel mean/std normalisation of the images (default on)", 0, NULL};
+  if (groups & CLI_OPTS_PRECISION) {
+    out[n++] = (cli_opt){"--opt-level", OPT_STRING, &c->opt_level, "O0|O1|O2|O3", "apex opt level (default O0)", 0, NULL};
+    out[n++] = (cli_opt){"--half", OPT_STRING, &c->half, "f16|bf16", "the 16-bit type (default f16)", 0, NULL};
+  }
+  if (groups & CLI_OPTS_STEP)
+    out[n++] = (cli_opt){"--loss-scale", OPT_STRING, &c->loss_scale, "dynamic|N", "loss scale (default: the opt level's)", 0, NULL};
+  if (groups & CLI_OPTS_PRECISION)
+    out[n++] = (cli_opt){"--keep-batchnorm-fp32", OPT_STRING, &c->keep_bn_fp32, "on|off", "batch norm parameters in fp32", 0, &c->keep_bn_fp32_given};
+  if (!(groups & CLI_OPTS_STEP)) return n;
   out[n++] = (cli_opt){"--master-weights", OPT_STRING, &c->master_weights, "on|off", "fp32 master weights", 0, &c->master_weights_given};
   out[n++] = (cli_opt){"--min-loss-scale", OPT_STRING, &c->min_loss_scale, "X", "floor of the dynamic scale", 0, NULL};
   out[n++] = (cli_opt){"--max-loss-scale", OPT_STRING, &c->max_loss_scale, "X", "ceiling of the dynamic scale (default 2^24)", 0, NULL};
@@ -200,9 +214,20 @@ int cli_common_opts(cli_common *c, cli_opt *out, int with_amp) {
   out[n++] = (cli_opt){"--stochastic-rounding", OPT_FLAG, &c->stochastic_rounding, NULL, "round half weight updates stochastically (no masters)", 0, NULL};
   out[n++] = (cli_opt){"--clip-grad-norm", OPT_FLOAT, &c->clip_grad_norm, "X", "clip the global gradient norm to X", 0, NULL};
   out[n++] = (cli_opt){"--grad-accum", OPT_INT, &c->grad_accum, "N", "micro-batches per optimizer step, 1..the batches of an epoch (default 1)", 1, NULL};
-  out[n++] = (cli_opt){"--amp-report", OPT_FLAG, &c->amp_report, NULL, "add gradient underflow statistics to the metrics", 0, NULL};
+  out[n++] = (cli_opt){"--amp-report", OPT_FLAG, &c->amp_report, NULL, "gradient underflow statistics, in the epoch lines and the metrics", 0, NULL};
   return n;
 }
+
+/* The amp properties and the flags that set them: an error about a
+ * property names the flag. */
+static const struct {
+  const char *flag, *prop;
+} amp_flags[] = {
+    {"--loss-scale", "loss_scale"},         {"--keep-batchnorm-fp32", "keep_batchnorm_fp32"},
+    {"--master-weights", "master_weights"}, {"--min-loss-scale", "min_loss_scale"},
+    {"--max-loss-scale", "max_loss_scale"}, {"--scale-window", "scale_window"},
+    {"--hysteresis", "hysteresis"},
+};
 
 int cli_amp_config(const cli_common *c, ampc_amp_config *cfg) {
   ampc_opt_level lvl;
@@ -219,24 +244,49 @@ int cli_amp_config(const cli_common *c, ampc_amp_config *cfg) {
     cli_lib_error(NULL);
     return -1;
   }
-  const struct {
-    const char *flag, *prop, *value;
-  } ov[] = {
-      {"--loss-scale", "loss_scale", c->loss_scale},
-      {"--keep-batchnorm-fp32", "keep_batchnorm_fp32", c->keep_bn_fp32},
-      {"--master-weights", "master_weights", c->master_weights},
-      {"--min-loss-scale", "min_loss_scale", c->min_loss_scale},
-      {"--max-loss-scale", "max_loss_scale", c->max_loss_scale},
-      {"--scale-window", "scale_window", c->scale_window},
-      {"--hysteresis", "hysteresis", c->hysteresis},
-  };
-  for (size_t i = 0; i < sizeof ov / sizeof ov[0]; i++)
-    if (ov[i].value && ampc_amp_config_set(cfg, ov[i].prop, ov[i].value) < 0) {
-      cli_lib_error(ov[i].flag);
+  const char *values[] = {c->loss_scale, c->keep_bn_fp32, c->master_weights, c->min_loss_scale, c->max_loss_scale,
+                          c->scale_window, c->hysteresis};
+  for (size_t i = 0; i < sizeof amp_flags / sizeof amp_flags[0]; i++)
+    if (values[i] && ampc_amp_config_set(cfg, amp_flags[i].prop, values[i]) < 0) {
+      cli_lib_error(amp_flags[i].flag);
       return -1;
     }
   if (ampc_amp_config_validate(cfg) < 0) {
-    cli_lib_error(NULL);
+    /* name the flag the refusal is about: the first given one it mentions */
+    const char *flag = "--opt-level";
+    for (size_t i = 0; i < sizeof amp_flags / sizeof amp_flags[0]; i++)
+      if (values[i] && strstr(ampc_last_error(), amp_flags[i].prop)) {
+        flag = amp_flags[i].flag;
+        break;
+      }
+    cli_lib_error(flag);
+    return -1;
+  }
+  return 0;
+}
+
+int cli_common_check(const cli_common *c, ampc_amp_config *cfg) {
+  if (cli_amp_config(c, cfg) < 0) return -1;
+  if (!ampc_model_known(c->model)) {
+    cli_error("--model: unknown model '%s' (expected one of: %s)", c->model, ampc_model_names());
+    return -1;
+  }
+  ampc_dataset_kind kind;
+  if (ampc_dataset_kind_parse(c->dataset, &kind) < 0) {
+    cli_lib_error("--dataset");
+    return -1;
+  }
+  if (strcmp(c->conv, "auto") != 0 && strcmp(c->conv, "im2col") != 0 && strcmp(c->conv, "winograd") != 0 &&
+      strcmp(c->conv, "direct") != 0) {
+    cli_error("--conv: unknown algorithm '%s' (expected auto, im2col, winograd or direct)", c->conv);
+    return -1;
+  }
+  if (ampc_backend_check(c->device) < 0) {
+    cli_lib_error("--device");
+    return -1;
+  }
+  if (!(c->label_smoothing >= 0.0f && c->label_smoothing <= 1.0f)) {
+    cli_error("--label-smoothing: %g is outside [0, 1]", c->label_smoothing);
     return -1;
   }
   return 0;

@@ -54,9 +54,26 @@ typedef struct {
 } cli_common;
 
 void cli_common_defaults(cli_common *c);
-/* Appends the shared options to a table; returns the count added. */
-int cli_common_opts(cli_common *c, cli_opt *out, int with_amp);
-/* Builds the amp configuration from the options. */
+/* The groups of shared options a command takes (--model, --threads, --conv
+ * and --device always): each command lists and accepts only its own. */
+enum {
+  CLI_OPTS_DATA = 1,       /* --dataset, --data, --test-limit, --normalize */
+  CLI_OPTS_TRAIN_DATA = 2, /* --train-limit */
+  CLI_OPTS_BATCH = 4,      /* --batch-size */
+  CLI_OPTS_SEED = 8,       /* --seed, --label-smoothing */
+  CLI_OPTS_PRECISION = 16, /* --opt-level, --half, --keep-batchnorm-fp32 */
+  CLI_OPTS_STEP = 32,      /* loss scaling, master weights, clipping, accumulation, stochastic rounding, --amp-report */
+  CLI_OPTS_ALL = 63
+};
+/* Appends the shared options of the groups to a table; returns the count added. */
+int cli_common_opts(cli_common *c, cli_opt *out, int groups);
+/* Every shared option's value, before anything is read: the model and
+ * dataset names, the convolution algorithm, the device, the label
+ * smoothing, the amp configuration (into cfg). Prints the error, naming the
+ * flag, and returns -1: a usage error, exit status 2. */
+int cli_common_check(const cli_common *c, ampc_amp_config *cfg);
+/* Builds the amp configuration from the options (the part of
+ * cli_common_check that fuzzing and the session use). */
 int cli_amp_config(const cli_common *c, ampc_amp_config *cfg);
 /* Sets the thread count for ampc and OpenBLAS. */
 void cli_set_threads(int threads);

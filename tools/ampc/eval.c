@@ -8,7 +8,7 @@ int cmd_eval(int argc, char **argv) {
   cli_common_defaults(&c);
   const char *weights = NULL;
   cli_opt opts[48];
-  int n = cli_common_opts(&c, opts, 1);
+  int n = cli_common_opts(&c, opts, CLI_OPTS_DATA | CLI_OPTS_BATCH | CLI_OPTS_PRECISION);
   opts[n++] = (cli_opt){"--weights", OPT_STRING, &weights, "FILE", "weights or checkpoint (safetensors), required", 0, NULL};
   opts[n] = (cli_opt){0};
   int pr = cli_parse("eval", "--weights FILE [options]", opts, argc, argv);
@@ -17,6 +17,8 @@ int cmd_eval(int argc, char **argv) {
     cli_error("eval: --weights FILE is required");
     return 2;
   }
+  ampc_amp_config acfg;
+  if (cli_common_check(&c, &acfg) < 0) return 2;
   cli_session s;
   int rc = cli_session_open(&s, &c, 0, 1, NULL, NULL, c.batch_size, "--weights", weights) < 0 || cli_load_weights(&s, weights) < 0;
   double loss = 0, acc = 0;

@@ -12,7 +12,7 @@ int cmd_grad(int argc, char **argv) {
   const char *weights = NULL, *batch = NULL, *out = NULL;
   int classes = 10;
   cli_opt opts[48];
-  int n = cli_common_opts(&c, opts, 1);
+  int n = cli_common_opts(&c, opts, CLI_OPTS_PRECISION);
   opts[n++] = (cli_opt){"--weights", OPT_STRING, &weights, "FILE", "weights or checkpoint (safetensors), required", 0, NULL};
   opts[n++] = (cli_opt){"--batch", OPT_STRING, &batch, "FILE", "safetensors with x (f32 N,C,H,W) and y (integer labels), required", 0, NULL};
   opts[n++] = (cli_opt){"--out", OPT_STRING, &out, "FILE", "where to write loss, logits and grad.<name>, required", 0, NULL};
@@ -24,6 +24,8 @@ int cmd_grad(int argc, char **argv) {
     cli_error("grad: --weights, --batch and --out are required");
     return 2;
   }
+  ampc_amp_config acfg;
+  if (cli_common_check(&c, &acfg) < 0) return 2;
   ampc_st_file *bf;
   if (ampc_st_open(&bf, batch) < 0) {
     cli_lib_error(NULL);

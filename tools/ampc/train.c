@@ -4,12 +4,14 @@
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "ampc/checkpoint.h"
 #include "ckptdir.h"
+#include "progress.h"
 #include "session.h"
 #include "train_args.h"
 
@@ -19,7 +21,7 @@ static void on_signal(int sig) { stop_requested = sig; }
 #define CKPT_PREFIX "ckpt-step-"
 #define CKPT_SUFFIX ".safetensors"
 
-static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc_train_state *ts, int quiet) {
+static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc_train_state *ts, int quiet, char *saved) {
   if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
     cli_error("--checkpoint-dir: cannot create '%s': %s", dir, strerror(errno));
     return -1;
@@ -31,22 +33,27 @@ static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc
     return -1;
   }
   if (!quiet) fprintf(stderr, "ampc: saved %s\n", path);
+  snprintf(saved, 4096, "%s", path);
   if (keep > 0) cli_prune_checkpoints(dir, keep);
   return 0;
 }
 
 
-static void progress(int tty, int epoch, int64_t b, int64_t nb, double loss, double ips, double eta) {
-  if (tty) {
-    int width = 30, filled = nb ? (int)(width * b / nb) : width;
-    char bar[64];
-    for (int i = 0; i < width; i++) bar[i] = i < filled ? '#' : '.';
-    bar[width] = '\0';
-    fprintf(stderr, "\repoch %d [%s] %lld/%lld loss %.4f %.1f img/s ETA %.0fs ", epoch, bar, (long long)b, (long long)nb, loss, ips, eta);
-    fflush(stderr);
-  } else {
-    fprintf(stderr, "epoch %d: batch %lld/%lld loss %.4f %.1f img/s ETA %.0fs\n", epoch, (long long)b, (long long)nb, loss, ips, eta);
+/* One JSON object, one line, flushed. */
+static void write_record(FILE *f, json_t *o) {
+  char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(8));
+  if (line) {
+    fprintf(f, "%s\n", line);
+    fflush(f);
+    free(line);
   }
+  json_decref(o);
+}
+
+static long peak_rss_mb(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024;
 }
 
 /* Where a batch goes on its way to the device: host memory the loader
@@ -79,7 +86,8 @@ int cmd_train(int argc, char **argv) {
   ampc_optim_config ocfg;
   ampc_lr_schedule sched;
   int skip_nonfinite;
-  if (train_args_check(&a, &ocfg, &sched, &skip_nonfinite) < 0) return 2;
+  ampc_amp_config acfg;
+  if (train_args_check(&a, &ocfg, &sched, &skip_nonfinite) < 0 || cli_common_check(&a.c, &acfg) < 0) return 2;
   /* one run per checkpoint folder: found out before anything else is done */
   if (a.checkpoint_dir && cli_ckptdir_lock("--checkpoint-dir", a.checkpoint_dir) < 0) return 1;
   char resume_path[4096] = "";
@@ -150,8 +158,12 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "ampc: ");
     cli_print_memory(stderr, &mem);
   }
-  int tty = cli_is_tty() && !a.quiet;
+  cli_progress pg;
+  cli_progress_init(&pg, a.quiet);
   rc = 0;
+  double run_t0 = cli_now(), best_acc = -1.0, last_acc = NAN;
+  int best_epoch = 0, epochs_run = 0, interrupted = 0;
+  char last_ckpt[4096] = "";
   ampc_train_state ts = {.seed = a.c.seed};
   ampc_dataset_preprocessing(s.train, a.c.normalize, &ts.preprocessing); /* recorded in checkpoints */
   if (resume_path[0]) {
@@ -169,6 +181,12 @@ int cmd_train(int argc, char **argv) {
       rc = 1;
       goto done;
     }
+    if (ts.epoch >= a.epochs) {
+      /* nothing left to do: say so rather than silently exit */
+      printf("ampc: the run in %s is finished: it trained all %lld epoch%s (%lld steps); give a larger --epochs to train on\n",
+             resume_path, (long long)ts.epoch, ts.epoch == 1 ? "" : "s", (long long)ts.step);
+      goto done;
+    }
     if (!a.quiet) fprintf(stderr, "ampc: resumed from %s at epoch %lld, batch %lld, step %lld\n", resume_path, (long long)ts.epoch + 1, (long long)ts.batch, (long long)ts.step);
   }
   signal(SIGINT, on_signal);
@@ -178,6 +196,8 @@ int cmd_train(int argc, char **argv) {
   ampc_amp_set_loss_weight(s.amp, 1.0f / (float)accum);
   ampc_amp_set_grad_stats(s.amp, a.c.amp_report);
   int is_static = !s.amp_cfg.loss_scale_dynamic;
+  double rec_loss = 0.0; /* the steps since the last step record */
+  int64_t rec_steps = 0;
   for (int epoch = (int)ts.epoch; epoch < a.epochs && rc == 0; epoch++) {
     float lr = ampc_lr_at(&sched, ocfg.lr, epoch);
     int64_t start_batch = epoch == ts.epoch ? ts.batch : 0;
@@ -194,9 +214,10 @@ int cmd_train(int argc, char **argv) {
       break;
     }
     int64_t nb = ampc_loader_batches_per_epoch(ld), b = start_batch;
-    double t0 = cli_now(), last_print = t0, prior_seconds = ts.train_seconds;
+    double t0 = cli_now(), last_print = t0 - 1.0, prior_seconds = ts.train_seconds; /* the bar shows from the first step */
     int64_t seen_here = 0;
     int micro = 0;
+    double step_loss_sum = 0.0; /* this step's micro-batch losses */
     ampc_amp_grad_stats st;
     ampc_amp_get_grad_stats(s.amp, &st, 1);
     for (;;) {
@@ -220,7 +241,10 @@ int cmd_train(int argc, char **argv) {
       ts.loss_sum += (double)l * got;
       ts.seen += got;
       seen_here += got;
+      step_loss_sum += (double)l;
       if (++micro < accum && b < nb) continue;
+      double step_loss = step_loss_sum / (double)micro;
+      step_loss_sum = 0.0;
       micro = 0;
       ampc_amp_step_info info;
       if (ampc_amp_step(s.amp, lr, &info) < 0) {
@@ -234,7 +258,7 @@ int cmd_train(int argc, char **argv) {
         ts.skipped++;
         ts.skipped_total++;
         if (is_static && !skip_nonfinite) {
-          if (tty) fprintf(stderr, "\n");
+          cli_progress_clear(&pg);
           cli_error("step %lld: non-finite loss or gradients (loss %g; first non-finite gradient: %s); stopping (--on-nonfinite skip skips such steps)",
                     (long long)ts.step, l, info.nonfinite[0] ? info.nonfinite[0] : "?");
           rc = 1;
@@ -244,10 +268,11 @@ int cmd_train(int argc, char **argv) {
         if (last_skip_report == ts.step - 1) {
           skip_repeats++;
         } else {
-          if (skip_repeats) fprintf(stderr, "%sampc: (%lld more skipped steps in a row)\n", tty ? "\n" : "", (long long)skip_repeats);
+          cli_progress_clear(&pg);
+          if (skip_repeats) fprintf(stderr, "ampc: (%lld more skipped steps in a row)\n", (long long)skip_repeats);
           skip_repeats = 0;
-          fprintf(stderr, "%sampc: step %lld: gradient overflow, step skipped, loss scale now %g; non-finite gradients in %d parameter%s: %s%s%s%s%s%s\n",
-                  tty ? "\n" : "", (long long)ts.step, info.scale, info.n_nonfinite, info.n_nonfinite == 1 ? "" : "s",
+          fprintf(stderr, "ampc: step %lld: gradient overflow, step skipped, loss scale now %g; non-finite gradients in %d parameter%s: %s%s%s%s%s%s\n",
+                  (long long)ts.step, info.scale, info.n_nonfinite, info.n_nonfinite == 1 ? "" : "s",
                   info.nonfinite[0] ? info.nonfinite[0] : "?", info.n_nonfinite > 1 ? ", " : "", info.n_nonfinite > 1 ? info.nonfinite[1] : "",
                   info.n_nonfinite > 2 ? ", " : "", info.n_nonfinite > 2 ? info.nonfinite[2] : "", info.n_nonfinite > 3 ? ", ..." : "");
         }
@@ -260,16 +285,34 @@ int cmd_train(int argc, char **argv) {
         }
       }
       ts.train_seconds = prior_seconds + (cli_now() - t0);
-      if (a.checkpoint_dir && a.save_every > 0 && ts.step % a.save_every == 0 && b < nb &&
-          save_checkpoint(&s, a.checkpoint_dir, a.keep, &ts, a.quiet) < 0) {
-        rc = 1;
-        break;
+      rec_loss += step_loss;
+      rec_steps++;
+      if (mf && a.log_every > 0 && (ts.step % a.log_every == 0 || !info.applied)) {
+        json_t *o = json_object();
+        json_object_set_new(o, "step", json_integer(ts.step));
+        json_object_set_new(o, "epoch_progress", json_real((double)epoch + (double)b / (double)nb));
+        json_object_set_new(o, "loss", json_real(rec_loss / (double)rec_steps));
+        json_object_set_new(o, "loss_scale", json_real(info.scale));
+        json_object_set_new(o, "skipped", json_boolean(!info.applied));
+        json_object_set_new(o, "lr", json_real(lr));
+        if (a.c.clip_grad_norm > 0) json_object_set_new(o, "grad_norm", json_real(info.grad_norm));
+        write_record(mf, o);
+        rec_loss = 0.0;
+        rec_steps = 0;
+      }
+      if (a.checkpoint_dir && a.save_every > 0 && ts.step % a.save_every == 0 && b < nb) {
+        cli_progress_clear(&pg);
+        if (save_checkpoint(&s, a.checkpoint_dir, a.keep, &ts, a.quiet, last_ckpt) < 0) {
+          rc = 1;
+          break;
+        }
       }
       if (stop_requested) break;
       double now = cli_now();
-      if (!a.quiet && (tty ? now - last_print > 0.5 : (b % (nb / 4 > 0 ? nb / 4 : 1) == 0 && b < nb))) {
+      if (pg.tty ? now - last_print > 0.25 : (b % (nb / 4 > 0 ? nb / 4 : 1) == 0 && b < nb)) {
         double el = now - t0, ips = (double)seen_here / (el > 0 ? el : 1e-9);
-        progress(tty, epoch + 1, b, nb, ts.loss_sum / (double)ts.seen, ips, (double)(nb - b) * el / (double)(b - start_batch));
+        cli_progress_update(&pg, epoch + 1, a.epochs, b, nb, ts.loss_sum / (double)ts.seen, ips, info.scale,
+                            (double)(nb - b) * el / (double)(b - start_batch));
         last_print = now;
       }
     }
@@ -277,14 +320,20 @@ int cmd_train(int argc, char **argv) {
     if (stop_requested) {
       /* SIGINT/SIGTERM: save where we are and stop cleanly */
       const char *dir = a.checkpoint_dir ? a.checkpoint_dir : "checkpoints";
-      if (tty) fprintf(stderr, "\n");
-      fprintf(stderr, "ampc: %s received: saving a checkpoint at step %lld and stopping\n", stop_requested == SIGINT ? "SIGINT" : "SIGTERM", (long long)ts.step);
+      cli_progress_clear(&pg);
+      fprintf(stderr, "ampc: %s received at epoch %d, batch %lld/%lld: saving a checkpoint at step %lld and stopping\n",
+              stop_requested == SIGINT ? "SIGINT" : "SIGTERM", epoch + 1, (long long)b, (long long)nb, (long long)ts.step);
       /* the default folder is taken only now: take its lock like --checkpoint-dir's */
-      if ((!a.checkpoint_dir && cli_ckptdir_lock("saving a checkpoint", dir) < 0) || save_checkpoint(&s, dir, a.keep, &ts, 0) < 0) rc = 1;
+      if ((!a.checkpoint_dir && cli_ckptdir_lock("saving a checkpoint", dir) < 0) || save_checkpoint(&s, dir, a.keep, &ts, 0, last_ckpt) < 0)
+        rc = 1;
+      else
+        fprintf(stderr, "ampc: resume with: ampc train ... --resume %s\n", dir);
+      interrupted = 1;
       break;
     }
     if (skip_repeats) {
-      fprintf(stderr, "%sampc: (%lld more skipped steps in a row)\n", tty ? "\n" : "", (long long)skip_repeats);
+      cli_progress_clear(&pg);
+      fprintf(stderr, "ampc: (%lld more skipped steps in a row)\n", (long long)skip_repeats);
       skip_repeats = 0;
       last_skip_report = -1;
     }
@@ -298,10 +347,21 @@ int cmd_train(int argc, char **argv) {
     double secs = train_time + (cli_now() - te0);
     double train_loss = ts.seen ? ts.loss_sum / (double)ts.seen : NAN;
     double ips = (double)ts.seen / (train_time > 0 ? train_time : 1e-9);
-    if (tty) fprintf(stderr, "\r%*s\r", 100, "");
-    printf("epoch %d: train_loss %.4f test_loss %.4f test_acc %.4f %.1f img/s %.1fs loss_scale %g skipped %lld\n",
-           epoch + 1, train_loss, test_loss, test_acc, ips, secs, ampc_scaler_scale(ampc_amp_scaler(s.amp, 0)), (long long)ts.skipped);
+    cli_progress_clear(&pg);
+    if (a.c.amp_report) ampc_amp_get_grad_stats(s.amp, &st, 1);
+    double uf = st.values ? (double)st.underflow / (double)st.values : 0.0;
+    printf("epoch %d: train_loss %.4f test_loss %.4f test_acc %.4f %.1f img/s %.1fs loss_scale %g skipped %lld", epoch + 1, train_loss,
+           test_loss, test_acc, ips, secs, ampc_scaler_scale(ampc_amp_scaler(s.amp, 0)), (long long)ts.skipped);
+    /* --amp-report's figures, with or without a metrics file */
+    if (a.c.amp_report) printf(" grad_underflow %.4f%% of %lld half values, grad_max_abs %.4g", 100.0 * uf, (long long)st.values, st.max_abs);
+    printf("\n");
     fflush(stdout);
+    epochs_run++;
+    last_acc = test_acc;
+    if (test_acc > best_acc) {
+      best_acc = test_acc;
+      best_epoch = epoch + 1;
+    }
     if (mf) {
       json_t *o = json_object();
       json_object_set_new(o, "epoch", json_integer(epoch + 1));
@@ -320,18 +380,11 @@ int cmd_train(int argc, char **argv) {
       json_object_set_new(o, "skipped_steps_total", json_integer(ts.skipped_total));
       json_object_set_new(o, "memory", cli_memory_json(&mem));
       if (a.c.amp_report) {
-        ampc_amp_get_grad_stats(s.amp, &st, 1);
         json_object_set_new(o, "grad_half_values", json_integer(st.values));
-        json_object_set_new(o, "grad_underflow_fraction", json_real(st.values ? (double)st.underflow / (double)st.values : 0.0));
+        json_object_set_new(o, "grad_underflow_fraction", json_real(uf));
         json_object_set_new(o, "grad_max_abs", json_real(st.max_abs));
       }
-      char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(8));
-      if (line) {
-        fprintf(mf, "%s\n", line);
-        fflush(mf);
-        free(line);
-      }
-      json_decref(o);
+      write_record(mf, o);
     }
     if (a.checkpoint_dir) {
       ampc_train_state next = ts;
@@ -340,15 +393,40 @@ int cmd_train(int argc, char **argv) {
       next.loss_sum = 0.0;
       next.seen = next.skipped = 0;
       next.train_seconds = 0.0;
-      if (save_checkpoint(&s, a.checkpoint_dir, a.keep, &next, a.quiet) < 0) {
+      if (save_checkpoint(&s, a.checkpoint_dir, a.keep, &next, a.quiet, last_ckpt) < 0) {
         rc = 1;
         break;
       }
     }
   }
-  if (rc == 0 && a.save) {
-    const char *meta[] = {"format", "ampc-weights-1", "model", ampc_model_name(s.model), NULL};
-    if (cli_save_weights(&s, a.save, meta) < 0) rc = 1;
+  int saved = 0;
+  if (rc == 0 && a.save && epochs_run + interrupted > 0) {
+    if (interrupted && !a.save_on_interrupt) {
+      fprintf(stderr, "ampc: --save %s not written: the run stopped mid-epoch (--save-on-interrupt writes it anyway)\n", a.save);
+    } else {
+      const char *meta[] = {"format", "ampc-weights-1", "model", ampc_model_name(s.model), NULL};
+      if (cli_save_weights(&s, a.save, meta) < 0) rc = 1;
+      else saved = 1;
+    }
+  }
+  if (rc == 0 && epochs_run + interrupted > 0 && !a.quiet) {
+    /* the summary: what the run did and what it wrote */
+    ampc_mem_report end;
+    ampc_amp_memory(s.amp, &end);
+    size_t acc_bytes = 0;
+    for (int c = 0; c < AMPC_MEM_COUNT; c++) acc_bytes += ampc_mem_total(&end, (ampc_mem_category)c);
+    fprintf(stderr, "ampc: %s in %.1fs: %d epoch%s, %lld steps (%lld skipped), ", interrupted ? "stopped" : "done", cli_now() - run_t0,
+            epochs_run, epochs_run == 1 ? "" : "s", (long long)ts.step, (long long)ts.skipped_total);
+    if (best_epoch) fprintf(stderr, "test_acc best %.4f (epoch %d) final %.4f, ", best_acc, best_epoch, last_acc);
+    fprintf(stderr, "loss scale %g, peak memory %ld MB (accounted %.1f MB)\n", ampc_scaler_scale(ampc_amp_scaler(s.amp, 0)),
+            peak_rss_mb(), (double)acc_bytes / 1e6);
+    if (mf || saved || last_ckpt[0]) {
+      fprintf(stderr, "ampc: wrote");
+      if (mf) fprintf(stderr, " metrics %s%s", a.metrics, saved || last_ckpt[0] ? "," : "");
+      if (saved) fprintf(stderr, " weights %s%s", a.save, last_ckpt[0] ? "," : "");
+      if (last_ckpt[0]) fprintf(stderr, " checkpoints in %s (last %s)", a.checkpoint_dir ? a.checkpoint_dir : "checkpoints", last_ckpt);
+      fprintf(stderr, "\n");
+    }
   }
 done:
   ampc_loader_free(ld);

@@ -14,7 +14,7 @@ void train_args_init(train_args *a) {
 }
 
 int train_args_opts(train_args *a, cli_opt *opts) {
-  int n = cli_common_opts(&a->c, opts, 1);
+  int n = cli_common_opts(&a->c, opts, CLI_OPTS_ALL);
   opts[n++] = (cli_opt){"--epochs", OPT_INT, &a->epochs, "N", "epochs (default 3)", 1, NULL};
   opts[n++] = (cli_opt){"--optimizer", OPT_STRING, &a->optimizer, "NAME", "sgd, adam or adamw (default adam)", 0, NULL};
   opts[n++] = (cli_opt){"--lr", OPT_FLOAT, &a->lr, "X", "learning rate (default 1e-3)", 0, &a->lr_given};
@@ -34,8 +34,10 @@ int train_args_opts(train_args *a, cli_opt *opts) {
   opts[n++] = (cli_opt){"--warmup-start", OPT_FLOAT, &a->warmup_start, "X", "warm-up start factor (default 0.1)", 0, NULL};
   opts[n++] = (cli_opt){"--augment", OPT_ONOFF, &a->augment, "on|off", "random crop (pad 4) and flip (default: on for CIFAR)", 0, &a->augment_given};
   opts[n++] = (cli_opt){"--metrics", OPT_STRING, &a->metrics, "FILE", "write one JSON object per epoch to FILE", 0, NULL};
-  opts[n++] = (cli_opt){"--save", OPT_STRING, &a->save, "FILE", "save the trained weights (safetensors)", 0, NULL};
-  opts[n++] = (cli_opt){"--checkpoint-dir", OPT_STRING, &a->checkpoint_dir, "DIR", "save a checkpoint at each epoch end (and on SIGINT/SIGTERM) in DIR; one run per DIR (it locks DIR/.lock)", 0, NULL};
+  opts[n++] = (cli_opt){"--log-every", OPT_I64, &a->log_every, "N", "also a step record (step, loss, loss_scale, skipped, lr, grad_norm) in --metrics every N optimizer steps and at every skipped step", 1, NULL};
+  opts[n++] = (cli_opt){"--save", OPT_STRING, &a->save, "FILE", "save the trained weights (safetensors) when the run completes", 0, NULL};
+  opts[n++] = (cli_opt){"--save-on-interrupt", OPT_FLAG, &a->save_on_interrupt, NULL, "write --save also when SIGINT/SIGTERM stops the run mid-epoch", 0, NULL};
+  opts[n++] = (cli_opt){"--checkpoint-dir", OPT_STRING, &a->checkpoint_dir, "DIR", "save a checkpoint at each epoch end (and on SIGINT/SIGTERM) in DIR (default for the SIGINT/SIGTERM save: ./checkpoints); one run per DIR (it locks DIR/.lock)", 0, NULL};
   opts[n++] = (cli_opt){"--save-every", OPT_I64, &a->save_every, "N", "also save every N optimizer steps", 1, NULL};
   opts[n++] = (cli_opt){"--keep", OPT_INT, &a->keep, "K", "keep only the last K complete checkpoints (default: all)", 1, NULL};
   opts[n++] = (cli_opt){"--resume", OPT_STRING, &a->resume, "FILE|DIR", "continue a run from a checkpoint (a folder: its latest)", 0, NULL};
@@ -79,6 +81,10 @@ int train_args_check(const train_args *a, ampc_optim_config *ocfg, ampc_lr_sched
   sched->warmup_start_factor = a->warmup_start;
   if (ampc_lr_schedule_validate(sched) < 0) {
     cli_lib_error("--lr-schedule");
+    return -1;
+  }
+  if (a->log_every > 0 && !a->metrics) {
+    cli_error("--log-every: step records are written to the metrics file: give --metrics FILE too");
     return -1;
   }
   *skip_nonfinite = 0;

@@ -13,8 +13,8 @@ typedef struct {
   float lr, momentum, weight_decay, beta1, beta2, eps, dampening, gamma, eta_min, warmup_start;
   int nesterov, amsgrad, augment, augment_given, quiet;
   const char *checkpoint_dir, *resume, *on_nonfinite;
-  int64_t save_every;
-  int keep;
+  int64_t save_every, log_every;
+  int keep, save_on_interrupt;
   int64_t step_size, warmup;
   int lr_given, wd_given, beta1_given, beta2_given, eps_given;
 } train_args;

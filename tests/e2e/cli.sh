@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# The command line behaves: the progress bar on a terminal of 80 columns
+# (redrawn in place, never wider than the terminal) and plain lines
+# elsewhere, the end-of-run summary, step records, and no silent surprises:
+# Ctrl-C says what it saved and where and leaves --save alone unless asked,
+# the default checkpoint folder is in --help, a finished run says so on
+# resume, --amp-report prints without --metrics, eval and grad take only
+# their own options, usage errors exit 2 and others 1, errors name the flag
+# or the file, bench labels an f32 run f32, summary lists every layer.
+set -u
+ampc="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; dir="$2"
+rm -rf "$dir"; mkdir -p "$dir"
+pass=0; fail=0
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+data=/usr/share/datasets/fashion-mnist
+if [ ! -e "$data/train-images-idx3-ubyte.gz" ]; then
+  echo "skipped: $data not installed"; echo "0 passed, 0 failed"; exit 0
+fi
+small=(--model cnn --train-limit 1024 --test-limit 256 --batch-size 64)
+
+# --- the progress bar in a pseudo-terminal ------------------------------------------------
+# runpty.py COLS OUT ARGS...: runs ARGS on a terminal COLS wide, its output into OUT
+cat > "$dir/runpty.py" <<'EOF'
+import fcntl, os, pty, struct, sys, termios
+cols, out, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(args[0], args)
+fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, cols, 0, 0))
+buf = b""
+while True:
+    try:
+        chunk = os.read(fd, 4096)
+    except OSError:
+        break
+    if not chunk:
+        break
+    buf += chunk
+os.waitpid(pid, 0)
+open(out, "wb").write(buf)
+EOF
+# frames.py FILE COLS MUST...: the bar's frames fit in COLS - 1 and the last holds every MUST
+cat > "$dir/frames.py" <<'EOF'
+import re, sys
+t = open(sys.argv[1], "rb").read().decode("utf-8", "replace")
+cols, must = int(sys.argv[2]), sys.argv[3:]
+frames = [re.sub(r"\x1b\[K", "", f) for f in re.split(r"[\r\n]", t)]
+frames = [f for f in frames if f.startswith("epoch ") and "[" in f]
+assert frames, "no progress frames"
+assert "\r" in t and "\x1b[K" in t, "not redrawn in place"
+assert max(len(f) for f in frames) <= cols - 1, max(frames, key=len)
+for part in must:
+    assert part in frames[-1], (part, frames[-1])
+assert re.search(r"^epoch \d/2 \[[#.]+\] \d+/32", frames[-1]), frames[-1]
+EOF
+python3 "$dir/runpty.py" 80 "$dir/pty80.txt" "$ampc" train --model cnn --train-limit 2048 --test-limit 64 --batch-size 64 --threads 1 --epochs 2 --opt-level O2
+python3 "$dir/frames.py" "$dir/pty80.txt" 80 "loss " "img/s" "ETA " "scale " &&
+  ok "progress bar at 80 columns: redrawn in place, at most 79 wide, with loss, img/s, scale and ETA" || bad "progress bar at 80 columns"
+python3 "$dir/runpty.py" 44 "$dir/pty44.txt" "$ampc" train --model cnn --train-limit 2048 --test-limit 64 --batch-size 64 --threads 1 --epochs 2 --opt-level O2
+python3 "$dir/frames.py" "$dir/pty44.txt" 44 "loss " && ok "progress bar at 44 columns: fits, keeps the count and the loss" || bad "progress bar at 44 columns"
+
+# plain lines when not a terminal, and the summary at the end
+"$ampc" train "${small[@]}" --epochs 2 --opt-level O2 --metrics "$dir/m.jsonl" --log-every 3 --save "$dir/w.safetensors" \
+  --checkpoint-dir "$dir/ck" > "$dir/out.txt" 2> "$dir/err.txt"
+if grep -q $'\r' "$dir/err.txt"; then bad "no carriage returns when stderr is not a terminal"; else ok "plain progress lines when stderr is a file"; fi
+if grep -q "^ampc: done in [0-9.]*s: 2 epochs, 32 steps ([0-9]* skipped), test_acc best 0\.[0-9]* (epoch [12]) final 0\.[0-9]*, loss scale [0-9]*, peak memory [0-9]* MB" "$dir/err.txt" &&
+   grep -q "^ampc: wrote metrics $dir/m.jsonl, weights $dir/w.safetensors, checkpoints in $dir/ck (last $dir/ck/ckpt-step-00000032.safetensors)" "$dir/err.txt"; then
+  ok "the summary: time, epochs, steps, best and final accuracy, scale, peak memory, the paths written"
+else
+  bad "the summary"; tail -3 "$dir/err.txt"
+fi
+python3 - "$dir/m.jsonl" <<'EOF' && ok "--log-every 3: step records every 3 steps and at each skipped one, with step, loss, loss_scale, skipped, lr" || bad "step records"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+steps = [r for r in recs if "step" in r and "epoch" not in r]
+epochs = [r for r in recs if "epoch" in r]
+every3 = [r["step"] for r in steps if not r["skipped"]]
+assert every3 == list(range(3, 33, 3)), every3
+assert all(r["step"] % 3 == 0 or r["skipped"] for r in steps)
+assert all(set(r) >= {"step", "loss", "loss_scale", "skipped", "lr"} for r in steps)
+assert sum(1 for r in steps if r["skipped"]) == sum(e["skipped_steps"] for e in epochs)
+assert len(epochs) == 2
+EOF
+
+# --- Ctrl-C ------------------------------------------------------------------------------
+for extra in "" --save-on-interrupt; do
+  d="$dir/int$extra"; mkdir -p "$d"
+  (cd "$d" && exec "$ampc" train --model cnn --train-limit 20000 --test-limit 128 --epochs 1 --batch-size 64 --quiet \
+     --save "$d/w.safetensors" $extra > out.txt 2> err.txt) &
+  pid=$!
+  for _ in $(seq 100); do [ -e "$d/err.txt" ] && break; sleep 0.1; done
+  sleep 3
+  kill -INT $pid; wait $pid; rc=$?
+  ck=$(ls "$d/checkpoints" 2>/dev/null | head -1)
+  if [ $rc = 0 ] && [ -n "$ck" ] && grep -q "SIGINT received at epoch 1, batch [0-9]*/313: saving a checkpoint at step" "$d/err.txt" &&
+     grep -q "ampc: saved checkpoints/$ck" "$d/err.txt" && grep -q "resume with: ampc train ... --resume checkpoints" "$d/err.txt"; then
+    ok "Ctrl-C${extra:+ $extra}: exit 0, says where it stopped, what it saved (checkpoints/$ck) and how to resume"
+  else
+    bad "Ctrl-C${extra:+ $extra}: rc $rc"; cat "$d/err.txt"
+  fi
+  if [ -z "$extra" ]; then
+    if [ ! -e "$d/w.safetensors" ] && grep -q -- "--save $d/w.safetensors not written: the run stopped mid-epoch (--save-on-interrupt writes it anyway)" "$d/err.txt"; then
+      ok "Ctrl-C leaves --save unwritten and says so"
+    else bad "Ctrl-C wrote --save or said nothing"; fi
+  else
+    if [ -s "$d/w.safetensors" ]; then ok "Ctrl-C with --save-on-interrupt writes --save"; else bad "--save-on-interrupt"; fi
+  fi
+done
+
+# --- help, resume of a finished run, --amp-report ---------------------------------------
+if "$ampc" train --help | grep -q -- "--checkpoint-dir DIR.*default for the SIGINT/SIGTERM save: ./checkpoints"; then ok "train --help names the default checkpoint folder"; else bad "default checkpoint folder in --help"; fi
+out=$("$ampc" train "${small[@]}" --epochs 2 --opt-level O2 --resume "$dir/ck" 2>&1); rc=$?
+if [ $rc = 0 ] && echo "$out" | grep -q "is finished: it trained all 2 epochs (32 steps); give a larger --epochs to train on"; then ok "resuming a finished run: $(echo "$out" | tail -1)"; else bad "resume of a finished run: rc $rc '$out'"; fi
+out=$("$ampc" train "${small[@]}" --epochs 1 --opt-level O2 --amp-report --quiet 2>&1)
+if echo "$out" | grep -q "^epoch 1: .* grad_underflow [0-9.]*% of [0-9]* half values, grad_max_abs [0-9.e+-]*$"; then ok "--amp-report without --metrics prints its figures"; else bad "--amp-report without --metrics: '$out'"; fi
+
+# --- each command its own options; exit codes; errors name the flag or file ---------------
+for c in eval grad; do
+  opts=$("$ampc" $c --help | grep -o -- '--[a-z0-9-]*' | sort -u | tr '\n' ' ')
+  leaked=$(for o in --loss-scale --grad-accum --clip-grad-norm --master-weights --stochastic-rounding --amp-report --train-limit --epochs --lr; do
+             echo " $opts " | grep -q -- " $o " && echo "$o"; done)
+  if [ -z "$leaked" ]; then ok "$c --help lists only its own options"; else bad "$c --help lists training options: $leaked"; fi
+done
+check() { # expected status, text, command...
+  local want=$1 text=$2; shift 2
+  local err; err=$("$@" 2>&1 >/dev/null); local rc=$?
+  if [ $rc = "$want" ] && [ "$(echo "$err" | wc -l)" = 1 ] && echo "$err" | grep -qF -- "$text"; then ok "exit $want: $err"; else bad "wanted exit $want and '$text': rc $rc, '$err'"; fi
+}
+check 2 "eval: unknown option '--loss-scale'" "$ampc" eval --loss-scale 8 --weights "$dir/w.safetensors"
+check 2 "grad: unknown option '--grad-accum'" "$ampc" grad --grad-accum 2 --weights a --batch b --out c
+check 2 "--master-weights: amp: master_weights makes no sense with O1" "$ampc" train --opt-level O1 --master-weights on
+check 2 "--opt-level: amp: unknown opt level 'O9'" "$ampc" eval --opt-level O9 --weights "$dir/w.safetensors"
+check 2 "--model: unknown model 'vgg'" "$ampc" bench --model vgg
+check 1 "$dir/none.safetensors" "$ampc" eval --test-limit 64 --weights "$dir/none.safetensors"
+printf 'not a safetensors file' > "$dir/junk.safetensors"
+check 1 "$dir/junk.safetensors" "$ampc" eval --test-limit 64 --weights "$dir/junk.safetensors"
+
+# --- bench and summary ----------------------------------------------------------------------
+if "$ampc" bench --model mlp --steps 1 --opt-level O0 | head -1 | grep -q "O0 (f32)" &&
+   "$ampc" bench --model mlp --steps 1 --opt-level O2 --half bf16 | head -1 | grep -q "O2 (bf16)"; then
+  ok "bench labels O0 f32 and O2 bf16"
+else bad "bench's precision label"; fi
+s=$("$ampc" summary --model resnet18)
+if echo "$s" | grep -q "^layer1.0.relu1 .*ReLU" && echo "$s" | grep -q "^layer1.0.add .*Add" && echo "$s" | grep -q "^avgpool " &&
+   [ "$("$ampc" summary --model cnn | grep -c ReLU)" = 3 ]; then
+  ok "summary lists every layer of every model (ResNet-18's ReLUs, adds and pool too)"
+else bad "summary rows"; fi
+
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]
