@@ -154,18 +154,18 @@ static inline __attribute__((always_inline)) void bwd_taps(const dconv_geom *g, 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(AMPC_NO_CLONES)
 #define DCONV_X86 1
 DCONV_BODY(__attribute__((target("avx2,fma"))), fwd_sample_avx2, bwd_plane_avx2)
-static int dconv_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #else
 #define DCONV_X86 0
-static int dconv_avx2(void) { return 0; }
 #endif
+/* the device's instruction-set level decides (chosen once, with the rest) */
+static int dconv_avx2(const ampc__op_call *c) { return DCONV_X86 && cpu_ctx(c)->isa->avx2; }
 DCONV_BODY(, fwd_sample, bwd_plane)
 
 ampc_status ampc__cpu_direct_fwd(const ampc__op_call *c) {
   dconv_geom g = dconv_geometry(c);
   const ampc_tensor *x = &c->in[0], *y = &c->out;
   const ampc_tensor *b = c->n_in > 2 && c->in[2].data ? &c->in[2] : NULL;
-  int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads, avx2 = dconv_avx2();
+  int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads, avx2 = dconv_avx2(c);
   if (ampc__cpu_direct_ws(c, nt) > c->ws_size) return ampc__error(AMPC_ESTATE, "conv2d: direct workspace too small");
   float *shared = (float *)c->ws;
   const float *wf = cpu_load(&c->in[1], 0, (size_t)(g.O * g.C * 9), shared);
@@ -194,7 +194,7 @@ ampc_status ampc__cpu_direct_bwd_weights(const ampc__op_call *c) {
   dconv_geom g = dconv_geometry(c);
   const ampc_tensor *x = &c->in[0], *dy = &c->dout, *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 && c->din[2].data ? &c->din[2] : NULL;
-  int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads, avx2 = dconv_avx2(), nth_used = 1;
+  int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads, avx2 = dconv_avx2(c), nth_used = 1;
   size_t nw = (size_t)(g.O * g.C * 9);
   if (ampc__cpu_direct_ws(c, nt) > c->ws_size) return ampc__error(AMPC_ESTATE, "conv2d: direct workspace too small");
 #pragma omp parallel num_threads(nt)

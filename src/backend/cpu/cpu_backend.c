@@ -93,6 +93,7 @@ static ampc_status cpu_create(ampc__device *d) {
   cd->ctx.nthreads = d->opts.threads;
   cd->ctx.conv_algo = d->opts.conv;
   cd->isa = ampc__cpu_isa_best();
+  cd->ctx.isa = cd->isa;
   cd->scratch = malloc(ampc__cpu_scratch_floats(d->opts.threads) * sizeof(float));
   if (!cd->scratch) {
     free(cd);
@@ -112,7 +113,9 @@ static void cpu_destroy(ampc__device *d) {
 
 void ampc__cpu_set_isa(ampc__device *d, const ampc__cpu_isa *isa) {
   AMPC_ASSERT(isa != NULL);
-  ((ampc__cpu_dev *)ampc__cpu_device_of(d)->impl)->isa = isa;
+  ampc__cpu_dev *cd = ampc__cpu_device_of(d)->impl;
+  cd->isa = isa;
+  cd->ctx.isa = isa;
 }
 
 static void cpu_stats(ampc__device *d, ampc_backend_stats *out, int reset) {

@@ -11,9 +11,11 @@
 /* What the cpu kernels know of their device, beside the op call: its options
  * and where profiling and gradient statistics go. The backend's run() sets
  * the call's ctx to it. */
+struct ampc__cpu_isa;
 typedef struct {
   int nthreads;
   int conv_algo;          /* ampc_conv_algo */
+  const struct ampc__cpu_isa *isa; /* the device's instruction-set level */
   double *timers;         /* profiling: conv backward data [0], weights [1]; NULL when off */
   int64_t *grad_stats;    /* weight gradients stored into 16-bit: [0] values, [1] underflowed; NULL when off */
 } ampc__cpu_ctx;
@@ -21,8 +23,9 @@ static inline const ampc__cpu_ctx *cpu_ctx(const ampc__op_call *c) { return (con
 
 /* The kernels of one instruction-set level, chosen once per device: the
  * AVX2+FMA+F16C build where the CPU has those, else the baseline. */
-typedef struct {
+typedef struct ampc__cpu_isa {
   const char *name;
+  int avx2;  /* 1: AVX2 + FMA + F16C code (the direct convolution's loops take it too) */
   /* buf: momentum buffer (NULL when momentum == 0) */
   void (*sgd)(const ampc__optim_consts *k, size_t n, float *w, const float *g, float gmul, float *buf);
   /* vmax: NULL unless amsgrad */

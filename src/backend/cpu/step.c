@@ -103,9 +103,9 @@ __attribute__((target("avx2,fma"))) static void adam_avx2(const ampc__optim_cons
 }
 #endif
 
-const ampc__cpu_isa ampc__cpu_isa_baseline = {"baseline", sgd_scalar, adam_scalar};
+const ampc__cpu_isa ampc__cpu_isa_baseline = {"baseline", 0, sgd_scalar, adam_scalar};
 #ifdef STEP_HAVE_AVX2
-static const ampc__cpu_isa isa_avx2 = {"avx2+fma+f16c", sgd_avx2, adam_avx2};
+static const ampc__cpu_isa isa_avx2 = {"avx2+fma+f16c", 1, sgd_avx2, adam_avx2};
 const ampc__cpu_isa *const ampc__cpu_isa_avx2 = &isa_avx2;
 #else
 const ampc__cpu_isa *const ampc__cpu_isa_avx2 = NULL;
