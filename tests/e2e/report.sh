@@ -79,6 +79,15 @@ PY
 if "$ampc" report steps.jsonl O0.jsonl -o steps.html 2> steps.err; then ok "report with step records"; else bad "report with step records"; cat steps.err; fi
 check_page steps.html steps.jsonl O0.jsonl
 grep -q 'id="chart-step_loss"' steps.html && grep -q 'id="chart-grad_norm"' steps.html && ok "per-step loss and gradient norm charts" || bad "per-step charts missing"
+# and the step records of a real run (train --log-every, with clipping: grad_norm)
+if "$ampc" train --model cnn --epochs 2 --train-limit 2048 --test-limit 512 --opt-level O2 --quiet --metrics real.jsonl \
+     --log-every 4 --clip-grad-norm 5 > train_real.log 2>&1 && "$ampc" report real.jsonl -o real.html 2> real.err; then
+  ok "report of a real run with --log-every 4: $(grep -c '"step"' real.jsonl) records"
+else
+  bad "report of a real run with step records"; cat train_real.log real.err
+fi
+check_page real.html real.jsonl
+grep -q 'id="chart-step_loss"' real.html && grep -q 'id="chart-grad_norm"' real.html && ok "its per-step loss and gradient norm charts" || bad "per-step charts of a real run"
 # a resumed run appends: the later record of an epoch counts
 { cat O0.jsonl; tail -1 O0.jsonl | sed 's/"test_acc":[0-9.e-]*/"test_acc":0.5/'; } > resumed.jsonl
 "$ampc" report resumed.jsonl -o resumed.html 2> /dev/null
