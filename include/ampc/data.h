@@ -131,6 +131,11 @@ typedef struct {
  * only). */
 void ampc_dataset_preprocessing(const ampc_dataset *d, int normalize, ampc_preprocessing *out);
 
+/* p as the JSON object checkpoints record ({"dataset", "normalize",
+ * "shape": [C, H, W], "mean", "std", "formula"}), for a weights file's
+ * metadata; a string the caller frees with free(), NULL when out of memory. */
+char *ampc_preprocessing_json(const ampc_preprocessing *p);
+
 typedef struct {
   int batch_size;          /* B, >= 1 */
   int shuffle;             /* 1: a new permutation every epoch; 0: file order */

@@ -168,6 +168,13 @@ static json_t *preprocessing_json(const ampc_preprocessing *p) {
                    "x[c] = (pixel[c] / 255 - mean[c]) / std[c], images (N, C, H, W) in [0, 255]");
 }
 
+char *ampc_preprocessing_json(const ampc_preprocessing *p) {
+  json_t *o = p ? preprocessing_json(p) : NULL;
+  char *js = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
+  json_decref(o);
+  return js;
+}
+
 static void preprocessing_from_json(json_t *o, ampc_preprocessing *p) {
   const char *ds = json_string_value(json_object_get(o, "dataset"));
   json_t *shape = json_object_get(o, "shape"), *mean = json_object_get(o, "mean"), *std = json_object_get(o, "std");

@@ -73,6 +73,24 @@ else
   else
     bad "train cnn"; cat "$dir/train_cnn.log"
   fi
+  # a weights file from --save records the preprocessing too, and export carries it on
+  if "$ampc" train --model mlp --epochs 1 --train-limit 512 --test-limit 128 --quiet --save "$dir/mlp_w.safetensors" > "$dir/train_mlp.log" 2>&1 &&
+    "$ampc" export "$dir/mlp_w.safetensors" -o "$dir/mlp_x.safetensors" 2> "$dir/mlp_x.err" &&
+    grep -q "preprocessing recorded in the metadata" "$dir/mlp_x.err" &&
+    "$py" - "$dir/mlp_w.safetensors" "$dir/mlp_x.safetensors" <<'PY'
+import json, struct, sys
+for path in sys.argv[1:]:
+    with open(path, "rb") as f:
+        meta = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))["__metadata__"]
+    p = json.loads(meta["preprocessing"])
+    assert p["dataset"] == "fashion-mnist" and p["shape"] == [1, 28, 28] and p["normalize"], p
+    assert abs(p["mean"][0] - 0.286) < 1e-6 and abs(p["std"][0] - 0.353) < 1e-6, p
+PY
+  then
+    ok "train --save records the preprocessing; export of the weights file carries it"
+  else
+    bad "preprocessing in a --save weights file"; cat "$dir/train_mlp.log" "$dir/mlp_x.err"
+  fi
 fi
 
 # --- ResNet-18 on a generated CIFAR-10 folder at O2 ------------------------------

@@ -102,7 +102,7 @@ int cmd_export(int argc, char **argv) {
   int rc = 0;
   /* what the input says about itself */
   const char *fmt = ampc_st_metadata(f, "format"), *model = ampc_st_metadata(f, "model");
-  json_t *info = NULL, *pre = NULL;
+  json_t *info = NULL, *pre = NULL, *pre_owned = NULL;
   if (fmt && strcmp(fmt, "ampc-checkpoint") == 0) {
     json_error_t je;
     const char *js = ampc_st_metadata(f, "ampc");
@@ -115,6 +115,11 @@ int cmd_export(int argc, char **argv) {
     }
     model = json_string_value(json_object_get(info, "model"));
     pre = json_object_get(info, "preprocessing");
+  } else if (ampc_st_metadata(f, "preprocessing")) {
+    /* a weights file (train --save) keeps it as its own metadata entry */
+    json_error_t je;
+    pre_owned = json_loads(ampc_st_metadata(f, "preprocessing"), 0, &je);
+    pre = pre_owned;
   }
 
   size_t n = ampc_st_count(f), nout = 0, from_master = 0;
@@ -223,6 +228,7 @@ int cmd_export(int argc, char **argv) {
   free(bufs);
   free(t);
   json_decref(info);
+  json_decref(pre_owned);
   ampc_st_close(f);
   return rc;
 }

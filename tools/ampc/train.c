@@ -404,9 +404,12 @@ int cmd_train(int argc, char **argv) {
     if (interrupted && !a.save_on_interrupt) {
       fprintf(stderr, "ampc: --save %s not written: the run stopped mid-epoch (--save-on-interrupt writes it anyway)\n", a.save);
     } else {
-      const char *meta[] = {"format", "ampc-weights-1", "model", ampc_model_name(s.model), NULL};
+      /* the preprocessing goes with the weights, as in checkpoints and exports */
+      char *pre = ts.preprocessing.dataset[0] ? ampc_preprocessing_json(&ts.preprocessing) : NULL;
+      const char *meta[] = {"format", "ampc-weights-1", "model", ampc_model_name(s.model), pre ? "preprocessing" : NULL, pre, NULL};
       if (cli_save_weights(&s, a.save, meta) < 0) rc = 1;
       else saved = 1;
+      free(pre);
     }
   }
   if (rc == 0 && epochs_run + interrupted > 0 && !a.quiet) {
