@@ -208,7 +208,27 @@ def make_cli():
         put("cli", name, b"\0".join(a.encode() for a in args))
 
 
+# ---- report: one metrics file, or two separated by a form feed -----------
+
+def make_report():
+    # a real run's records (ampc train --metrics --log-every 2, 2 epochs)
+    with open(os.path.join(HERE, "seed_report_run.jsonl"), "rb") as f:
+        run = f.read()
+    lines = run.splitlines(keepends=True)
+    put("report", "run", run)
+    put("report", "two_runs", run + b"\f" + b"".join(lines[:3]))
+    put("report", "resumed", run + b"".join(lines[2:]))
+    put("report", "steps_only", b"".join(l for l in lines if l.startswith(b'{"step"')))
+    put("report", "epoch_min", b'{"epoch":1,"train_loss":1e308,"test_acc":-0.0}\n{"epoch":9223372036854775807}\n')
+    put("report", "bad_json", lines[0][:40] + b"\n")
+    put("report", "not_object", b"[1,2]\n")
+    put("report", "nul", b'{"epoch":1}\0\n')
+    put("report", "bad_types", b'{"epoch":"1","loss":null}\n{"step":-3,"loss":"x"}\n')
+    put("report", "memory", b'{"epoch":1,"memory":{"parameters":{"f16":10,"total":10},"x":[1],"total":1e300}}\n')
+
+
 def main():
+    make_report()
     make_idx()
     make_cifar()
     make_safetensors()

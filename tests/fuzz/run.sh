@@ -10,7 +10,7 @@
 # build-fuzz/corpus/<target>/, which keeps what the fuzzer finds across runs;
 # a crashing input is written to build-fuzz/artifacts/ and its path printed.
 # Replay one with: build-fuzz/tests/fuzz/fuzz_<target> <file>
-# Environment: FUZZ_TARGETS (default "idx cifar safetensors cli pair checkpoint"),
+# Environment: FUZZ_TARGETS (default "idx cifar safetensors cli pair checkpoint report"),
 # AMPC_FUZZ_BUILD (default <repo>/build-fuzz), AMPC_FUZZ_SRC (default the repo),
 # FUZZ_RSS_MB (libFuzzer's -rss_limit_mb, default 2560).
 set -uo pipefail
@@ -23,7 +23,7 @@ secs=$1
 here=$(cd "$(dirname "$0")" && pwd)
 src=${AMPC_FUZZ_SRC:-$(cd "$here/../.." && pwd)}
 build=${AMPC_FUZZ_BUILD:-$src/build-fuzz}
-targets=${FUZZ_TARGETS:-idx cifar safetensors cli pair checkpoint}
+targets=${FUZZ_TARGETS:-idx cifar safetensors cli pair checkpoint report}
 
 if ! grep -q "tests/fuzz" "$src/CMakeLists.txt"; then
   echo "run.sh: $src/CMakeLists.txt does not add tests/fuzz (see tests/fuzz/CMakeLists.txt)" >&2

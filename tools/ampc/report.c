@@ -226,7 +226,7 @@ static int cmp_step(const void *a, const void *b) {
 
 /* Sorts by epoch (step) and keeps the last record of each. */
 static void dedupe(run_t *r) {
-  qsort(r->ep, r->nep, sizeof *r->ep, cmp_epoch);
+  if (r->nep > 1) qsort(r->ep, r->nep, sizeof *r->ep, cmp_epoch);
   size_t k = 0;
   for (size_t i = 0; i < r->nep; i++) {
     if (k && r->ep[k - 1].epoch == r->ep[i].epoch) {
@@ -237,7 +237,7 @@ static void dedupe(run_t *r) {
     }
   }
   r->nep = k;
-  qsort(r->st, r->nst, sizeof *r->st, cmp_step);
+  if (r->nst > 1) qsort(r->st, r->nst, sizeof *r->st, cmp_step);
   k = 0;
   for (size_t i = 0; i < r->nst; i++) {
     if (k && r->st[k - 1].step == r->st[i].step) r->st[k - 1] = r->st[i];
@@ -395,6 +395,10 @@ static double py(const axes *a, double y) {
   return CH - MB - (v - a->y0) / (a->y1 - a->y0) * (CH - MT - MB);
 }
 
+/* Ticks on an axis, at most: the loops count, so a step too small to move a
+ * value of that magnitude cannot make them endless. */
+#define MAX_TICKS 32
+
 /* 1, 2 or 5 times a power of ten, about range / target. */
 static double nice_step(double range, int target) {
   double raw = range / target, p = pow(10.0, floor(log10(raw))), f = raw / p;
@@ -448,9 +452,10 @@ static void render_chart(sbuf *b, chart *c, const run_t *runs, size_t nruns, jso
     }
   }
   if (!points) return; /* nothing of this kind in any run */
-  if (a.x1 - a.x0 < 1e-12) {
-    a.x0 -= 1;
-    a.x1 += 1;
+  if (a.x1 - a.x0 < 1e-12 * fmax(1.0, fabs(a.x1))) { /* one x: a range around it that its magnitude can hold */
+    double h = fmax(1.0, fabs(a.x1) * 1e-6);
+    a.x0 -= h;
+    a.x1 += h;
   }
   if (c->logy) {
     a.y0 = floor(a.y0) - (a.y1 - a.y0 < 1 ? 1 : 0);
@@ -488,7 +493,7 @@ static void render_chart(sbuf *b, chart *c, const run_t *runs, size_t nruns, jso
   if (c->logy) {
     int step = (int)ceil((a.y1 - a.y0) / 6.0);
     if (step < 1) step = 1;
-    for (double e = ceil(a.y0); e <= a.y1 + 1e-9; e += step) {
+    for (double e = ceil(a.y0); e <= a.y1 + 1e-9 && e - ceil(a.y0) < MAX_TICKS * step; e += step) {
       double y = py(&a, exp2(e));
       if (e >= -7 && e <= 24) snprintf(lab, sizeof lab, "%.10g", exp2(e)); /* 65536, 0.5 */
       else snprintf(lab, sizeof lab, "2^%.0f", e);
@@ -496,8 +501,10 @@ static void render_chart(sbuf *b, chart *c, const run_t *runs, size_t nruns, jso
       sb_printf(b, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", ML - 6, y + 4, lab);
     }
   } else {
-    double step = nice_step(a.y1 - a.y0, 5);
-    for (double v = ceil(a.y0 / step) * step; v <= a.y1 + step * 1e-9; v += step) {
+    double step = nice_step(a.y1 - a.y0, 5), first = ceil(a.y0 / step);
+    for (int i = 0; i < MAX_TICKS; i++) {
+      double v = (first + i) * step;
+      if (!(v <= a.y1 + step * 1e-9)) break;
       double y = py(&a, v);
       tick_label(lab, sizeof lab, v, c->yfmt, step);
       sb_printf(b, "<line class=\"grid\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>", ML, CW - MR, y, y);
@@ -507,7 +514,10 @@ static void render_chart(sbuf *b, chart *c, const run_t *runs, size_t nruns, jso
   /* x ticks */
   double xstep = nice_step(a.x1 - a.x0, 6);
   if (c->xinteger && xstep < 1) xstep = 1;
-  for (double v = ceil(a.x0 / xstep) * xstep; v <= a.x1 + xstep * 1e-9; v += xstep) {
+  double xfirst = ceil(a.x0 / xstep);
+  for (int i = 0; i < MAX_TICKS; i++) {
+    double v = (xfirst + i) * xstep;
+    if (!(v <= a.x1 + xstep * 1e-9)) break;
     double x = px(&a, v);
     tick_label(lab, sizeof lab, v, FMT_PLAIN, xstep);
     sb_printf(b, "<line class=\"xtick\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>", x, x, CH - MB, CH - MB + 5);
