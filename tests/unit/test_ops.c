@@ -267,6 +267,9 @@ static void fill_input(net *t, ampc_value v, uint64_t stream, float lo, float hi
  * size (tiles; 0 = the library's choice), a hook of the CPU backend. */
 static ampc_conv_algo test_conv_algo = AMPC_CONV_AUTO;
 extern int64_t ampc__cpu_wino_tile_target;
+/* Winograd's tile where everything is f32 (0: the library's choice, F(2x2);
+ * 4: F(4x4), the tile of 16-bit storage), a hook of the CPU backend. */
+extern int ampc__cpu_wino_f32_tile;
 
 /* Records the op graph for batch n, compiles it with precision pr and fills
  * the inputs. threads > 0 is set before compile. Returns 0 when it worked. */
@@ -774,7 +777,8 @@ TEST(conv2d) { run_kind(K_CONV); }
 /* Every case again with the plain im2col path forced, and with Winograd
  * forced wherever it applies (stride 1, 3x3): with the default chunks, with
  * chunks that cut a sample into bands of tile rows, and with chunks of
- * several samples. */
+ * several samples; in f32 with both tiles, F(2x2) (the default there) and
+ * F(4x4) (the one of 16-bit storage). */
 TEST(conv2d_im2col) {
   test_conv_algo = AMPC_CONV_IM2COL;
   run_kind(K_CONV);
@@ -783,11 +787,15 @@ TEST(conv2d_im2col) {
 TEST(conv2d_winograd) {
   static const int64_t targets[] = {0, 5, 20};
   test_conv_algo = AMPC_CONV_WINOGRAD;
-  for (int i = 0; i < 3; i++) {
-    ampc__cpu_wino_tile_target = targets[i];
-    run_kind(K_CONV);
+  for (int t = 0; t < 2; t++) {
+    ampc__cpu_wino_f32_tile = t ? 4 : 0;
+    for (int i = 0; i < 3; i++) {
+      ampc__cpu_wino_tile_target = targets[i];
+      run_kind(K_CONV);
+    }
   }
   ampc__cpu_wino_tile_target = 0;
+  ampc__cpu_wino_f32_tile = 0;
   test_conv_algo = AMPC_CONV_AUTO;
 }
 /* and the direct loop forced wherever it applies (stride 1, 3x3) */
