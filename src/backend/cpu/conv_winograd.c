@@ -28,7 +28,7 @@
  * a ReLU input near zero flips, which puts a gradient's error against
  * float64 at ~1e-3 instead of ~1e-6 for every tensor before it (with F(4x4)
  * the median over ResNet-18's tensors was there in 29 of 32 batches of 8,
- * PyTorch fp32's in 15, F(2x2)'s in 12, im2col's in 9), and the input
+ * PyTorch fp32's in 14, F(2x2)'s in 12, im2col's in 9), and the input
  * gradient's error reaches every layer below (where nothing flipped, F(4x4)
  * backward data alone made the median error 3x PyTorch's); see
  * tests/unit/test_conv_accuracy.c. With 16-bit storage the rounding to
