@@ -35,13 +35,15 @@ extern "C" {
 #endif
 
 /* How the cpu backends compute convolutions. AUTO (the default) uses
- * Winograd F(4x4, 3x3) for stride-1 3x3 kernels where it is faster (8 or
- * more input and output channels), a direct loop for stride-1 3x3 kernels
- * over inputs of at most 4 channels (a first layer), and im2col matrix
- * products elsewhere; IM2COL forces the plain path (the reference the others
- * are tested against); WINOGRAD and DIRECT use theirs wherever it applies
- * (stride 1, 3x3, padding 0..2; the direct loop computes forward and the
- * weight gradient, the input gradient stays with im2col). */
+ * Winograd for stride-1 3x3 kernels where it is faster (8 or more input and
+ * output channels: F(4x4, 3x3) with 16-bit storage; where input, weight and
+ * output are all f32, F(2x2, 3x3), about as accurate as a direct sum, except
+ * for the weight gradient, F(4x4, 3x3) always), a direct loop for stride-1
+ * 3x3 kernels over inputs of at most 4 channels (a first layer), and im2col
+ * matrix products elsewhere; IM2COL forces the plain path (the reference the
+ * others are tested against); WINOGRAD and DIRECT use theirs wherever it
+ * applies (stride 1, 3x3, padding 0..2; the direct loop computes forward and
+ * the weight gradient, the input gradient stays with im2col). */
 typedef enum { AMPC_CONV_AUTO = 0, AMPC_CONV_IM2COL = 1, AMPC_CONV_WINOGRAD = 2, AMPC_CONV_DIRECT = 3 } ampc_conv_algo;
 
 /* Options of a backend; each backend reads the ones it has. */

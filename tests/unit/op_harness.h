@@ -274,6 +274,9 @@ static void fill_input(net *t, ampc_value v, uint64_t stream, float lo, float hi
  * size (tiles; 0 = the library's choice), a hook of the CPU backend. */
 static ampc_conv_algo test_conv_algo = AMPC_CONV_AUTO;
 extern int64_t ampc__cpu_wino_tile_target;
+/* Winograd's tile where everything is f32 (0: the library's choice, F(2x2);
+ * 4: F(4x4), the tile of 16-bit storage), a hook of the CPU backend. */
+extern int ampc__cpu_wino_f32_tile;
 
 /* The backend graphs are built on. */
 static const char *test_backend = "cpu";

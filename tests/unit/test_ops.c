@@ -146,7 +146,8 @@ TEST(conv2d) { run_kind(K_CONV); }
 /* Every case again with the plain im2col path forced, and with Winograd
  * forced wherever it applies (stride 1, 3x3): with the default chunks, with
  * chunks that cut a sample into bands of tile rows, and with chunks of
- * several samples. */
+ * several samples; in f32 with both tiles, F(2x2) (the default there) and
+ * F(4x4) (the one of 16-bit storage). */
 TEST(conv2d_im2col) {
   test_conv_algo = AMPC_CONV_IM2COL;
   run_kind(K_CONV);
@@ -155,11 +156,15 @@ TEST(conv2d_im2col) {
 TEST(conv2d_winograd) {
   static const int64_t targets[] = {0, 5, 20};
   test_conv_algo = AMPC_CONV_WINOGRAD;
-  for (int i = 0; i < 3; i++) {
-    ampc__cpu_wino_tile_target = targets[i];
-    run_kind(K_CONV);
+  for (int t = 0; t < 2; t++) {
+    ampc__cpu_wino_f32_tile = t ? 4 : 0;
+    for (int i = 0; i < 3; i++) {
+      ampc__cpu_wino_tile_target = targets[i];
+      run_kind(K_CONV);
+    }
   }
   ampc__cpu_wino_tile_target = 0;
+  ampc__cpu_wino_f32_tile = 0;
   test_conv_algo = AMPC_CONV_AUTO;
 }
 /* and the direct loop forced wherever it applies (stride 1, 3x3) */

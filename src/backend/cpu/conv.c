@@ -59,6 +59,11 @@ static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
   return g;
 }
 
+/* The build of the kernels' vector code in use. Defined here, with the
+ * convolutions (the bulk of the vector code), to keep the backend's table
+ * file untouched; it speaks for every CPU_VECTOR kernel. */
+const char *ampc_kernel_path(void) { return cpu_vector_path(); }
+
 /* Winograd where the graph asks for it, or (AUTO) where it is faster: with
  * few channels the transforms cost more than the products they save. */
 static int use_winograd(const ampc__op_call *c) {

@@ -1,16 +1,41 @@
-/* Winograd F(4x4, 3x3) convolution for stride-1 3x3 kernels.
+/* Winograd F(4x4, 3x3) and F(2x2, 3x3) convolution for stride-1 3x3 kernels.
  *
- * Each 4x4 block of outputs is computed from a 6x6 input tile with 36
- * products per (input, output) channel pair instead of 144:
+ * Each m x m block of outputs (m = 4 or 2) is computed from an a x a input
+ * tile (a = m + 2) with a*a products per (input, output) channel pair
+ * instead of 9*m*m (F(4x4): 36 instead of 144; F(2x2): 16 instead of 36):
  *
  *   Y = A^T [ U (.) V ] A,   U = G g G^T (weights),   V = B^T d B (input tile)
  *
  * where (.) is the element-wise product summed over input channels. Summed
- * over channels, each of the 36 transform points is one matrix product
+ * over channels, each of the a*a transform points is one matrix product
  *
  *   M[xi] (tiles, co) = V[xi] (tiles, ci) * U[xi]^T (ci, co)
  *
- * done by sgemm. The matrices are Lavin and Gray's (points 0, +-1, +-2, inf).
+ * done by sgemm. The matrices are Lavin and Gray's (points 0, +-1, +-2, inf
+ * for F(4x4); 0, +-1, inf for F(2x2)).
+ *
+ * Which tile: F(4x4) costs fewer products, but it is the less accurate: its
+ * output transform (entries up to 8, with cancellation) amplifies the
+ * rounding of the channel sums. Measured in f32 on ResNet-18's layer shapes
+ * (64 to 512 channels, batch 8): forward outputs 6.8-13x as far from exact
+ * as im2col's sums, input gradients 11-12x; F(2x2) 1.1-2.3x and 1.7-1.8x;
+ * PyTorch's fp32 convolution 1.4-3.7x and 1.0-1.4x. Other points do not
+ * close that gap: 0, +-1, +-1/2, inf is the mirror image of 0, +-1, +-2, inf
+ * (the same error: the scalings between them are powers of 2), mixing them
+ * (1/2 and -2) cuts it by a third. So where a convolution's input, weight
+ * and output are all stored in f32 (O0, where the point is f32's accuracy),
+ * forward and backward data use F(2x2): the forward error decides how often
+ * a ReLU input near zero flips, which puts a gradient's error against
+ * float64 at ~1e-3 instead of ~1e-6 for every tensor before it (with F(4x4)
+ * the median over ResNet-18's tensors was there in 29 of 32 batches of 8,
+ * PyTorch fp32's in 14, F(2x2)'s in 12, im2col's in 9), and the input
+ * gradient's error reaches every layer below (where nothing flipped, F(4x4)
+ * backward data alone made the median error 3x PyTorch's); see
+ * tests/unit/test_conv_accuracy.c. With 16-bit storage the rounding to
+ * f16/bf16 (2^-11, 2^-8 relative) dwarfs F(4x4)'s, which stays there.
+ * Backward weights is F(4x4) always: its error (7-9x im2col's) stays in the
+ * weight gradient, where it is small next to what reaches it from above.
+ *
  * V and M keep channels innermost, in blocks of 8, so that every transform
  * is a handful of 8-wide vector operations per tile: a band of input planes
  * is staged channel-interleaved (and converted from half storage on the way),
@@ -25,8 +50,9 @@
  * it has few (deep layers, whose transformed weights are the bulk of the
  * traffic) every thread works on the same chunk: transforms are split by
  * (sample, block of 8 channels), the products by transform point, handed out
- * as threads come free, with a barrier between phases. Either way a chunk's arithmetic is the same, so
- * results are the same bits for any thread count and any timing.
+ * as threads come free, with a barrier between phases. Either way a chunk's
+ * arithmetic is the same, so results are the same bits for any thread count
+ * and any timing.
  *
  * Backward data is the same convolution of dY with the weights rotated by 180
  * degrees and their channel axes swapped, padded by 2 - pad. Backward weights
@@ -38,12 +64,18 @@
 
 #include "backend/cpu/cpu_internal.h"
 
-enum { WG_M = 4, WG_A = 6, WG_NP = 36, WG_VL = 8, WG_MIN_TILES = 96 };
+/* WG_NP: the transform points of F(4x4) (6 x 6), the most of either tile;
+ * backward weights always uses it. */
+enum { WG_NP = 36, WG_VL = 8, WG_MIN_TILES = 96 };
 #define WG_CHUNK_BYTES ((size_t)1 << 20)
 
 /* Tiles per chunk when > 0 instead of the size chosen for the cache: a hook
  * for tests, which use it to exercise chunks of bands and of several samples. */
 int64_t ampc__cpu_wino_tile_target = 0;
+/* The tile (2 or 4) of forward and backward data where everything is stored
+ * in f32, when set; 0: F(2x2) there (see above). A hook for tests and
+ * measurements, which run F(4x4) in f32 with it. */
+int ampc__cpu_wino_f32_tile = 0;
 
 typedef cpu_v8 v8;
 #define LD(p) CPU_LD8(p)
@@ -61,8 +93,9 @@ static size_t wg_pstride(int64_t n) {
 }
 
 /* One convolution as Winograd sees it: ci input channels of ih x iw planes,
- * padded by pad, into co output channels of oh x ow. */
+ * padded by pad, into co output channels of oh x ow, in m x m tiles. */
 typedef struct {
+  int64_t m, a, np;  /* outputs per tile side (4 or 2), inputs (m + 2), transform points (a * a) */
   int64_t N, ci, co, ci8, co8, ih, iw, oh, ow, pad;
   int64_t th, tw;   /* tile rows and columns */
   int64_t nb, rb;   /* samples per chunk; tile rows per chunk (th when nb > 1) */
@@ -71,19 +104,21 @@ typedef struct {
   int64_t band;     /* floats of one plane's loaded input band or output band */
 } wg_geom;
 
-static wg_geom wg_geometry(int64_t N, int64_t ci, int64_t co, int64_t ih, int64_t iw, int64_t oh, int64_t ow, int64_t pad) {
+static wg_geom wg_geometry(int64_t m, int64_t N, int64_t ci, int64_t co, int64_t ih, int64_t iw, int64_t oh, int64_t ow,
+                           int64_t pad) {
   wg_geom g;
+  g.m = m; g.a = m + 2; g.np = g.a * g.a;
   g.N = N; g.ci = ci; g.co = co; g.ci8 = up8(ci); g.co8 = up8(co);
   g.ih = ih; g.iw = iw; g.oh = oh; g.ow = ow; g.pad = pad;
-  g.th = (oh + WG_M - 1) / WG_M; g.tw = (ow + WG_M - 1) / WG_M;
-  int64_t target = (int64_t)(WG_CHUNK_BYTES / ((size_t)WG_NP * sizeof(float) * (size_t)(g.ci8 + g.co8)));
+  g.th = (oh + m - 1) / m; g.tw = (ow + m - 1) / m;
+  int64_t target = (int64_t)(WG_CHUNK_BYTES / ((size_t)g.np * sizeof(float) * (size_t)(g.ci8 + g.co8)));
   if (target < WG_MIN_TILES) target = WG_MIN_TILES;
   if (ampc__cpu_wino_tile_target > 0) target = ampc__cpu_wino_tile_target;
   cpu_blocking(target, g.tw, g.th, N, &g.nb, &g.rb);
   g.tbmax = g.nb * g.rb * g.tw;
-  g.srow = WG_M * g.rb + 2;
-  g.scol = WG_M * g.tw + 2;
-  int64_t in = g.srow * iw, out = WG_M * g.rb * ow;
+  g.srow = m * g.rb + 2;
+  g.scol = m * g.tw + 2;
+  int64_t in = g.srow * iw, out = m * g.rb * ow;
   g.band = in > out ? in : out;
   return g;
 }
@@ -92,7 +127,7 @@ static wg_geom wg_geometry(int64_t N, int64_t ci, int64_t co, int64_t ih, int64_
  * bias. Per thread: a staged band of 8 interleaved planes, 8 planes' bands
  * and its conversion buffer, a row of weights. */
 typedef struct {
-  wg_geom f, d; /* forward (and backward weights); backward data */
+  wg_geom f, d, w; /* forward; backward data; backward weights (F(4x4) always) */
   size_t off_v, off_m, off_wf, off_db, shared, per_thread; /* floats */
   size_t vm;                                               /* a V and M pair; one per thread from off_v */
   size_t off_du, du;                                       /* backward weights by slots: WG_SLOTS partial dU of du */
@@ -174,9 +209,9 @@ CPU_VECTOR static void wg_gemm_small(int64_t m, int64_t n, int64_t k, const floa
 
 /* UT[xi] (cols, up8(rows)) = U[xi] (rows, up8(cols))^T, zero past rows; the
  * transform points from xi0 in steps of step. */
-static void wg_transpose_u(const float *U, int64_t rows, int64_t cols, float *UT, int64_t xi0, int64_t step) {
+static void wg_transpose_u(const float *U, int64_t np, int64_t rows, int64_t cols, float *UT, int64_t xi0, int64_t step) {
   int64_t ldu = up8(cols), ldt = up8(rows);
-  for (int64_t xi = xi0; xi < WG_NP; xi += step) {
+  for (int64_t xi = xi0; xi < np; xi += step) {
     const float *u = U + (size_t)xi * rows * ldu;
     float *t = UT + (size_t)xi * cols * ldt;
     for (int64_t c = 0; c < cols; c++)
@@ -184,24 +219,38 @@ static void wg_transpose_u(const float *U, int64_t rows, int64_t cols, float *UT
   }
 }
 
+/* The tile of forward and backward data: F(2x2) where input, weight and
+ * output are all stored in f32, else F(4x4) (see the top of the file). */
+static int64_t wg_tile(const ampc__op_call *c) {
+  int f32 = c->in[0].dtype == AMPC_DTYPE_F32 && c->in[1].dtype == AMPC_DTYPE_F32 && c->out.dtype == AMPC_DTYPE_F32;
+  if (!f32) return 4;
+  return ampc__cpu_wino_f32_tile == 4 ? 4 : 2;
+}
+
+/* Floats of one chunk's V or M: its transform points, each pstride apart. */
+static size_t wg_vm_floats(const wg_geom *g, int64_t c8) { return (size_t)g->np * wg_pstride(c8 * g->tbmax); }
+
 static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
   wg_layout L;
   const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape, *y = &c->out.shape;
   int64_t N = x->d[0], C = x->d[1], H = x->d[2], W = x->d[3], O = w->d[0], OH = y->d[2], OW = y->d[3], p = c->attr.pad;
-  L.f = wg_geometry(N, C, O, H, W, OH, OW, p);
-  L.d = wg_geometry(N, O, C, OH, OW, H, W, 2 - p);
-  int64_t c8 = up8(C > O ? C : O), tb = L.f.tbmax > L.d.tbmax ? L.f.tbmax : L.d.tbmax;
+  int64_t m = wg_tile(c);
+  L.f = wg_geometry(m, N, C, O, H, W, OH, OW, p);
+  L.d = wg_geometry(m, N, O, C, OH, OW, H, W, 2 - p);
+  L.w = wg_geometry(4, N, C, O, H, W, OH, OW, p);
+  int64_t c8 = up8(C > O ? C : O);
+  size_t vm1 = zmax(zmax(wg_vm_floats(&L.f, c8), wg_vm_floats(&L.d, c8)), wg_vm_floats(&L.w, c8));
   L.off_v = (size_t)(WG_NP * c8 * c8);
-  L.off_m = L.off_v + WG_NP * wg_pstride(c8 * tb);
+  L.off_m = L.off_v + vm1;
   /* the weight in f32 is needed only while U is made, before any chunk: it
    * shares V and M's space, growing it when it does not fit */
-  L.vm = 2 * WG_NP * wg_pstride(c8 * tb);
+  L.vm = 2 * vm1;
   size_t vm = L.vm * (size_t)(nthreads < 1 ? 1 : nthreads), wf = (size_t)(O * C * 9);
   L.off_wf = L.off_v;
   L.off_db = L.off_v + (vm > wf ? vm : wf);
   L.off_du = L.off_db + (size_t)up8(O) + 16;
-  L.du = (size_t)(WG_NP * O) * (size_t)L.f.ci8;
-  int slots = wg_chunks(&L.f) >= WG_PRIVATE_CHUNKS * 2 && WG_SLOTS * L.du * sizeof(float) <= WG_SLOT_BYTES;
+  L.du = (size_t)(WG_NP * O) * (size_t)L.w.ci8;
+  int slots = wg_chunks(&L.w) >= WG_PRIVATE_CHUNKS * 2 && WG_SLOTS * L.du * sizeof(float) <= WG_SLOT_BYTES;
   if (!slots) L.du = 0;
   L.shared = L.off_du + WG_SLOTS * L.du;
   /* forward and backward data with few channels multiply by U^T with the
@@ -211,8 +260,11 @@ static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
     L.off_ut = L.shared;
     L.shared += (size_t)(WG_NP * c8 * c8);
   }
-  size_t st = zmax((size_t)(L.f.srow * L.f.scol), (size_t)(L.d.srow * L.d.scol)) * WG_VL;
-  size_t band = zmax((size_t)L.f.band, (size_t)L.d.band), wrow = (size_t)(9 * c8);
+  /* staging: the forward input, backward data's output gradient and backward
+   * weights' input (rows of srow x scol positions), or backward weights'
+   * output gradient (4 * rb x 4 * tw, fewer) */
+  size_t st = zmax(zmax((size_t)(L.f.srow * L.f.scol), (size_t)(L.d.srow * L.d.scol)), (size_t)(L.w.srow * L.w.scol)) * WG_VL;
+  size_t band = zmax(zmax((size_t)L.f.band, (size_t)L.d.band), (size_t)L.w.band), wrow = (size_t)(9 * c8);
   L.off_st = 0;
   L.off_band = L.off_st + st;
   L.off_tmp = L.off_band + WG_VL * band;
@@ -230,7 +282,7 @@ size_t ampc__cpu_wino_ws(const ampc__op_call *c, int nthreads) {
 
 #define WG_VECTOR CPU_VECTOR
 
-/* v = B^T d */
+/* F(4x4, 3x3). v = B^T d */
 static inline void in1(const v8 d[6], v8 v[6]) {
   v[0] = 4.0f * d[0] - 5.0f * d[2] + d[4];
   v[1] = d[3] + d[4] - 4.0f * (d[1] + d[2]);
@@ -275,59 +327,120 @@ static inline void wt1(const v8 u[6], v8 g[3]) {
   g[2] = s6 * (u[3] + u[4] - u[1] - u[2]) + u[5];
 }
 
+/* F(2x2, 3x3): v = B^T d, y = A^T m, u = G g (every coefficient exact) */
+static inline void in1_2(const v8 d[4], v8 v[4]) {
+  v[0] = d[0] - d[2];
+  v[1] = d[1] + d[2];
+  v[2] = d[2] - d[1];
+  v[3] = d[1] - d[3];
+}
+static inline void out1_2(const v8 m[4], v8 y[2]) {
+  y[0] = m[0] + m[1] + m[2];
+  y[1] = m[1] - m[2] - m[3];
+}
+static inline void w1_2(const v8 g[3], v8 u[4]) {
+  v8 e = g[0] + g[2];
+  u[0] = g[0];
+  u[1] = 0.5f * (e + g[1]);
+  u[2] = 0.5f * (e - g[1]);
+  u[3] = g[2];
+}
+
+/* The 1-D transforms of tile M (4 or 2, a constant where inlined). */
+#define WG_INLINE static inline __attribute__((always_inline))
+WG_INLINE void wg_in1(const v8 *d, v8 *v, const int M) {
+  if (M == 4) in1(d, v);
+  else in1_2(d, v);
+}
+WG_INLINE void wg_out1(const v8 *m, v8 *y, const int M) {
+  if (M == 4) out1(m, y);
+  else out1_2(m, y);
+}
+WG_INLINE void wg_w1(const v8 *g, v8 *u, const int M) {
+  if (M == 4) w1(g, u);
+  else w1_2(g, u);
+}
+
 /* V for the tiles of tile rows [0, nty) of a staged band st (srow x scol
  * positions of 8 channels): tile (ty, tx) goes to v + (ty*tw + tx)*ld, its
- * points vstride apart. */
-WG_VECTOR static void wg_input_tiles(const float *st, int64_t scol, int64_t nty, int64_t tw, float *v, size_t vstride,
-                                     int64_t ld) {
+ * points vstride apart; tiles of M x M outputs. */
+WG_INLINE void wg_input_tiles_m(const float *st, int64_t scol, int64_t nty, int64_t tw, float *v, size_t vstride, int64_t ld,
+                                const int M) {
+  const int A = M + 2;
   for (int64_t ty = 0; ty < nty; ty++)
     for (int64_t tx = 0; tx < tw; tx++) {
-      const float *d0 = st + ((WG_M * ty) * scol + WG_M * tx) * WG_VL;
+      const float *d0 = st + ((M * ty) * scol + M * tx) * WG_VL;
       v8 t[6][6], col[6], res[6];
-      for (int j = 0; j < 6; j++) {
-        for (int i = 0; i < 6; i++) col[i] = LD(d0 + (i * scol + j) * WG_VL);
-        in1(col, res);
-        for (int i = 0; i < 6; i++) t[i][j] = res[i];
+      for (int j = 0; j < A; j++) {
+        for (int i = 0; i < A; i++) col[i] = LD(d0 + (i * scol + j) * WG_VL);
+        wg_in1(col, res, M);
+        for (int i = 0; i < A; i++) t[i][j] = res[i];
       }
       float *vt = v + (ty * tw + tx) * ld;
-      for (int i = 0; i < 6; i++) {
-        in1(t[i], res);
-        for (int j = 0; j < 6; j++) ST(vt + (size_t)(i * 6 + j) * vstride, res[j]);
+      for (int i = 0; i < A; i++) {
+        wg_in1(t[i], res, M);
+        for (int j = 0; j < A; j++) ST(vt + (size_t)(i * A + j) * vstride, res[j]);
       }
     }
+}
+WG_VECTOR static void wg_input_tiles4(const float *st, int64_t scol, int64_t nty, int64_t tw, float *v, size_t vstride,
+                                      int64_t ld) {
+  wg_input_tiles_m(st, scol, nty, tw, v, vstride, ld, 4);
+}
+WG_VECTOR static void wg_input_tiles2(const float *st, int64_t scol, int64_t nty, int64_t tw, float *v, size_t vstride,
+                                      int64_t ld) {
+  wg_input_tiles_m(st, scol, nty, tw, v, vstride, ld, 2);
+}
+static void wg_input_tiles(const wg_geom *g, const float *st, int64_t nty, float *v, size_t vstride, int64_t ld) {
+  if (g->m == 4) wg_input_tiles4(st, g->scol, nty, g->tw, v, vstride, ld);
+  else wg_input_tiles2(st, g->scol, nty, g->tw, v, vstride, ld);
 }
 
 /* Y = A^T M A plus the bias for the tiles of tile rows [0, nty): points
  * mstride apart, tile (ty, tx) at m + (ty*tw + tx)*ld; outputs 8-interleaved
- * into y, rows of 4*tw positions. */
-WG_VECTOR static void wg_output_tiles(const float *m, size_t mstride, int64_t ld, int64_t nty, int64_t tw, const float *b8,
-                                      float *y) {
-  int64_t yc = WG_M * tw;
+ * into y, rows of M*tw positions. */
+WG_INLINE void wg_output_tiles_m(const float *m, size_t mstride, int64_t ld, int64_t nty, int64_t tw, const float *b8, float *y,
+                                 const int M) {
+  const int A = M + 2;
+  int64_t yc = M * tw;
   v8 bias = LD(b8);
   for (int64_t ty = 0; ty < nty; ty++)
     for (int64_t tx = 0; tx < tw; tx++) {
       const float *mt = m + (ty * tw + tx) * ld;
       v8 t[4][6], col[6], res[4];
-      for (int j = 0; j < 6; j++) {
-        for (int i = 0; i < 6; i++) col[i] = LD(mt + (size_t)(i * 6 + j) * mstride);
-        out1(col, res);
-        for (int i = 0; i < 4; i++) t[i][j] = res[i];
+      for (int j = 0; j < A; j++) {
+        for (int i = 0; i < A; i++) col[i] = LD(mt + (size_t)(i * A + j) * mstride);
+        wg_out1(col, res, M);
+        for (int i = 0; i < M; i++) t[i][j] = res[i];
       }
-      float *yt = y + ((WG_M * ty) * yc + WG_M * tx) * WG_VL;
-      for (int i = 0; i < 4; i++) {
-        out1(t[i], res);
-        for (int j = 0; j < 4; j++) ST(yt + (i * yc + j) * WG_VL, res[j] + bias);
+      float *yt = y + ((M * ty) * yc + M * tx) * WG_VL;
+      for (int i = 0; i < M; i++) {
+        wg_out1(t[i], res, M);
+        for (int j = 0; j < M; j++) ST(yt + (i * yc + j) * WG_VL, res[j] + bias);
       }
     }
 }
+WG_VECTOR static void wg_output_tiles4(const float *m, size_t mstride, int64_t ld, int64_t nty, int64_t tw, const float *b8,
+                                       float *y) {
+  wg_output_tiles_m(m, mstride, ld, nty, tw, b8, y, 4);
+}
+WG_VECTOR static void wg_output_tiles2(const float *m, size_t mstride, int64_t ld, int64_t nty, int64_t tw, const float *b8,
+                                       float *y) {
+  wg_output_tiles_m(m, mstride, ld, nty, tw, b8, y, 2);
+}
+static void wg_output_tiles(const wg_geom *g, const float *m, size_t mstride, int64_t ld, int64_t nty, const float *b8, float *y) {
+  if (g->m == 4) wg_output_tiles4(m, mstride, ld, nty, g->tw, b8, y);
+  else wg_output_tiles2(m, mstride, ld, nty, g->tw, b8, y);
+}
 
 /* dM = A dY A^T for the tiles of tile rows [0, nty) of a staged gradient band
- * (rows of 4*tw positions of 8 channels, zero past the plane); laid out like V. */
+ * (rows of 4*tw positions of 8 channels, zero past the plane); laid out like
+ * V. F(4x4) only (backward weights). */
 WG_VECTOR static void wg_grad_tiles(const float *st, int64_t nty, int64_t tw, float *m, size_t mstride, int64_t ld) {
-  int64_t yc = WG_M * tw;
+  int64_t yc = 4 * tw;
   for (int64_t ty = 0; ty < nty; ty++)
     for (int64_t tx = 0; tx < tw; tx++) {
-      const float *y0 = st + ((WG_M * ty) * yc + WG_M * tx) * WG_VL;
+      const float *y0 = st + ((4 * ty) * yc + 4 * tx) * WG_VL;
       v8 t[6][4], col[4], res[6];
       for (int j = 0; j < 4; j++) {
         for (int i = 0; i < 4; i++) col[i] = LD(y0 + (i * yc + j) * WG_VL);
@@ -412,11 +525,11 @@ static void wg_stage_rows(const wg_geom *g, const ampc_tensor *t, int64_t base, 
 
 /* Stages tile rows [ty0, ty1) of channels [c0, c0 + 8) of one sample (plane
  * of channel c at element (base + c) * ih*iw of t; channels >= nch are zero)
- * as st[r][q][8]: row r is input row 4*ty0 - pad + r, column q input column
+ * as st[r][q][8]: row r is input row m*ty0 - pad + r, column q input column
  * q - pad, zero outside the plane. */
 static void wg_stage(const wg_geom *g, const ampc_tensor *t, int64_t base, int64_t c0, int64_t nch, int64_t ty0, int64_t ty1,
                      float *st, float *bands) {
-  int64_t rows = WG_M * (ty1 - ty0) + 2, iy0 = WG_M * ty0 - g->pad;
+  int64_t rows = g->m * (ty1 - ty0) + 2, iy0 = g->m * ty0 - g->pad;
   int64_t lo = iy0 < 0 ? 0 : iy0, hi = iy0 + rows < g->ih ? iy0 + rows : g->ih;
   memset(st, 0, (size_t)(rows * g->scol * WG_VL) * sizeof(float));
   if (hi <= lo) return;
@@ -424,12 +537,12 @@ static void wg_stage(const wg_geom *g, const ampc_tensor *t, int64_t base, int64
                 g->scol * WG_VL);
 }
 
-/* Stages output rows [4*ty0, 4*ty1) of gradient channels [c0, c0 + 8) as
- * st[r][q][8], rows of 4*tw positions, zero past the plane. */
+/* Stages output rows [m*ty0, m*ty1) of gradient channels [c0, c0 + 8) as
+ * st[r][q][8], rows of m*tw positions, zero past the plane. */
 static void wg_stage_grad(const wg_geom *g, const ampc_tensor *dy, int64_t base, int64_t c0, int64_t ty0, int64_t ty1, float *st,
                           float *bands) {
-  int64_t yc = WG_M * g->tw, oy0 = WG_M * ty0, oy1 = WG_M * ty1 < g->oh ? WG_M * ty1 : g->oh;
-  memset(st, 0, (size_t)(WG_M * (ty1 - ty0) * yc * WG_VL) * sizeof(float));
+  int64_t yc = g->m * g->tw, oy0 = g->m * ty0, oy1 = g->m * ty1 < g->oh ? g->m * ty1 : g->oh;
+  memset(st, 0, (size_t)(g->m * (ty1 - ty0) * yc * WG_VL) * sizeof(float));
   wg_stage_rows(g, dy, base, c0, g->co, g->oh * g->ow, oy0, oy1 - oy0, g->ow, bands, st, yc * WG_VL);
 }
 
@@ -475,7 +588,7 @@ static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V,
   const wg_geom *g = a->g;
   const wg_layout *L = a->L;
   float *st = me + L->off_st, *band = me + L->off_band, *tmp = me + L->off_tmp;
-  int64_t ohw = g->oh * g->ow, cib = g->ci8 / WG_VL, cob = g->co8 / WG_VL, yc = WG_M * g->tw;
+  int64_t ohw = g->oh * g->ow, cib = g->ci8 / WG_VL, cob = g->co8 / WG_VL, yc = g->m * g->tw;
   int64_t n0, nbe, ty0, ty1;
   wg_chunk(g, k, &n0, &nbe, &ty0, &ty1);
   int64_t nty = ty1 - ty0, bt = nty * g->tw, tb = nbe * bt;
@@ -483,9 +596,9 @@ static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V,
   WG_ITEMS(it, nbe * cib, {
     int64_t s = it / cib, c0 = (it % cib) * WG_VL;
     wg_stage(g, a->in, (n0 + s) * g->ci, c0, g->ci, ty0, ty1, st, band);
-    wg_input_tiles(st, g->scol, nty, g->tw, V + s * bt * g->ci8 + c0, vstride, g->ci8);
+    wg_input_tiles(g, st, nty, V + s * bt * g->ci8 + c0, vstride, g->ci8);
   })
-  WG_ITEMS(xi, WG_NP, {
+  WG_ITEMS(xi, g->np, {
     if (a->ut)
       wg_gemm_small(tb, g->co8, g->ci, V + (size_t)xi * vstride, g->ci8, 0, a->ut + (size_t)xi * g->ci * g->co8, g->co8,
                     M + (size_t)xi * mstride, g->co8, 0);
@@ -493,11 +606,11 @@ static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V,
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tb, (int)g->co, (int)g->ci, 1.0f, V + (size_t)xi * vstride,
                   (int)g->ci8, U + (size_t)xi * g->co * g->ci8, (int)g->ci8, 0.0f, M + (size_t)xi * mstride, (int)g->co8);
   })
-  int64_t oy0 = WG_M * ty0, oy1 = WG_M * ty1 < g->oh ? WG_M * ty1 : g->oh, nrow = oy1 - oy0;
+  int64_t oy0 = g->m * ty0, oy1 = g->m * ty1 < g->oh ? g->m * ty1 : g->oh, nrow = oy1 - oy0;
   WG_ITEMS(it, nbe * cob, {
     int64_t s = it / cob, o0 = (it % cob) * WG_VL;
     static const float zero8[WG_VL] = {0};
-    wg_output_tiles(M + s * bt * g->co8 + o0, mstride, g->co8, nty, g->tw, a->bias ? a->bias + o0 : zero8, st);
+    wg_output_tiles(g, M + s * bt * g->co8 + o0, mstride, g->co8, nty, a->bias ? a->bias + o0 : zero8, st);
     for (int64_t r = 0; r < nrow; r++) {
       float *row[WG_VL];
       for (int q = 0; q < WG_VL; q++) row[q] = band + q * g->band + r * g->ow;
@@ -528,9 +641,11 @@ static void wg_conv_run(const wg_conv *a, const float *U, int tid, int nth) {
 
 /* U[xi][row][col], rows co8 ... (row-major, ci8 columns), from the f32 weight
  * wf (O, C, 3, 3): the forward weights (rot = 0: row o, column c) or the
- * rotated, transposed ones backward data uses (rot = 1: row c, column o). */
-WG_VECTOR static void wg_weights_rows(const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t row0, int64_t row1,
-                                      int64_t step) {
+ * rotated, transposed ones backward data uses (rot = 1: row c, column o);
+ * for tiles of M x M outputs. */
+WG_INLINE void wg_weights_rows_m(const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t row0, int64_t row1,
+                                 int64_t step, const int M) {
+  const int A = M + 2;
   int64_t rows = rot ? C : O, cols = rot ? O : C, ld = up8(cols);
   size_t stride = (size_t)(rows * ld);
   for (int64_t row = row0; row < row1; row += step)
@@ -544,15 +659,28 @@ WG_VECTOR static void wg_weights_rows(const float *wf, int64_t O, int64_t C, int
       v8 t[6][3], g3[3], u6[6];
       for (int j = 0; j < 3; j++) {
         for (int i = 0; i < 3; i++) g3[i] = LD(k[i * 3 + j]);
-        w1(g3, u6);
-        for (int i = 0; i < 6; i++) t[i][j] = u6[i];
+        wg_w1(g3, u6, M);
+        for (int i = 0; i < A; i++) t[i][j] = u6[i];
       }
       float *ut = U + row * ld + c0;
-      for (int i = 0; i < 6; i++) {
-        w1(t[i], u6);
-        for (int j = 0; j < 6; j++) ST(ut + (size_t)(i * 6 + j) * stride, u6[j]);
+      for (int i = 0; i < A; i++) {
+        wg_w1(t[i], u6, M);
+        for (int j = 0; j < A; j++) ST(ut + (size_t)(i * A + j) * stride, u6[j]);
       }
     }
+}
+WG_VECTOR static void wg_weights_rows4(const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t row0, int64_t row1,
+                                       int64_t step) {
+  wg_weights_rows_m(wf, O, C, rot, U, row0, row1, step, 4);
+}
+WG_VECTOR static void wg_weights_rows2(const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t row0, int64_t row1,
+                                       int64_t step) {
+  wg_weights_rows_m(wf, O, C, rot, U, row0, row1, step, 2);
+}
+static void wg_weights_rows(const wg_geom *g, const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t row0,
+                            int64_t row1, int64_t step) {
+  if (g->m == 4) wg_weights_rows4(wf, O, C, rot, U, row0, row1, step);
+  else wg_weights_rows2(wf, O, C, rot, U, row0, row1, step);
 }
 
 /* dg = G^T dU G for output channel o: dU (xi, O, ci8) -> dw (C, 3, 3) f32. */
@@ -597,10 +725,10 @@ ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
 #pragma omp parallel num_threads(cpu_ctx(c)->nthreads)
   {
     int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-    wg_weights_rows(wf, L.f.co, L.f.ci, 0, U, tid, L.f.co, nth);
+    wg_weights_rows(&L.f, wf, L.f.co, L.f.ci, 0, U, tid, L.f.co, nth);
 #pragma omp barrier
     if (ut) {
-      wg_transpose_u(U, L.f.co, L.f.ci, ut, tid, nth);
+      wg_transpose_u(U, L.f.np, L.f.co, L.f.ci, ut, tid, nth);
 #pragma omp barrier
     }
     wg_conv_run(&a, U, tid, nth);
@@ -613,7 +741,7 @@ ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
  * acc); shared by the team when nth > 1, as wg_conv_chunk. */
 static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k, float *V, float *M, float *me, int nth,
                            float *dU, int acc) {
-  const wg_geom *g = &L->f;
+  const wg_geom *g = &L->w;
   float *st = me + L->off_st, *band = me + L->off_band;
   int64_t O = g->co, C = g->ci, cib = g->ci8 / WG_VL, cob = g->co8 / WG_VL;
   int64_t n0, nbe, ty0, ty1;
@@ -624,7 +752,7 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
     int64_t s = it / (cib + cob), blk = it % (cib + cob);
     if (blk < cib) {
       wg_stage(g, &c->in[0], (n0 + s) * C, blk * WG_VL, C, ty0, ty1, st, band);
-      wg_input_tiles(st, g->scol, nty, g->tw, V + s * bt * g->ci8 + blk * WG_VL, vstride, g->ci8);
+      wg_input_tiles(g, st, nty, V + s * bt * g->ci8 + blk * WG_VL, vstride, g->ci8);
     } else {
       int64_t o0 = (blk - cib) * WG_VL;
       wg_stage_grad(g, &c->dout, (n0 + s) * O, o0, ty0, ty1, st, band);
@@ -644,7 +772,7 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
 
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
   wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads);
-  const wg_geom *g = &L.f;
+  const wg_geom *g = &L.w;
   const ampc_tensor *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
   int need_dx = dx->data != NULL, need_dw = dw->data != NULL, need_db = db && db->data;
@@ -717,10 +845,10 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
 #pragma omp parallel num_threads(cpu_ctx(c)->nthreads)
     {
       int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-      wg_weights_rows(wf, O, C, 1, U, tid, C, nth);
+      wg_weights_rows(&L.d, wf, O, C, 1, U, tid, C, nth);
 #pragma omp barrier
       if (ut) {
-        wg_transpose_u(U, C, O, ut, tid, nth);
+        wg_transpose_u(U, L.d.np, C, O, ut, tid, nth);
 #pragma omp barrier
       }
       wg_conv_run(&a, U, tid, nth);

@@ -233,6 +233,19 @@ static inline float *cpu_ws_slice(const ampc__op_call *c, int tid, size_t floats
 #else
 #define CPU_VECTOR
 #endif
+/* The build of CPU_VECTOR code the loader picks on this CPU, as its
+ * resolver does (ampc_kernel_path() reports it). */
+static inline const char *cpu_vector_path(void) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(AMPC_NO_CLONES)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("x86-64-v3") ? "avx2+fma+f16c" : "baseline";
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(AMPC_NO_CLONES)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") ? "avx2" : "baseline";
+#else
+  return "baseline";
+#endif
+}
 
 /* 8 floats (and 8 ints, for masks) as GCC/clang vector types; loads and
  * stores through them may be unaligned and alias floats. */
