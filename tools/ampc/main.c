@@ -36,8 +36,8 @@ int main(int argc, char **argv) {
   }
   if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0) {
     const ampc_version_info *v = ampc_version_get();
-    printf("ampc %s\nbuild type: %s\nbackends: %s\ncpu paths: %s (this cpu: %s)\n", v->version, v->build_type, v->backends,
-           v->cpu_paths, v->cpu_path);
+    printf("ampc %s\nbuild type: %s\nbackends: %s\ncommunicators: %s (MPI: %s)\ncpu paths: %s (this cpu: %s)\n", v->version,
+           v->build_type, v->backends, v->comms, strstr(v->comms, "mpi") ? "built" : "not built", v->cpu_paths, v->cpu_path);
     return 0;
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
