@@ -19,6 +19,7 @@ typedef struct {
   ampc_comm *comm;
   int lo, n;              /* the samples of each batch this rank trains on */
   int inf_at;             /* the step whose backward is seeded with an infinite weight (-1: none) */
+  int accum;              /* micro-batches per step (1: none) */
   ampc_amp_step_info info[STEPS];
   float *w;               /* the final weights (f32) */
 } rank;
@@ -75,18 +76,25 @@ static void *rank_run(void *arg) {
   rank *k = arg;
   float x[N * D];
   int32_t y[N];
+  int acc = k->accum > 1 ? k->accum : 1, mb = k->n / acc;
   for (int s = 0; s < STEPS; s++) {
     batch(s, x, y);
-    CHECK_OK(ampc_graph_write(k->g, ampc_model_input(k->m), x + k->lo * D, AMPC_DTYPE_F32));
-    CHECK_OK(ampc_graph_write(k->g, ampc_model_labels(k->m), y + k->lo, AMPC_DTYPE_I32));
-    CHECK_OK(ampc_amp_forward(k->amp, 1));
-    ampc_amp_set_loss_weight(k->amp, s == k->inf_at ? INFINITY : 1.0f);
-    CHECK_OK(ampc_amp_backward(k->amp, ampc_model_loss(k->m), 0, 0));
+    for (int u = 0; u < acc; u++) {
+      /* micro-batch u of this rank's samples */
+      CHECK_OK(ampc_graph_set_batch(k->g, mb));
+      CHECK_OK(ampc_graph_write(k->g, ampc_model_input(k->m), x + (k->lo + u * mb) * D, AMPC_DTYPE_F32));
+      CHECK_OK(ampc_graph_write(k->g, ampc_model_labels(k->m), y + k->lo + u * mb, AMPC_DTYPE_I32));
+      CHECK_OK(ampc_amp_forward(k->amp, 1));
+      ampc_amp_set_loss_weight(k->amp, s == k->inf_at ? INFINITY : 1.0f / (float)acc);
+      CHECK_OK(ampc_amp_backward(k->amp, ampc_model_loss(k->m), 0, u > 0));
+    }
     CHECK_OK(ampc_amp_step(k->amp, 1e-2f, &k->info[s]));
   }
   size_t n = ampc_graph_param_numel(k->g);
   k->w = malloc(n * sizeof *k->w);
+  CHECK_OK(ampc_amp_gather_state(k->amp)); /* ZeRO: every rank's shard of the masters */
   CHECK_OK(ampc_amp_param_values(k->amp, k->w));
+  ampc_amp_release_state(k->amp);
   return NULL;
 }
 
@@ -196,6 +204,135 @@ TEST(inf_on_one_rank_skips_on_both) {
   ampc_comm_free(c[1]);
 }
 
+/* Two ranks on half batches under each data-parallel setting, against the
+ * same two ranks with the defaults (vs) or one process on the full batch
+ * (one): e, the largest weight difference over the largest weight. */
+typedef struct {
+  int zero, ar_f32, accum, no_sync;
+  size_t bucket;
+} dp_setting;
+
+static double run_setting(ampc_opt_level lvl, ampc_optim_kind kind, const dp_setting *st, const float *ref, float **out_w,
+                          size_t *master_optim_bytes) {
+  rank two[2];
+  ampc_comm *c[2];
+  double e = INFINITY;
+  CHECK_OK(ampc_comm_local_create(c, 2));
+  if (rank_make_with(&two[0], 0, N / 2, lvl, c[0], kind) & rank_make_with(&two[1], N / 2, N / 2, lvl, c[1], kind)) {
+    for (int r = 0; r < 2; r++) {
+      if (st->zero) CHECK_OK(ampc_amp_set_zero(two[r].amp, 1));
+      ampc_amp_set_allreduce_f32(two[r].amp, st->ar_f32);
+      if (st->bucket) CHECK_OK(ampc_amp_set_bucket_bytes(two[r].amp, st->bucket));
+      ampc_amp_set_no_sync(two[r].amp, st->no_sync);
+      two[r].accum = st->accum;
+    }
+    run_ranks(two, 2);
+    size_t n = ampc_graph_param_numel(two[0].g);
+    int same = 1;
+    for (size_t i = 0; i < n; i++) same &= two[0].w[i] == two[1].w[i];
+    CHECK_MSG(same, "the ranks' weights differ");
+    e = ref ? max_rel(two[0].w, ref, n) : 0.0;
+    if (out_w) {
+      *out_w = two[0].w;
+      two[0].w = NULL;
+    }
+    ampc_mem_report mr;
+    ampc_amp_memory(two[0].amp, &mr);
+    if (master_optim_bytes)
+      *master_optim_bytes = ampc_mem_total(&mr, AMPC_MEM_MASTER_WEIGHTS) + ampc_mem_total(&mr, AMPC_MEM_OPTIMIZER_STATE);
+  }
+  rank_free(&two[0]);
+  rank_free(&two[1]);
+  ampc_comm_free(c[0]);
+  ampc_comm_free(c[1]);
+  return e;
+}
+
+/* ZeRO-1 (masters and Adam's state sharded, gradients reduce-scattered,
+ * weights all-gathered) gives the weights the unsharded ranks give, holding
+ * half the master and optimizer bytes; so do small buckets (each parameter
+ * its own all-reduce, started from backward's hook). */
+TEST(zero_and_buckets_change_nothing) {
+  for (int l = 0; l < 2; l++) {
+    ampc_opt_level lvl = l ? AMPC_OPT_O2 : AMPC_OPT_O0;
+    dp_setting base = {0}, zero = {.zero = 1}, small = {.bucket = 1024}, both = {.zero = 1, .bucket = 1024};
+    float *w = NULL;
+    size_t full = 0, sharded = 0;
+    run_setting(lvl, AMPC_OPTIM_ADAM, &base, NULL, &w, &full);
+    if (!w) continue;
+    double ez = run_setting(lvl, AMPC_OPTIM_ADAM, &zero, w, NULL, &sharded);
+    double eb = run_setting(lvl, AMPC_OPTIM_ADAM, &small, w, NULL, NULL);
+    double e2 = run_setting(lvl, AMPC_OPTIM_ADAM, &both, w, NULL, NULL);
+    printf("  %s: ZeRO-1 vs not %.3g, 1 KB buckets vs 25 MB %.3g, both %.3g; master + optimizer bytes per rank %zu vs %zu (%.3f)\n",
+           ampc_opt_level_name(lvl), ez, eb, e2, sharded, full, (double)sharded / (double)full);
+    CHECK_MSG(ez == 0.0 && eb == 0.0 && e2 == 0.0, "%s: weights differ", ampc_opt_level_name(lvl));
+    CHECK_MSG((double)sharded <= 0.55 * (double)full, "%s: %zu of %zu bytes", ampc_opt_level_name(lvl), sharded, full);
+    free(w);
+  }
+}
+
+/* The f32 all-reduce of f16 gradients, micro-batches (two per step on each
+ * rank, reduced after every backward or only at the step with no_sync) and
+ * ZeRO with all of them: each against one process on the full batch. */
+TEST(allreduce_f32_and_accumulation_match_one_process) {
+  for (int l = 0; l < 2; l++) {
+    ampc_opt_level lvl = l ? AMPC_OPT_O2 : AMPC_OPT_O0;
+    double tol = l ? 1e-4 : 1e-6;
+    rank one;
+    if (!rank_make_with(&one, 0, N, lvl, NULL, AMPC_OPTIM_SGD)) {
+      rank_free(&one);
+      continue;
+    }
+    rank_run(&one);
+    const dp_setting sets[] = {{.ar_f32 = 1}, {.accum = 2}, {.accum = 2, .no_sync = 1}, {.accum = 2, .bucket = 1024, .zero = 1},
+                               {.ar_f32 = 1, .zero = 1, .bucket = 1024}};
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
+      double e = run_setting(lvl, AMPC_OPTIM_SGD, &sets[i], one.w, NULL, NULL);
+      printf("  %s: f32 all-reduce %d, micro-batches %d, no_sync %d, ZeRO %d: max |w2 - w1| / max |w1| = %.3g\n",
+             ampc_opt_level_name(lvl), sets[i].ar_f32, sets[i].accum ? sets[i].accum : 1, sets[i].no_sync, sets[i].zero, e);
+      CHECK_MSG(e <= tol, "%s setting %zu: %.3g", ampc_opt_level_name(lvl), i, e);
+    }
+    rank_free(&one);
+  }
+}
+
+typedef struct {
+  rank *k;
+  ampc_status s;
+} check_arg;
+
+static void *check_thread(void *p) {
+  check_arg *c = p;
+  c->s = ampc_amp_check_ranks(c->k->amp);
+  return NULL;
+}
+
+/* A rank whose loss scale drifted is found by the rank check, on every rank. */
+TEST(rank_check_finds_a_drifted_scale) {
+  rank two[2];
+  ampc_comm *c[2];
+  CHECK_OK(ampc_comm_local_create(c, 2));
+  if (rank_make(&two[0], 0, N / 2, AMPC_OPT_O2, c[0]) & rank_make(&two[1], N / 2, N / 2, AMPC_OPT_O2, c[1])) {
+    for (int drift = 0; drift < 2; drift++) {
+      if (drift) {
+        ampc_scaler_state st;
+        ampc_scaler_get_state(ampc_amp_scaler(two[1].amp, 0), &st);
+        st.scale *= 2.0f;
+        CHECK_OK(ampc_scaler_set_state(ampc_amp_scaler(two[1].amp, 0), &st));
+      }
+      check_arg a[2] = {{&two[0], 0}, {&two[1], 0}};
+      pthread_t t[2];
+      for (int r = 0; r < 2; r++) pthread_create(&t[r], NULL, check_thread, &a[r]);
+      for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+      for (int r = 0; r < 2; r++) CHECK_MSG(drift ? a[r].s == AMPC_ESTATE : a[r].s == 0, "drift %d: rank %d: %d", drift, r, a[r].s);
+    }
+  }
+  rank_free(&two[0]);
+  rank_free(&two[1]);
+  ampc_comm_free(c[0]);
+  ampc_comm_free(c[1]);
+}
+
 TEST(local_comm_basics) {
   ampc_comm *c[3];
   CHECK_OK(ampc_comm_local_create(c, 3));
@@ -207,4 +344,6 @@ TEST(local_comm_basics) {
 }
 
 TEST_MAIN(TEST_ENTRY(two_half_batches_equal_one_full_batch), TEST_ENTRY(same_batch_on_two_ranks_is_bit_identical),
-          TEST_ENTRY(inf_on_one_rank_skips_on_both), TEST_ENTRY(local_comm_basics))
+          TEST_ENTRY(inf_on_one_rank_skips_on_both), TEST_ENTRY(zero_and_buckets_change_nothing),
+          TEST_ENTRY(allreduce_f32_and_accumulation_match_one_process), TEST_ENTRY(rank_check_finds_a_drifted_scale),
+          TEST_ENTRY(local_comm_basics))
