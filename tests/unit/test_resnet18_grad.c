@@ -184,8 +184,8 @@ static ampc_st_file *run_grad(const char *tag, const char *opts) {
   snprintf(out, sizeof out, TMP("%s.safetensors"), tag);
   snprintf(log, sizeof log, TMP("%s.log"), tag);
   snprintf(cmd, sizeof cmd,
-           "'%s' grad --model resnet18 --seed %d --threads 2 --weights '%s' --batch '%s' --out '%s' %s > '%s' 2>&1",
-           AMPC_CLI_PATH, SEED, TMP("weights.safetensors"), TMP("batch.safetensors"), out, opts, log);
+           "'%s' grad --model resnet18 --threads 2 --weights '%s' --batch '%s' --out '%s' %s > '%s' 2>&1",
+           AMPC_CLI_PATH, TMP("weights.safetensors"), TMP("batch.safetensors"), out, opts, log);
   remove(out);
   int rc = system(cmd);
   ampc_st_file *f = NULL;
