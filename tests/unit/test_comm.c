@@ -9,7 +9,7 @@
 #include "ampc/ampc.h"
 #include "test.h"
 
-enum { N = 8, D = 12, K = 5, STEPS = 4 };
+enum { N = 8, DMAX = 64, K = 5, STEPS = 4 };
 
 typedef struct {
   ampc_model *m;
@@ -20,27 +20,32 @@ typedef struct {
   int lo, n;              /* the samples of each batch this rank trains on */
   int inf_at;             /* the step whose backward is seeded with an infinite weight (-1: none) */
   int accum;              /* micro-batches per step (1: none) */
+  int feat;               /* input features: the mlp's 1 x 3 x 4, the cnn's 1 x 8 x 8 */
   ampc_amp_step_info info[STEPS];
   float *w;               /* the final weights (f32) */
 } rank;
 
-/* The batch of step s: N samples of D features, labels below K. */
+/* The batch of step s: N samples of DMAX features (a model takes the first
+ * it needs of each), labels below K. */
 static void batch(int s, float *x, int32_t *y) {
   ampc_rng r = ampc_rng_make(77 + (uint64_t)s, AMPC_RNG_STREAM_USER);
-  for (int i = 0; i < N * D; i++) x[i] = ampc_rng_normal(&r);
+  for (int i = 0; i < N * DMAX; i++) x[i] = ampc_rng_normal(&r);
   for (int i = 0; i < N; i++) y[i] = (int32_t)ampc_rng_below(&r, K);
 }
 
-static int rank_make_with(rank *k, int lo, int n, ampc_opt_level lvl, ampc_comm *c, ampc_optim_kind kind) {
+static int rank_make_model(rank *k, const char *model, int lo, int n, ampc_opt_level lvl, ampc_comm *c, ampc_optim_kind kind) {
   memset(k, 0, sizeof *k);
   k->lo = lo;
   k->n = n;
   k->comm = c;
   k->inf_at = -1;
   /* the mlp on 1 x 3 x 4 inputs: no batch norm, so a half batch sees the
-   * same function of its samples as the full one */
-  ampc_model_opts mo = {.batch = n, .channels = 1, .height = 3, .width = 4, .classes = K, .seed = 5};
-  CHECK_OK(ampc_model_create(&k->m, "mlp", &mo));
+   * same function of its samples as the full one; the cnn (batch norm) on
+   * 1 x 8 x 8 */
+  int cnn = strcmp(model, "cnn") == 0;
+  ampc_model_opts mo = {.batch = n, .channels = 1, .height = cnn ? 8 : 3, .width = cnn ? 8 : 4, .classes = K, .seed = 5};
+  k->feat = mo.height * mo.width;
+  CHECK_OK(ampc_model_create(&k->m, model, &mo));
   if (!k->m) return 0;
   k->g = ampc_model_graph(k->m);
   ampc_backend_opts bo;
@@ -54,11 +59,19 @@ static int rank_make_with(rank *k, int lo, int n, ampc_opt_level lvl, ampc_comm 
   CHECK_OK(ampc_optim_create(&k->opt, &oc, ampc_graph_param_numel(k->g)));
   ampc_amp_config ac;
   CHECK_OK(ampc_amp_config_init(&ac, lvl, AMPC_DTYPE_F16));
+  /* the cnn's last layer: a rank's f16 gradient of half the batch (its
+   * mean over 4 samples) can overflow at 2^16 where the full batch's does
+   * not -- a skip on two ranks that one process would not make */
+  if (cnn && lvl == AMPC_OPT_O2) CHECK_OK(ampc_amp_config_set(&ac, "init_scale", "1024"));
   CHECK_OK(ampc_amp_initialize(&k->amp, k->g, k->opt, &ac));
   if (!k->amp) return 0;
   ampc_amp_set_clip_grad_norm(k->amp, 0.5f);
   ampc_amp_set_comm(k->amp, c);
   return 1;
+}
+
+static int rank_make_with(rank *k, int lo, int n, ampc_opt_level lvl, ampc_comm *c, ampc_optim_kind kind) {
+  return rank_make_model(k, "mlp", lo, n, lvl, c, kind);
 }
 
 static int rank_make(rank *k, int lo, int n, ampc_opt_level lvl, ampc_comm *c) {
@@ -74,15 +87,16 @@ static void rank_free(rank *k) {
 
 static void *rank_run(void *arg) {
   rank *k = arg;
-  float x[N * D];
+  float x[N * DMAX], xr[N * DMAX];
   int32_t y[N];
   int acc = k->accum > 1 ? k->accum : 1, mb = k->n / acc;
   for (int s = 0; s < STEPS; s++) {
     batch(s, x, y);
+    for (int i = 0; i < N; i++) memcpy(xr + i * k->feat, x + i * DMAX, (size_t)k->feat * sizeof *x);
     for (int u = 0; u < acc; u++) {
       /* micro-batch u of this rank's samples */
       CHECK_OK(ampc_graph_set_batch(k->g, mb));
-      CHECK_OK(ampc_graph_write(k->g, ampc_model_input(k->m), x + (k->lo + u * mb) * D, AMPC_DTYPE_F32));
+      CHECK_OK(ampc_graph_write(k->g, ampc_model_input(k->m), xr + (k->lo + u * mb) * k->feat, AMPC_DTYPE_F32));
       CHECK_OK(ampc_graph_write(k->g, ampc_model_labels(k->m), y + k->lo + u * mb, AMPC_DTYPE_I32));
       CHECK_OK(ampc_amp_forward(k->amp, 1));
       ampc_amp_set_loss_weight(k->amp, s == k->inf_at ? INFINITY : 1.0f / (float)acc);
@@ -296,6 +310,51 @@ TEST(allreduce_f32_and_accumulation_match_one_process) {
   }
 }
 
+/* The cnn's batch norms see half batches on two ranks: with SyncBatchNorm
+ * their statistics are the full batch's and the weights follow one process
+ * within f32 summation order (O0) or f16 rounding (O2); without it they
+ * differ by design. The running statistics agree too. */
+TEST(sync_batchnorm_matches_the_full_batch) {
+  for (int l = 0; l < 2; l++) {
+    ampc_opt_level lvl = l ? AMPC_OPT_O2 : AMPC_OPT_O0;
+    double e[2] = {0, 0};
+    for (int sync = 0; sync < 2; sync++) {
+      rank one, two[2];
+      ampc_comm *c[2];
+      CHECK_OK(ampc_comm_local_create(c, 2));
+      int ok = rank_make_model(&one, "cnn", 0, N, lvl, NULL, AMPC_OPTIM_SGD) &
+               rank_make_model(&two[0], "cnn", 0, N / 2, lvl, c[0], AMPC_OPTIM_SGD) &
+               rank_make_model(&two[1], "cnn", N / 2, N / 2, lvl, c[1], AMPC_OPTIM_SGD);
+      if (ok) {
+        for (int r = 0; r < 2; r++) CHECK_OK(ampc_amp_set_sync_batchnorm(two[r].amp, sync));
+        rank_run(&one);
+        run_ranks(two, 2);
+        size_t n = ampc_graph_param_numel(one.g);
+        e[sync] = max_rel(two[0].w, one.w, n);
+        CHECK(memcmp(two[0].w, two[1].w, n * sizeof(float)) == 0);
+        for (int st = 0; st < STEPS; st++) CHECK(one.info[st].applied && two[0].info[st].applied);
+        float rm1[64], rm2[64];
+        ampc_value bn = ampc_graph_find(one.g, "5.running_var");
+        CHECK(bn >= 0);
+        if (sync && bn >= 0) {
+          CHECK_OK(ampc_graph_read(one.g, bn, rm1, AMPC_DTYPE_F32));
+          CHECK_OK(ampc_graph_read(two[1].g, ampc_graph_find(two[1].g, "5.running_var"), rm2, AMPC_DTYPE_F32));
+          CHECK(max_rel(rm2, rm1, 64) <= 1e-5);
+        }
+      }
+      rank_free(&one);
+      rank_free(&two[0]);
+      rank_free(&two[1]);
+      ampc_comm_free(c[0]);
+      ampc_comm_free(c[1]);
+    }
+    printf("  cnn %s: 2 ranks x %d vs 1 x %d: max |w2 - w1| / max |w1| = %.3g with SyncBatchNorm, %.3g without\n",
+           ampc_opt_level_name(lvl), N / 2, N, e[1], e[0]);
+    CHECK_MSG(e[1] <= (l ? 1e-3 : 1e-5), "%s: %.3g", ampc_opt_level_name(lvl), e[1]);
+    CHECK_MSG(e[0] > 10 * e[1], "%s: per-rank statistics should differ (%.3g vs %.3g)", ampc_opt_level_name(lvl), e[0], e[1]);
+  }
+}
+
 typedef struct {
   rank *k;
   ampc_status s;
@@ -345,5 +404,6 @@ TEST(local_comm_basics) {
 
 TEST_MAIN(TEST_ENTRY(two_half_batches_equal_one_full_batch), TEST_ENTRY(same_batch_on_two_ranks_is_bit_identical),
           TEST_ENTRY(inf_on_one_rank_skips_on_both), TEST_ENTRY(zero_and_buckets_change_nothing),
-          TEST_ENTRY(allreduce_f32_and_accumulation_match_one_process), TEST_ENTRY(rank_check_finds_a_drifted_scale),
+          TEST_ENTRY(allreduce_f32_and_accumulation_match_one_process), TEST_ENTRY(sync_batchnorm_matches_the_full_batch),
+          TEST_ENTRY(rank_check_finds_a_drifted_scale),
           TEST_ENTRY(local_comm_basics))
