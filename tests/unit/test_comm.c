@@ -11,6 +11,8 @@
 
 enum { N = 8, DMAX = 64, K = 5, STEPS = 4 };
 
+static const char *backend = "cpu"; /* of the ranks rank_make_model builds */
+
 typedef struct {
   ampc_model *m;
   ampc_graph *g;
@@ -51,7 +53,7 @@ static int rank_make_model(rank *k, const char *model, int lo, int n, ampc_opt_l
   ampc_backend_opts bo;
   ampc_backend_opts_default(&bo);
   bo.threads = 1; /* two ranks share the machine */
-  CHECK_OK(ampc_graph_set_backend(k->g, "cpu", &bo));
+  CHECK_OK(ampc_graph_set_backend(k->g, backend, &bo));
   ampc_optim_config oc;
   ampc_optim_config_default(&oc, kind);
   oc.lr = 1e-2f;
@@ -355,6 +357,40 @@ TEST(sync_batchnorm_matches_the_full_batch) {
   }
 }
 
+/* SyncBatchNorm's sums live in the workspace of the batch norm's call: on
+ * the guarded backend (device memory closed outside backend calls) the two
+ * ranks give the cpu backend's bits. */
+TEST(sync_batchnorm_on_the_guarded_backend) {
+  float *w[2] = {NULL, NULL};
+  for (int b = 0; b < 2; b++) {
+    backend = b ? "cpu-guarded" : "cpu";
+    rank two[2];
+    ampc_comm *c[2];
+    CHECK_OK(ampc_comm_local_create(c, 2));
+    if (rank_make_model(&two[0], "cnn", 0, N / 2, AMPC_OPT_O2, c[0], AMPC_OPTIM_ADAM) &
+        rank_make_model(&two[1], "cnn", N / 2, N / 2, AMPC_OPT_O2, c[1], AMPC_OPTIM_ADAM)) {
+      for (int r = 0; r < 2; r++) CHECK_OK(ampc_amp_set_sync_batchnorm(two[r].amp, 1));
+      for (int r = 0; r < 2; r++) CHECK_OK(ampc_amp_set_zero(two[r].amp, 1));
+      run_ranks(two, 2);
+      w[b] = two[0].w;
+      two[0].w = NULL;
+    }
+    rank_free(&two[0]);
+    rank_free(&two[1]);
+    ampc_comm_free(c[0]);
+    ampc_comm_free(c[1]);
+  }
+  backend = "cpu";
+  ampc_model_opts mo = {.batch = N / 2, .channels = 1, .height = 8, .width = 8, .classes = K, .seed = 5};
+  ampc_model *m = NULL;
+  CHECK_OK(ampc_model_create(&m, "cnn", &mo));
+  size_t n = m ? ampc_graph_param_numel(ampc_model_graph(m)) : 0;
+  CHECK_MSG(w[0] && w[1] && memcmp(w[0], w[1], n * sizeof(float)) == 0, "cpu-guarded differs from cpu");
+  ampc_model_free(m);
+  free(w[0]);
+  free(w[1]);
+}
+
 typedef struct {
   rank *k;
   ampc_status s;
@@ -405,5 +441,6 @@ TEST(local_comm_basics) {
 TEST_MAIN(TEST_ENTRY(two_half_batches_equal_one_full_batch), TEST_ENTRY(same_batch_on_two_ranks_is_bit_identical),
           TEST_ENTRY(inf_on_one_rank_skips_on_both), TEST_ENTRY(zero_and_buckets_change_nothing),
           TEST_ENTRY(allreduce_f32_and_accumulation_match_one_process), TEST_ENTRY(sync_batchnorm_matches_the_full_batch),
+          TEST_ENTRY(sync_batchnorm_on_the_guarded_backend),
           TEST_ENTRY(rank_check_finds_a_drifted_scale),
           TEST_ENTRY(local_comm_basics))
