@@ -99,7 +99,8 @@ int cmd_bench(int argc, char **argv) {
   }
 
   ampc_value loss = ampc_model_loss(s.model);
-  double t_opt = 0.0, total = 0.0;
+  double t_opt = 0.0, total = 0.0, comm_window = 0.0, comm_exposed = 0.0, comm_bytes = 0.0;
+  int comm_buckets = 0;
   int rc = 0;
   for (int it = 0; it < warmup + steps && rc == 0; it++) {
     if (it == warmup) {
@@ -118,6 +119,19 @@ int cmd_bench(int argc, char **argv) {
       t_opt += t2 - t1;
       total += t2 - t0;
     }
+    if (W > 1 && !rc && it >= warmup) {
+      /* this step's communication, the least over the ranks (untimed): a
+       * rank that reaches a collective first also waits for the others,
+       * the last to arrive for the communication alone */
+      ampc_amp_comm_stats one;
+      ampc_amp_get_comm_stats(s.amp, &one, 1);
+      double v[2] = {one.seconds, one.exposed_seconds};
+      if (ampc_comm_allreduce_host(cli_dist_comm(), v, 2, AMPC_COMM_MIN) < 0) rc = 1;
+      comm_window += v[0];
+      comm_exposed += v[1];
+      comm_bytes += one.bytes;
+      comm_buckets = one.buckets;
+    }
   }
   ampc_backend_stats bs;
   ampc_graph_backend_stats(s.g, &bs, 0); /* of the timed steps */
@@ -125,8 +139,6 @@ int cmd_bench(int argc, char **argv) {
   /* data-parallel: the overlapped steps' communication, and what the same
    * all-reduce costs when nothing overlaps it (after backward, blocking:
    * the better of two, the ranks lined up first) */
-  ampc_amp_comm_stats cs;
-  ampc_amp_get_comm_stats(s.amp, &cs, 1);
   double blocking = 0.0;
   for (int it = 0; W > 1 && it < 2 && rc == 0; it++) {
     ampc_amp_set_no_sync(s.amp, 1);
@@ -146,18 +158,11 @@ int cmd_bench(int argc, char **argv) {
     cli_session_close(&s);
     return 1;
   }
-  double comm_step = cs.steps ? cs.seconds / (double)cs.steps : 0.0, exposed_step = cs.steps ? cs.exposed_seconds / (double)cs.steps : 0.0;
-  /* A rank that reaches a collective first also waits for the others to
-   * arrive; the last to arrive waits for the transfer alone: the least over
-   * the ranks is the communication's own cost. */
-  double least[3] = {comm_step, exposed_step, blocking};
-  if (W > 1 && ampc_comm_allreduce_host(cli_dist_comm(), least, 3, AMPC_COMM_MIN) < 0) {
+  double comm_step = comm_window / steps, exposed_step = comm_exposed / steps;
+  if (W > 1 && ampc_comm_allreduce_host(cli_dist_comm(), &blocking, 1, AMPC_COMM_MIN) < 0) {
     cli_lib_error(NULL);
     cli_dist_abort(1);
   }
-  comm_step = least[0];
-  exposed_step = least[1];
-  blocking = least[2];
   double hidden = blocking > 0 ? 1.0 - exposed_step / blocking : 0.0;
   if (hidden < 0) hidden = 0;
   const double *fwd = bs.fwd, *bwd = bs.bwd, cbd = bs.conv_bwd_data, cbw = bs.conv_bwd_weights;
@@ -222,8 +227,8 @@ int cmd_bench(int argc, char **argv) {
     json_object_set_new(o, "world_size", json_integer(W));
     if (W > 1) {
       json_object_set_new(o, "global_batch_size", json_integer(c.batch_size * W));
-      json_object_set_new(o, "comm_buckets", json_integer(cs.buckets));
-      json_object_set_new(o, "comm_bytes_per_step", json_real(cs.steps ? cs.bytes / (double)cs.steps : 0.0));
+      json_object_set_new(o, "comm_buckets", json_integer(comm_buckets));
+      json_object_set_new(o, "comm_bytes_per_step", json_real(comm_bytes / steps));
       json_object_set_new(o, "comm_blocking_seconds_per_step", json_real(blocking));
       json_object_set_new(o, "comm_window_seconds_per_step", json_real(comm_step));
       json_object_set_new(o, "comm_exposed_seconds_per_step", json_real(exposed_step));
@@ -249,7 +254,7 @@ int cmd_bench(int argc, char **argv) {
     if (W > 1)
       printf("gradient all-reduce: %d bucket%s, %.1f MB a step per rank; alone (after backward) %.1f ms, overlapped with backward "
              "%.1f ms of the rank's time (window %.1f ms): overlap hid %.0f%%\n",
-             cs.buckets, cs.buckets == 1 ? "" : "s", (cs.steps ? cs.bytes / (double)cs.steps : 0.0) / 1e6, 1e3 * blocking, 1e3 * exposed_step,
+             comm_buckets, comm_buckets == 1 ? "" : "s", comm_bytes / steps / 1e6, 1e3 * blocking, 1e3 * exposed_step,
              1e3 * comm_step, 100.0 * hidden);
     printf("peak resident memory %.1f MB%s\n", (double)rss / 1e6, W > 1 ? " (rank 0)" : "");
     cli_print_memory(stdout, &mem);
