@@ -334,7 +334,7 @@ static ampc_status bucket_start(ampc_amp *a, grad_bucket *b) {
   if (a->mgrad) {
     buf = a->mgrad + b->lo;
     t = AMPC_DTYPE_F32;
-  } else if (a->rgrad && t != AMPC_DTYPE_F32) {
+  } else if (a->ar_f32 && a->rgrad && t != AMPC_DTYPE_F32) {
     /* the f32 sum: this rank's values over the size, into f32, then summed */
     ampc__span one = *sp;
     one.start = b->lo;
@@ -395,7 +395,7 @@ static ampc_status buckets_finish(ampc_amp *a) {
   a->cstats.seconds += a->t_last > a->t_first ? a->t_last - a->t_first : 0.0;
   a->cstats.exposed_seconds += a->t_exposed;
   a->t_first = a->t_last = a->t_exposed = 0.0;
-  a->rgrad_valid = a->rgrad && !a->mgrad;
+  a->rgrad_valid = a->ar_f32 && a->rgrad && !a->mgrad;
   a->sync_state = SYNC_DONE;
   return AMPC_OK;
 }
