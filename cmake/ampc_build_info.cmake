@@ -1,11 +1,19 @@
 # What a build of libampc contains, in one place: the backends and the CPU
 # backend's code paths. Each list entry becomes an AMPC_HAVE_* macro and a
-# word of the AMPC_BACKENDS / AMPC_CPU_PATHS strings in the generated
+# word of the AMPC_BACKENDS / AMPC_COMMS / AMPC_CPU_PATHS strings in the generated
 # include/ampc/config.h, which ampc_version() and `ampc --version` print.
 # A new backend (cpu-guarded, cuda) appends itself to AMPC_BACKENDS where its
 # sources are added to the build.
 
 set(AMPC_BACKENDS cpu cpu-guarded)
+
+# The communicators data-parallel training can use: the in-process one
+# always, MPI where the top-level CMakeLists.txt found it (AMPC_HAVE_MPI).
+# NCCL appends itself here with the CUDA backend.
+set(AMPC_COMMS local)
+if(AMPC_HAVE_MPI)
+  list(APPEND AMPC_COMMS mpi)
+endif()
 
 # The hot loops are built twice on x86-64 with GCC or clang (target clones
 # and target attributes: AVX2 + FMA, with F16C for the conversions) and once
@@ -33,6 +41,15 @@ function(ampc_write_config_header out)
     _ampc_macro_name(m "${p}")
     string(APPEND AMPC_HAVE_CPU_PATH_DEFINES "#define AMPC_HAVE_CPU_PATH_${m} 1\n")
   endforeach()
+  set(AMPC_HAVE_COMM_DEFINES "")
+  foreach(c IN LISTS AMPC_COMMS)
+    _ampc_macro_name(m "${c}")
+    string(APPEND AMPC_HAVE_COMM_DEFINES "#define AMPC_HAVE_COMM_${m} 1\n")
+  endforeach()
+  if(AMPC_HAVE_MPI)
+    string(APPEND AMPC_HAVE_COMM_DEFINES "#define AMPC_HAVE_MPI 1\n")
+  endif()
+  string(REPLACE ";" ", " AMPC_COMMS_STR "${AMPC_COMMS}")
   string(REPLACE ";" ", " AMPC_BACKENDS_STR "${AMPC_BACKENDS}")
   string(REPLACE ";" ", " AMPC_CPU_PATHS_STR "${AMPC_CPU_PATHS}")
   if(CMAKE_BUILD_TYPE)

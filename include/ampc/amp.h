@@ -95,8 +95,63 @@ void ampc_amp_set_clip_grad_norm(ampc_amp *a, float max_norm);
  * f32 masters (O3, O2 without master weights); seeded, reproducible. */
 void ampc_amp_set_stochastic_rounding(ampc_amp *a, int on, uint64_t seed);
 /* Data-parallel training: the step averages the gradients over c's ranks
- * and agrees on overflow and the norm (NULL: one process, the default). */
+ * and agrees on overflow and the norm (NULL: one process, the default).
+ * The settings below take effect between steps; set the communicator
+ * first. */
 void ampc_amp_set_comm(ampc_amp *a, ampc_comm *c);
+/* 16-bit gradients are all-reduced in their own type by default (each
+ * rank's divided by the rank count first, then summed: half the bytes of
+ * f32); on: converted to f32 and summed there, and the step reads those f32
+ * sums (more memory: an f32 copy of the gradients). */
+void ampc_amp_set_allreduce_f32(ampc_amp *a, int on);
+/* Gradient buckets of about this many bytes (default 25 MB, DDP's; the
+ * first of each storage type at most 1 MB): each bucket's all-reduce
+ * starts as soon as backward has written all of its gradients. */
+ampc_status ampc_amp_set_bucket_bytes(ampc_amp *a, size_t bytes);
+/* While on, backward leaves the gradients local (DDP's no_sync(), for the
+ * micro-batches before the last of a step); the step averages them all. */
+void ampc_amp_set_no_sync(ampc_amp *a, int on);
+/* The gradients averaged across the ranks now (blocking), if backward has
+ * not done it; the step does not do it again. A no-op for one rank. */
+ampc_status ampc_amp_sync_grads(ampc_amp *a);
+/* ZeRO stage 1 (stage 1; 0 is the default): the f32 masters and the
+ * optimizer state sharded across the ranks -- rank r keeps its 1/N of the
+ * flat parameters' (ampc_amp_memory reports those bytes) -- the gradients
+ * reduce-scattered, each rank updating its shard, the model's weights
+ * all-gathered. Once per amp, after ampc_amp_set_comm; a no-op for one
+ * rank. Reading masters or optimizer state beyond a rank's shard
+ * (ampc_amp_param_values, a checkpoint) needs ampc_amp_gather_state. */
+ampc_status ampc_amp_set_zero(ampc_amp *a, int stage);
+int ampc_amp_zero_stage(const ampc_amp *a);
+/* With ZeRO-1: every rank gathers the full masters and optimizer state
+ * (a collective: every rank calls it), which the reads of masters and
+ * state then serve until ampc_amp_release_state frees them. A no-op
+ * without ZeRO. */
+ampc_status ampc_amp_gather_state(ampc_amp *a);
+void ampc_amp_release_state(ampc_amp *a);
+/* SyncBatchNorm: batch norm in training computes its statistics over the
+ * global batch -- the per-channel sums of every rank all-reduced between
+ * its statistics and its normalisation, and again in backward -- instead of
+ * each rank's own (the default, DDP's). After ampc_amp_set_comm. */
+ampc_status ampc_amp_set_sync_batchnorm(ampc_amp *a, int on);
+/* Whether the ranks still agree: every loss scale and the optimizer's step
+ * count compared across them (a cheap all-reduce; every rank calls it). A
+ * rank whose state has drifted is an AMPC_ESTATE error naming the values.
+ * The step runs it every 100 steps by itself. */
+ampc_status ampc_amp_check_ranks(ampc_amp *a);
+
+/* What the gradient all-reduce cost (data-parallel). */
+typedef struct {
+  int64_t steps;           /* steps whose gradients were averaged across the ranks */
+  int buckets;             /* gradient buckets */
+  double bytes;            /* gradient bytes this rank put into the reductions */
+  double seconds;          /* communication windows, summed: from the first bucket's
+                            * start to the last one's completion */
+  double exposed_seconds;  /* of that, the time this rank spent in communication
+                            * calls (starting, progressing, waiting): what overlap
+                            * with backward did not hide */
+} ampc_amp_comm_stats;
+void ampc_amp_get_comm_stats(ampc_amp *a, ampc_amp_comm_stats *st, int reset);
 /* Unscale, check, clip, step or skip, update the scale(s), clear the gradients. */
 ampc_status ampc_amp_step(ampc_amp *a, float lr, ampc_amp_step_info *info);
 /* The unscaled f32 gradient of every parameter into out (param_numel floats,

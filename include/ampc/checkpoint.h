@@ -8,7 +8,8 @@
  * (exp_avg, exp_avg_sq, momentum_buffer, ...). __metadata__ holds "format"
  * ("ampc-checkpoint"), "format_version" and "ampc": a JSON object with the
  * model, the opt level and every amp property, the epoch and step, each loss
- * scaler's state, the seed, the loader position, the running metrics and,
+ * scaler's state, the seed, the loader position (and the ranks and global
+ * batch it counts in), the running metrics and,
  * where the caller sets it, "preprocessing": how the model's inputs were
  * made from the dataset's pixels ({"dataset", "normalize", "mean", "std",
  * "shape": [C, H, W], "formula"}), so that another framework can feed the
@@ -46,6 +47,12 @@ typedef struct {
   int64_t skipped;      /* skipped steps of the epoch so far */
   int64_t skipped_total;
   double train_seconds; /* of the epoch so far */
+  /* The run that saved it: its ranks and its images per batch over all of
+   * them (data-parallel: ranks x --batch-size), so that a run with another
+   * count can start at the same image of the epoch. 0 where unknown
+   * (checkpoints written before these were recorded). */
+  int64_t world_size;
+  int64_t global_batch;
   /* Saved when preprocessing.dataset is set (ampc_dataset_preprocessing());
    * loading fills it from a checkpoint that has it and leaves it as it was
    * for one that has not (checkpoints written before it was recorded). */

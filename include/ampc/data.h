@@ -147,10 +147,18 @@ typedef struct {
   int hflip;               /* 1: mirror left-right with probability 1/2 (after the crop) */
   ampc_dtype dtype;        /* of x: f32, f16 or bf16 */
   int background;          /* 1: prepare the next batches on a thread while the caller works */
+  /* Data-parallel training (the distributed sampler): world_size ranks (0
+   * or 1: one) each take batch_size samples of every global batch of
+   * world_size * batch_size -- rank r the r-th slice of it, so that the N
+   * ranks' batch k together is one process's batch k at batch_size N * B,
+   * sample for sample (augmentation included). A last global batch of
+   * fewer samples is cut into world_size slices as equal as they can be
+   * (some may be empty). */
+  int rank, world_size;
 } ampc_loader_opts;
 
 /* batch 128, shuffle 1, seed 0, drop_last 0, normalize 1, no augmentation,
- * f32, background 1. */
+ * f32, background 1, rank 0 of 1. */
 void ampc_loader_opts_default(ampc_loader_opts *o);
 
 typedef struct ampc_loader ampc_loader;
@@ -170,7 +178,9 @@ ampc_status ampc_loader_start_epoch(ampc_loader *l, int64_t epoch, int64_t start
 /* Fills x (batch_size * C * H * W elements of opts.dtype, NCHW) and y
  * (batch_size int32) with the next batch and sets *n to the samples in it
  * (less than batch_size only for the last batch when !drop_last; the rest of
- * x and y is zeroed). At the end of the epoch returns 0 with *n = 0.
+ * x and y is zeroed). At the end of the epoch returns 0 with *n = 0 (with
+ * several ranks a rank's slice of the last batch may be empty too: count
+ * the batches_per_epoch).
  * AMPC_ESTATE before the first ampc_loader_start_epoch. */
 ampc_status ampc_loader_next(ampc_loader *l, void *x, int32_t *y, int *n);
 
@@ -180,6 +190,9 @@ ampc_status ampc_loader_next(ampc_loader *l, void *x, int32_t *y, int *n);
 ampc_status ampc_loader_epoch_order(const ampc_loader *l, int64_t epoch, size_t *out);
 
 int64_t ampc_loader_batches_per_epoch(const ampc_loader *l);
+/* The samples of (global) batch k of an epoch over all the ranks: the
+ * divisor of the global mean. */
+int64_t ampc_loader_global_samples(const ampc_loader *l, int64_t k);
 /* The index of the batch the next ampc_loader_next returns. */
 int64_t ampc_loader_position(const ampc_loader *l);
 /* The current epoch (-1 before the first ampc_loader_start_epoch). */

@@ -29,7 +29,8 @@ extern "C" {
   X(EUNSUPPORTED, -7, "not supported")                       \
   X(ESTATE, -8, "call not valid in the current state")       \
   X(ENONFINITE, -9, "non-finite value")                      \
-  X(EINTERRUPTED, -10, "interrupted")
+  X(EINTERRUPTED, -10, "interrupted")                        \
+  X(ECOMM, -11, "communication between ranks failed")
 
 typedef enum {
 #define AMPC__STATUS_ENUM(name, value, desc) AMPC_##name = value,

@@ -4,13 +4,13 @@
  *
  * The same facts are available at compile time as macros from the generated
  * "ampc/config.h" (AMPC_VERSION_STRING, AMPC_VERSION_NUMBER, AMPC_BUILD_TYPE,
- * AMPC_BACKENDS, AMPC_CPU_PATHS, one AMPC_HAVE_BACKEND_* and one
- * AMPC_HAVE_CPU_PATH_* per entry) and at run time from the library itself;
+ * AMPC_BACKENDS, AMPC_COMMS, AMPC_CPU_PATHS, one AMPC_HAVE_BACKEND_* and one
+ * AMPC_HAVE_CPU_PATH_* per entry, AMPC_HAVE_MPI) and at run time from the library itself;
  * the two differ only when a program runs against another build of the
  * shared library than the one it was compiled with.
  *
  *     printf("%s\n", ampc_version());
- *     // ampc 0.1.0 (Release; backends: cpu; cpu paths: avx2+fma+f16c, baseline; this cpu: avx2+fma+f16c)
+ *     // ampc 0.1.0 (Release; backends: cpu; communicators: local, mpi; cpu paths: avx2+fma+f16c, baseline; this cpu: avx2+fma+f16c)
  *
  *     const ampc_version_info *v = ampc_version_get();
  *     if (v->number < 100) ...;           // older than 0.1.0
@@ -30,12 +30,13 @@ typedef struct {
   const char *version;    /* "0.1.0" */
   const char *build_type; /* "Release", "Debug", ... ("none" when unset) */
   const char *backends;   /* comma-separated: "cpu" */
+  const char *comms;      /* the communicators built, comma-separated: "local, mpi" */
   const char *cpu_paths;  /* the CPU backend's paths built, preferred first: "avx2+fma+f16c, baseline" */
   const char *cpu_path;   /* the path this machine's CPU takes: one of cpu_paths */
 } ampc_version_info;
 
-/* One line: "ampc VERSION (BUILD_TYPE; backends: ...; cpu paths: ...; this
- * cpu: ...)". A static string; never NULL. */
+/* One line: "ampc VERSION (BUILD_TYPE; backends: ...; communicators: ...;
+ * cpu paths: ...; this cpu: ...)". A static string; never NULL. */
 const char *ampc_version(void);
 
 /* The same facts one by one. A static struct; never NULL. */

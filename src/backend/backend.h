@@ -37,6 +37,17 @@ typedef struct {
                             * out and dout are the pooled planes */
 } ampc__op_attr;
 
+/* Sums across the ranks of data-parallel training, for a kernel whose
+ * statistics must cover every rank's batch (batch norm's under SyncBatchNorm):
+ * sum(ctx, v, n) replaces n doubles with their sum over the ranks, every
+ * rank calling it at the same point. v is host memory: the cpu backends pass
+ * a part of the call's workspace (a device backend would pass a host copy, or
+ * bring its own collective over device memory). */
+typedef struct {
+  ampc_status (*sum)(void *ctx, double *v, size_t n);
+  void *ctx;
+} ampc__sync;
+
 /* One op, as the graph hands it to a backend: typed views of device memory
  * for every input, output and gradient, with the effective batch applied. */
 typedef struct {
@@ -52,6 +63,9 @@ typedef struct {
   size_t ws_size;
   int training;
   float seed;                         /* d(loss) for the loss op's backward */
+  const ampc__sync *sync;             /* batch norm in training: statistics over the ranks'
+                                       * batches, between its statistics pass and its
+                                       * normalisation (NULL: this rank's batch alone) */
   const void *ctx;                    /* the backend's own context for its kernels (set by run) */
 } ampc__op_call;
 

@@ -61,6 +61,7 @@ void ampc_graph_free(ampc_graph *g) {
   }
   free(g->v);
   free(g->bw_reach);
+  free(g->bw_pending);
   free(g->bw_written);
   free(g->order);
   free(g->params);

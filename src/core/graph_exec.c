@@ -43,6 +43,13 @@ void ampc_graph_set_profiling(ampc_graph *g, int on) {
   g->dev->opts.profiling = on != 0;
 }
 
+void ampc__graph_set_grad_hook(ampc_graph *g, ampc_status (*hook)(void *ctx, size_t start, size_t n), void *ctx) {
+  g->grad_hook = hook;
+  g->grad_hook_ctx = ctx;
+}
+
+void ampc__graph_set_bn_sync(ampc_graph *g, const ampc__sync *sync) { g->bn_sync = sync; }
+
 void ampc__graph_count_underflow(ampc_graph *g, int on) {
   if (ampc__graph_need_device(g) == 0) g->dev->count_underflow = on != 0;
 }
@@ -80,6 +87,7 @@ ampc__op_call ampc__graph_call(const ampc_graph *g, const ampc__value *v, int64_
   c.out = view(v, v->data, batch);
   c.dout = view(v, v->grad, batch);
   c.attr = v->attr;
+  if (v->op == AMPC_OP_BATCHNORM2D) c.sync = g->bn_sync;
   c.aux = v->aux;
   c.ws = g->ws;
   c.ws_size = g->ws_bytes;
@@ -113,6 +121,22 @@ ampc_status ampc_graph_forward(ampc_graph *g, int training) {
   return AMPC_OK;
 }
 
+/* Whether backward runs op value id (reached from the loss, not a view, and
+ * with a gradient to pass on). */
+static int bw_runs(const ampc_graph *g, const unsigned char *reach, ampc_value id) {
+  const ampc__value *v = &g->v[id];
+  if (!reach[id] || v->alias != AMPC_VALUE_NONE || !v->requires_grad) return 0;
+  /* an output nothing differentiates (not the loss, which is seeded) has no gradient */
+  return v->grad || v->op == AMPC_OP_CROSS_ENTROPY;
+}
+
+/* Whether an op's input x is a parameter whose gradient the op writes. */
+static int writes_param_grad(const ampc_graph *g, ampc_value x) {
+  if (x < 0) return 0;
+  const ampc__value *p = &g->v[x];
+  return p->op == AMPC_OP_PARAM && p->requires_grad && p->grad;
+}
+
 ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int accumulate) {
   if (!g->compiled) return ampc__error(AMPC_ESTATE, "graph: backward before forward");
   if (!ampc__graph_valid(g, loss) || g->v[loss].op != AMPC_OP_CROSS_ENTROPY)
@@ -131,12 +155,22 @@ ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int 
     for (int j = 0; j < v->n_in; j++)
       if (v->in[j] >= 0) reach[v->in[j]] = 1;
   }
+  /* with a hook: how many of the ops that run write each parameter's
+   * gradient, so that the last one can say it is final */
+  int *pending = g->bw_pending;
+  if (g->grad_hook) {
+    memset(pending, 0, g->nv * sizeof *pending);
+    for (size_t k = g->norder; k-- > 0;) {
+      ampc__value *v = &g->v[g->order[k]];
+      if (!bw_runs(g, reach, g->order[k])) continue;
+      for (int j = 0; j < v->n_in; j++)
+        if (writes_param_grad(g, v->in[j])) pending[v->in[j]]++;
+    }
+  }
   for (size_t k = g->norder; k-- > 0;) {
     ampc_value id = g->order[k];
     ampc__value *v = &g->v[id];
-    if (!reach[id] || v->alias != AMPC_VALUE_NONE || !v->requires_grad) continue;
-    /* an output nothing differentiates (not the loss, which is seeded) has no gradient */
-    if (!v->grad && v->op != AMPC_OP_CROSS_ENTROPY) continue;
+    if (!bw_runs(g, reach, id)) continue;
     ampc__op_call c = ampc__graph_call(g, v, g->batch);
     c.training = 1;
     c.seed = seed;
@@ -147,6 +181,11 @@ ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int 
       written[r] = 1;
     }
     AMPC_TRY(run(g, &c, 1));
+    for (int j = 0; g->grad_hook && j < v->n_in; j++) {
+      if (!writes_param_grad(g, v->in[j]) || --pending[v->in[j]] != 0) continue;
+      const ampc__value *p = &g->v[v->in[j]];
+      AMPC_TRY(g->grad_hook(g->grad_hook_ctx, p->param_offset, (size_t)ampc_shape_numel(&p->shape)));
+    }
   }
   return AMPC_OK;
 }

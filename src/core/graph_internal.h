@@ -67,6 +67,10 @@ struct ampc_graph {
   int fuse;              /* fuse ReLUs into batch norm / add (default on) */
   int retain_grads;      /* every activation gradient its own buffer */
   unsigned char *bw_reach, *bw_written; /* per backward: ops that reach the loss, gradients written */
+  int *bw_pending;       /* per value, with a grad hook: backward ops still to write a parameter's gradient */
+  ampc_status (*grad_hook)(void *ctx, size_t start, size_t n);
+  void *grad_hook_ctx;
+  const ampc__sync *bn_sync; /* batch norm statistics over the ranks (SyncBatchNorm), or NULL */
   ampc__device *dev;     /* NULL until set or compiled (then "cpu") */
   ampc__bucket buckets[AMPC__MAX_BUCKETS];
   int nbuckets;
@@ -101,6 +105,18 @@ ampc_status ampc__graph_need_device(ampc_graph *g);
  * copy and own gradients); returns the count. */
 ampc__device *ampc__graph_device(const ampc_graph *g);
 int ampc__graph_spans(const ampc_graph *g, ampc__span *out);
+/* While set, backward calls hook(ctx, start, n) as soon as a parameter's
+ * gradient is final for this backward -- after the last op (in backward's
+ * reverse recording order) that writes it -- with the parameter's flat
+ * elements [start, start + n): the amp layer starts a bucket's all-reduce
+ * once all of its parameters are in, while backward goes on. Parameters
+ * this backward does not reach are not reported. An error from the hook
+ * stops backward. NULL: no hook (the default). */
+void ampc__graph_set_grad_hook(ampc_graph *g, ampc_status (*hook)(void *ctx, size_t start, size_t n), void *ctx);
+/* Batch norm in training computes its statistics over every rank's batch
+ * through sync (ampc__sync in backend.h; NULL: each rank its own, the
+ * default). The pointer must stay valid while set. */
+void ampc__graph_set_bn_sync(ampc_graph *g, const ampc__sync *sync);
 /* Backward counts 16-bit weight-gradient underflow while on (amp's grad stats). */
 void ampc__graph_count_underflow(ampc_graph *g, int on);
 

@@ -14,11 +14,11 @@
 #endif
 
 #define AMPC__VERSION_HEAD \
-  "ampc " AMPC_VERSION_STRING " (" AMPC_BUILD_TYPE "; backends: " AMPC_BACKENDS "; cpu paths: " AMPC_CPU_PATHS "; this cpu: "
+  "ampc " AMPC_VERSION_STRING " (" AMPC_BUILD_TYPE "; backends: " AMPC_BACKENDS "; communicators: " AMPC_COMMS "; cpu paths: " AMPC_CPU_PATHS "; this cpu: "
 
 #define AMPC__VERSION_INFO(path)                                                                       \
   {AMPC_VERSION_MAJOR, AMPC_VERSION_MINOR,  AMPC_VERSION_PATCH, AMPC_VERSION_NUMBER, AMPC_VERSION_STRING, \
-   AMPC_BUILD_TYPE,    AMPC_BACKENDS,       AMPC_CPU_PATHS,     path}
+   AMPC_BUILD_TYPE,    AMPC_BACKENDS,       AMPC_COMMS,         AMPC_CPU_PATHS,     path}
 
 static int fast_path(void) {
 #ifdef AMPC_HAVE_CPU_PATH_AVX2_FMA_F16C

@@ -4,7 +4,9 @@
  * epoch's order; everything random about a sample is drawn from (seed,
  * epoch, position), so any batch can be made by anyone at any time and come
  * out the same. That is what lets the background thread run ahead and lets a
- * run resume mid-epoch.
+ * run resume mid-epoch. With W ranks (the distributed sampler) batch k is
+ * global, positions [k*W*B, (k+1)*W*B), and rank r fills its r-th slice: the
+ * same samples, positions and augmentation one process gets at batch W*B.
  *
  * Background mode: a worker thread fills a ring of LOADER_SLOTS batch
  * buffers (batch k goes to slot k % LOADER_SLOTS), at most LOADER_SLOTS
@@ -65,6 +67,8 @@ void ampc_loader_opts_default(ampc_loader_opts *o) {
   o->hflip = 0;
   o->dtype = AMPC_DTYPE_F32;
   o->background = 1;
+  o->rank = 0;
+  o->world_size = 1;
 }
 
 /* Offsets use a multiply-shift of the top 32 bits (one draw per choice, so
@@ -136,10 +140,30 @@ static void loader_render(const ampc_loader *l, const uint8_t *img, int oy, int 
 
 /* Makes batch k into x (B, C, H, W) and y (B); returns its sample count.
  * Reads only state that is fixed while it runs (see struct ampc_loader). */
+/* This rank's slice of global batch k: positions [*start, *start + n). */
+static size_t loader_slice(const ampc_loader *l, int64_t k, size_t *start) {
+  const size_t B = (size_t)l->o.batch_size, W = (size_t)l->o.world_size, r = (size_t)l->o.rank, G = B * W;
+  const size_t gstart = (size_t)k * G, gn = l->d->n - gstart < G ? l->d->n - gstart : G;
+  if (gn == G) {
+    *start = gstart + r * B;
+    return B;
+  }
+  size_t lo = r * gn / W, hi = (r + 1) * gn / W;
+  *start = gstart + lo;
+  return hi - lo;
+}
+
+int64_t ampc_loader_global_samples(const ampc_loader *l, int64_t k) {
+  const size_t G = (size_t)l->o.batch_size * (size_t)l->o.world_size;
+  if (k < 0 || k >= l->batches) return 0;
+  size_t gstart = (size_t)k * G;
+  return (int64_t)(l->d->n - gstart < G ? l->d->n - gstart : G);
+}
+
 static int loader_fill(const ampc_loader *l, int64_t k, void *x, int32_t *y, float *scratch) {
-  const size_t B = (size_t)l->o.batch_size, N = l->d->n;
-  const size_t start = (size_t)k * B;
-  const size_t n = N - start < B ? N - start : B;
+  const size_t B = (size_t)l->o.batch_size;
+  size_t start;
+  const size_t n = loader_slice(l, k, &start);
   const size_t bytes = l->elems * l->esize;
   for (size_t i = 0; i < n; i++) {
     size_t pos = start + i, idx = l->order[pos];
@@ -199,6 +223,11 @@ ampc_status ampc_loader_create(ampc_loader **out, const ampc_dataset *d,
                        ampc_dtype_name(o->dtype));
   if (d->c < 1 || d->c > 3 || d->n < 1)
     return ampc__error(AMPC_EINVAL, "loader: dataset must have 1..3 channels and samples");
+  int W = o->world_size < 1 ? 1 : o->world_size;
+  if (o->rank < 0 || o->rank >= W)
+    return ampc__error(AMPC_EINVAL, "loader: rank %d outside 0..%d (world_size %d)", o->rank, W - 1, W);
+  if ((size_t)o->batch_size * (size_t)W > SIZE_MAX / 4)
+    return ampc__error(AMPC_EINVAL, "loader: a global batch of %d x %d samples is too large", W, o->batch_size);
 
   ampc_loader *l = calloc(1, sizeof *l);
   if (!l) return ampc__error(AMPC_ENOMEM, "loader: out of memory");
@@ -207,8 +236,9 @@ ampc_status ampc_loader_create(ampc_loader **out, const ampc_dataset *d,
   l->elems = (size_t)d->c * (size_t)d->h * (size_t)d->w;
   l->esize = ampc_dtype_size(o->dtype);
   l->epoch = -1;
-  size_t B = (size_t)o->batch_size;
-  l->batches = (int64_t)(o->drop_last ? d->n / B : (d->n + B - 1) / B);
+  l->o.world_size = W;
+  size_t B = (size_t)o->batch_size, G = B * (size_t)W;
+  l->batches = (int64_t)(o->drop_last ? d->n / G : (d->n + G - 1) / G);
 
   float mean[3], std[3];
   ampc_dataset_norm(d, mean, std);

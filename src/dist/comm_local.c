@@ -17,20 +17,30 @@ typedef struct {
   float **in;     /* per rank: its values as f32 */
   size_t *cap;    /* per rank: floats allocated in in[r] */
   size_t *count;  /* per rank: this collective's element count */
-  double *host;   /* size x LOCAL_HOST_MAX: allreduce_host's values */
+  double **host;  /* per rank: allreduce_host's values */
+  size_t *hcap;   /* per rank: doubles allocated in host[r] */
 } local_group;
-
-enum { LOCAL_HOST_MAX = 64 };
 
 typedef struct {
   local_group *g;
   float *out; /* this rank's result */
   size_t out_cap;
+  double *hout; /* ... of allreduce_host */
+  size_t hout_cap;
 } local_rank;
 
 static ampc_status grow(float **p, size_t *cap, size_t n) {
   if (n <= *cap) return AMPC_OK;
   float *q = realloc(*p, n * sizeof *q);
+  if (!q) return ampc__error(AMPC_ENOMEM, "comm: out of memory for %zu values", n);
+  *p = q;
+  *cap = n;
+  return AMPC_OK;
+}
+
+static ampc_status grow_d(double **p, size_t *cap, size_t n) {
+  if (n <= *cap) return AMPC_OK;
+  double *q = realloc(*p, n * sizeof *q);
   if (!q) return ampc__error(AMPC_ENOMEM, "comm: out of memory for %zu values", n);
   *p = q;
   *cap = n;
@@ -51,10 +61,11 @@ static ampc_status local_allreduce(ampc_comm *c, ampc__device *d, void *buf, amp
   if (agree) {
     float inv = 1.0f / (float)N;
     for (size_t i = 0; i < n; i++) {
-      float acc = op == AMPC__REDUCE_MAX ? g->in[0][i] : 0.0f;
+      float acc = op == AMPC__REDUCE_MAX || op == AMPC__REDUCE_MIN ? g->in[0][i] : 0.0f;
       for (int k = 0; k < N; k++) {
         float v = g->in[k][i];
         if (op == AMPC__REDUCE_MAX) acc = v > acc || v != v ? v : acc;
+        else if (op == AMPC__REDUCE_MIN) acc = v < acc || v != v ? v : acc;
         else acc += op == AMPC__REDUCE_AVG ? v * inv : v;
       }
       me->out[i] = acc;
@@ -70,25 +81,27 @@ static ampc_status local_allreduce_host(ampc_comm *c, double *buf, size_t n, amp
   local_rank *me = c->impl;
   local_group *g = me->g;
   int r = c->rank, N = g->size;
-  if (n > LOCAL_HOST_MAX) return ampc__error(AMPC_EINVAL, "comm: %zu host values (at most %d)", n, LOCAL_HOST_MAX);
-  memcpy(g->host + (size_t)r * LOCAL_HOST_MAX, buf, n * sizeof *buf);
-  g->count[r] = n;
+  ampc_status s = grow_d(&g->host[r], &g->hcap[r], n);
+  if (s == 0) s = grow_d(&me->hout, &me->hout_cap, n);
+  if (s == 0) memcpy(g->host[r], buf, n * sizeof *buf);
+  g->count[r] = s == 0 ? n : SIZE_MAX;
   pthread_barrier_wait(&g->barrier);
   int agree = 1;
   for (int k = 0; k < N; k++) agree &= g->count[k] == n;
-  double res[LOCAL_HOST_MAX];
   for (size_t i = 0; agree && i < n; i++) {
-    double acc = op == AMPC__REDUCE_MAX ? g->host[i] : 0.0;
+    double acc = op == AMPC__REDUCE_MAX || op == AMPC__REDUCE_MIN ? g->host[0][i] : 0.0;
     for (int k = 0; k < N; k++) {
-      double v = g->host[(size_t)k * LOCAL_HOST_MAX + i];
+      double v = g->host[k][i];
       if (op == AMPC__REDUCE_MAX) acc = v > acc || v != v ? v : acc;
+      else if (op == AMPC__REDUCE_MIN) acc = v < acc || v != v ? v : acc;
       else acc += op == AMPC__REDUCE_AVG ? v / N : v;
     }
-    res[i] = acc;
+    me->hout[i] = acc;
   }
   pthread_barrier_wait(&g->barrier);
-  if (!agree) return ampc__error(AMPC_ESTATE, "comm: rank %d reduces %zu values, another rank a different count", r, n);
-  memcpy(buf, res, n * sizeof *buf);
+  if (s < 0) return s;
+  if (!agree) return ampc__error(AMPC_ESTATE, "comm: rank %d reduces %zu values, another rank a different count (or failed)", r, n);
+  memcpy(buf, me->hout, n * sizeof *buf);
   return AMPC_OK;
 }
 
@@ -99,23 +112,28 @@ static void group_unref(local_group *g) {
   if (!last) return;
   pthread_barrier_destroy(&g->barrier);
   pthread_mutex_destroy(&g->lock);
-  for (int k = 0; k < g->size; k++) free(g->in[k]);
+  for (int k = 0; k < g->size; k++) free(g->in[k]), free(g->host[k]);
   free(g->in);
   free(g->cap);
   free(g->count);
   free(g->host);
+  free(g->hcap);
   free(g);
 }
 
 static void local_free(ampc_comm *c) {
   local_rank *me = c->impl;
   free(me->out);
+  free(me->hout);
   group_unref(me->g);
   free(me);
   free(c);
 }
 
-static const ampc__comm_ops local_ops = {"local", local_allreduce, local_allreduce_host, local_free};
+/* no non-blocking or sharded collectives of its own: the generic ones
+ * (comm.c) build them from the all-reduce */
+static const ampc__comm_ops local_ops = {.name = "local", .allreduce = local_allreduce, .allreduce_host = local_allreduce_host,
+                                         .free = local_free};
 
 ampc_status ampc_comm_local_create(ampc_comm **out, int n) {
   if (n < 1 || n > 1024) return ampc__error(AMPC_EINVAL, "comm: %d ranks (expected 1..1024)", n);
@@ -126,9 +144,10 @@ ampc_status ampc_comm_local_create(ampc_comm **out, int n) {
   g->in = calloc((size_t)n, sizeof *g->in);
   g->cap = calloc((size_t)n, sizeof *g->cap);
   g->count = calloc((size_t)n, sizeof *g->count);
-  g->host = calloc((size_t)n * LOCAL_HOST_MAX, sizeof *g->host);
-  if (!g->in || !g->cap || !g->count || !g->host || pthread_barrier_init(&g->barrier, NULL, (unsigned)n) != 0) {
-    free(g->in), free(g->cap), free(g->count), free(g->host), free(g);
+  g->host = calloc((size_t)n, sizeof *g->host);
+  g->hcap = calloc((size_t)n, sizeof *g->hcap);
+  if (!g->in || !g->cap || !g->count || !g->host || !g->hcap || pthread_barrier_init(&g->barrier, NULL, (unsigned)n) != 0) {
+    free(g->in), free(g->cap), free(g->count), free(g->host), free(g->hcap), free(g);
     return ampc__error(AMPC_ENOMEM, "comm: out of memory");
   }
   pthread_mutex_init(&g->lock, NULL);
@@ -146,7 +165,7 @@ ampc_status ampc_comm_local_create(ampc_comm **out, int n) {
     }
     me->g = g;
     g->refs++;
-    *c = (ampc_comm){&local_ops, r, n, me};
+    *c = (ampc_comm){&local_ops, r, n, r, n, me};
     out[r] = c;
   }
   return AMPC_OK;

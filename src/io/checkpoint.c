@@ -208,6 +208,8 @@ static char *run_json(ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_
                            "seen", (json_int_t)ts->seen, "skipped", (json_int_t)ts->skipped,
                            "skipped_total", (json_int_t)ts->skipped_total, "train_seconds", ts->train_seconds);
   if (root && ts->preprocessing.dataset[0]) json_object_set_new(root, "preprocessing", preprocessing_json(&ts->preprocessing));
+  if (root && ts->world_size > 0) json_object_set_new(root, "world_size", json_integer((json_int_t)ts->world_size));
+  if (root && ts->global_batch > 0) json_object_set_new(root, "global_batch", json_integer((json_int_t)ts->global_batch));
   if (root && opt) {
     json_object_set_new(root, "optimizer", json_string(ampc_optim_kind_name(ampc_optim_get_config(opt)->kind)));
     json_object_set_new(root, "optimizer_step", json_integer((json_int_t)ampc_optim_step_count(opt)));
@@ -448,6 +450,10 @@ static ampc_status read_train_state(const char *path, json_t *root, ampc_train_s
   AMPC_TRY(jint_in(path, root, "", "skipped", 0, ts->skipped_total, &ts->skipped));
   AMPC_TRY(jnum_nonneg(path, root, "loss_sum", &ts->loss_sum));
   AMPC_TRY(jnum_nonneg(path, root, "train_seconds", &ts->train_seconds));
+  /* recorded since data-parallel training: absent in older checkpoints */
+  ts->world_size = ts->global_batch = 0;
+  if (json_object_get(root, "world_size")) AMPC_TRY(jint_in(path, root, "", "world_size", 1, INT32_MAX, &ts->world_size));
+  if (json_object_get(root, "global_batch")) AMPC_TRY(jint_in(path, root, "", "global_batch", 1, INT64_MAX, &ts->global_batch));
   ts->seed = (uint64_t)seed;
   return AMPC_OK;
 }

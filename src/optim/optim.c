@@ -1,6 +1,7 @@
 /* Optimizer objects: configuration, the state's layout on a device, the
  * per-step constants. The element updates are the backend's (step_math.h). */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -13,6 +14,7 @@ enum { OPTIM_MAX_STATE = 3 };
 struct ampc_optim {
   ampc_optim_config cfg;
   size_t numel;
+  size_t shard_lo, shard_n; /* the flat elements whose state is kept: [0, numel) unless sharded */
   int64_t step;
   ampc__device *dev;    /* where the state lives: a cpu device until amp binds it */
   /* One device allocation holding nstate buffers of numel floats, each
@@ -99,6 +101,7 @@ ampc_status ampc_optim_create(ampc_optim **out, const ampc_optim_config *c, size
   if (!o) return ampc__error(AMPC_ENOMEM, "%s: out of memory", who);
   o->cfg = *c;
   o->numel = numel;
+  o->shard_n = numel;
   o->stride = (numel + align - 1) / align * align;
   if (c->kind == AMPC_OPTIM_SGD) {
     if (c->momentum != 0.0f) o->names[o->nstate++] = "momentum_buffer";
@@ -151,11 +154,39 @@ ampc_status ampc__optim_bind(ampc_optim *o, ampc__device *d) {
 
 ampc__device *ampc__optim_device(const ampc_optim *o) { return o->dev; }
 
+ampc_status ampc__optim_shard(ampc_optim *o, size_t lo, size_t n) {
+  if (o->shard_n != o->numel) return ampc__error(AMPC_ESTATE, "%s: the state is sharded already", ampc_optim_kind_name(o->cfg.kind));
+  if (lo > o->numel || n > o->numel - lo) return ampc__error(AMPC_ERANGE, "%s: shard [%zu, %zu) outside [0, %zu)", ampc_optim_kind_name(o->cfg.kind), lo, lo + n, o->numel);
+  size_t stride = (n + 15) / 16 * 16;
+  if (o->nstate) {
+    float *st = ampc__dev_alloc(o->dev, (stride ? o->nstate * stride : 1) * sizeof(float));
+    if (!st) return ampc__error(AMPC_ENOMEM, "%s: out of memory for its state", ampc_optim_kind_name(o->cfg.kind));
+    for (size_t k = 0; k < o->nstate; k++) {
+      ampc_status s = ampc__dev_copy(o->dev, st + k * stride, o->state + k * o->stride + lo, n * sizeof(float));
+      if (s < 0) {
+        ampc__dev_free(o->dev, st);
+        return s;
+      }
+    }
+    ampc__dev_free(o->dev, o->state);
+    o->state = st;
+  }
+  o->stride = stride;
+  o->shard_lo = lo;
+  o->shard_n = n;
+  return AMPC_OK;
+}
+
+size_t ampc__optim_state_numel(const ampc_optim *o) { return o->shard_n; }
+float *ampc__optim_state_base(const ampc_optim *o, size_t k) { return k < o->nstate ? o->state + k * o->stride : NULL; }
+
 void ampc__optim_begin_step(ampc_optim *o, float lr, ampc__update *u) {
   const ampc_optim_config *c = &o->cfg;
   memset(u, 0, sizeof *u);
   u->kind = c->kind;
-  for (size_t i = 0; i < o->nstate; i++) u->state[i] = o->state + i * o->stride;
+  /* indexed by the flat number (device memory: only ever offset, never
+   * dereferenced here) */
+  for (size_t i = 0; i < o->nstate; i++) u->state[i] = (float *)((uintptr_t)(o->state + i * o->stride) - o->shard_lo * sizeof(float));
   u->gmul = 1.0f;
   ampc__optim_consts *k = &u->k;
   o->step++;
@@ -196,6 +227,7 @@ ampc_status ampc_optim_step(ampc_optim *o, float *w, const float *g, float lr) {
   if (!o->dev->be->host_memory)
     return ampc__error(AMPC_ESTATE, "%s: step on host arrays, but the state lives on backend %s (step through amp)", who,
                        o->dev->be->name);
+  if (o->shard_n != o->numel) return ampc__error(AMPC_ESTATE, "%s: step on host arrays with a sharded state (step through amp)", who);
   ampc__update u;
   ampc__optim_begin_step(o, lr, &u);
   ampc__span s = {0, o->numel, AMPC_DTYPE_F32, w, AMPC_DTYPE_F32, g};
@@ -231,7 +263,10 @@ static ampc_status state_range(const ampc_optim *o, size_t i, size_t offset, siz
     return ampc__error(AMPC_ERANGE, "%s: state index %zu out of range (this optimizer keeps %zu)", who, i, o->nstate);
   if (offset > o->numel || n > o->numel - offset)
     return ampc__error(AMPC_ERANGE, "%s: state elements [%zu, %zu) outside [0, %zu)", who, offset, offset + n, o->numel);
-  *at = o->state + i * o->stride + offset;
+  if (offset < o->shard_lo || offset + n > o->shard_lo + o->shard_n)
+    return ampc__error(AMPC_ERANGE, "%s: state elements [%zu, %zu) outside this rank's shard [%zu, %zu)", who, offset, offset + n,
+                       o->shard_lo, o->shard_lo + o->shard_n);
+  *at = o->state + i * o->stride + (offset - o->shard_lo);
   return AMPC_OK;
 }
 

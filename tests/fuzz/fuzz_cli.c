@@ -71,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   train_args a;
   train_args_init(&a);
-  cli_opt opts[64];
+  cli_opt opts[96];
   train_args_opts(&a, opts);
   int pr = cli_parse("train", "[options]", opts, argc, argv);
   if (pr == 0) {

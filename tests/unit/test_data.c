@@ -619,6 +619,64 @@ static ampc_loader_opts opts_plain(int batch) {
   return o;
 }
 
+/* The distributed sampler: W ranks of batch B, each its slice of every
+ * global batch, together are one process at batch W * B -- the same
+ * samples, pixels (augmentation included) and labels, batch for batch; the
+ * last global batch cut into near-equal slices; a start mid-epoch alike. */
+TEST(loader_ranks) {
+  ampc_dataset *d = synthetic(45, 3, 5, 6);
+  if (!d) return;
+  size_t es = elems_of(d) * sizeof(float);
+  for (int W = 2; W <= 3; W++) {
+    for (int start = 0; start < 2; start++) {
+      ampc_loader_opts o = opts_plain(4 * W);
+      o.random_crop_padding = 2;
+      o.hflip = 1;
+      o.seed = 9;
+      dump one = run(d, &o, 1, start);
+      int ok = 1;
+      int64_t seen = 0;
+      for (int r = 0; r < W; r++) {
+        ampc_loader_opts ro = o;
+        ro.batch_size = 4;
+        ro.rank = r;
+        ro.world_size = W;
+        ro.background = r % 2; /* both modes */
+        ampc_loader *l = NULL;
+        CHECK_OK(ampc_loader_create(&l, d, &ro));
+        if (!l) continue;
+        CHECK(ampc_loader_batches_per_epoch(l) == (45 + 4 * W - 1) / (4 * W));
+        dump mine = run_epoch(l, d, &ro, 1, start);
+        ok &= mine.nb == one.nb;
+        for (int64_t k = 0; ok && k < one.nb; k++) {
+          int64_t gn = ampc_loader_global_samples(l, start + k);
+          ok &= gn == one.n[k];
+          int lo = (int)(r * gn / W), n = (int)((r + 1) * gn / W) - lo;
+          ok &= mine.n[k] == n;
+          for (int i = 0; ok && i < n; i++) {
+            ok &= memcmp(mine.x + (size_t)k * mine.xbytes + (size_t)i * es, one.x + (size_t)k * one.xbytes + (size_t)(lo + i) * es, es) == 0;
+            ok &= mine.y[(size_t)k * 4 + (size_t)i] == one.y[(size_t)k * one.batch + (size_t)(lo + i)];
+          }
+          seen += mine.n[k];
+        }
+        dump_free(&mine);
+        ampc_loader_free(l);
+      }
+      CHECK_MSG(ok, "%d ranks (start %d): not the single process's batches", W, start);
+      int64_t total = 0;
+      for (int64_t k = 0; k < one.nb; k++) total += one.n[k];
+      CHECK(seen == total);
+      dump_free(&one);
+    }
+  }
+  ampc_loader_opts o = opts_plain(4);
+  ampc_loader *l = NULL;
+  o.world_size = 2;
+  o.rank = 2;
+  CHECK_ERR(ampc_loader_create(&l, d, &o), AMPC_EINVAL, "rank 2 outside 0..1");
+  ampc_dataset_free(d);
+}
+
 TEST(loader_defaults) {
   ampc_loader_opts o;
   memset(&o, 0x5a, sizeof o);
@@ -1116,4 +1174,4 @@ TEST_MAIN(TEST_ENTRY(probe_and_pair), TEST_ENTRY(special_files), TEST_ENTRY(idx_
           TEST_ENTRY(cifar100_roundtrip), TEST_ENTRY(cifar_errors), TEST_ENTRY(dataset_kinds),
           TEST_ENTRY(loader_defaults), TEST_ENTRY(loader_order), TEST_ENTRY(loader_batches),
           TEST_ENTRY(loader_resume), TEST_ENTRY(loader_background), TEST_ENTRY(loader_free_midway),
-          TEST_ENTRY(loader_half_types), TEST_ENTRY(loader_crop_flip), TEST_ENTRY(loader_errors))
+          TEST_ENTRY(loader_half_types), TEST_ENTRY(loader_crop_flip), TEST_ENTRY(loader_errors), TEST_ENTRY(loader_ranks))

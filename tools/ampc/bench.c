@@ -13,6 +13,7 @@
 
 #include "ampc/dtype.h"
 #include "ampc/rng.h"
+#include "dist.h"
 #include "session.h"
 
 /* The machine's arithmetic peak: every thread runs a loop of independent
@@ -126,22 +127,28 @@ int cmd_bench(int argc, char **argv) {
   c.model = "resnet18";
   int steps = 3, warmup = 1, json = 0, sgemm_n = 2048;
   cli_opt opts[48];
-  int n = cli_common_opts(&c, opts, CLI_OPTS_BATCH | CLI_OPTS_SEED | CLI_OPTS_PRECISION | CLI_OPTS_STEP);
+  int n = cli_common_opts(&c, opts, CLI_OPTS_BATCH | CLI_OPTS_SEED | CLI_OPTS_PRECISION | CLI_OPTS_STEP | CLI_OPTS_DIST);
   opts[n++] = (cli_opt){"--steps", OPT_INT, &steps, "N", "timed training steps (default 3)", 1, NULL};
   opts[n++] = (cli_opt){"--warmup", OPT_INT, &warmup, "N", "untimed steps first (default 1)", 0, NULL};
   opts[n++] = (cli_opt){"--sgemm-size", OPT_INT, &sgemm_n, "N", "size of the baseline sgemm, 64..16384 (default 2048)", 64, NULL};
   opts[n++] = (cli_opt){"--json", OPT_FLAG, &json, NULL, "print one JSON object", 0, NULL};
   opts[n] = (cli_opt){0};
+  const int W = cli_dist_size(), root = cli_dist_root();
+  /* usage errors are every rank's alike: rank 0 says them */
+  cli_dist_error_mode(CLI_ERRORS_ROOT);
   int pr = cli_parse("bench", "[--model M] [options]", opts, argc, argv);
-  if (pr) return pr > 0 ? 0 : 2;
   ampc_amp_config acfg;
-  if (cli_common_check(&c, &acfg) < 0) return 2;
+  if (!pr && cli_common_check(&c, &acfg) < 0) pr = -1;
+  cli_dist_error_mode(W > 1 ? CLI_ERRORS_HOLD : CLI_ERRORS_ALL);
+  if (pr) return pr > 0 ? 0 : 2;
+  /* data-parallel (mpirun): each rank its share of the cores, its own batch */
+  if (W > 1 && c.threads == 0 && !getenv("OMP_NUM_THREADS")) c.threads = cli_dist_default_threads();
   int is_resnet = strcmp(c.model, "resnet18") == 0;
   int shape[4] = {is_resnet ? 3 : 1, is_resnet ? 32 : 28, is_resnet ? 32 : 28, 10};
   ampc_optim_config oc;
   ampc_optim_config_default(&oc, AMPC_OPTIM_ADAM);
   cli_session s;
-  if (cli_session_open(&s, &c, 0, 0, shape, &oc, c.batch_size, NULL, NULL) < 0) {
+  if (!cli_dist_agree(cli_session_open(&s, &c, 0, 0, shape, &oc, c.batch_size, NULL, NULL) == 0)) {
     cli_session_close(&s);
     return 1;
   }
@@ -159,7 +166,7 @@ int cmd_bench(int argc, char **argv) {
     cli_session_close(&s);
     return 1;
   }
-  ampc_rng r = ampc_rng_make(c.seed, AMPC_RNG_STREAM_DATA);
+  ampc_rng r = ampc_rng_make(c.seed + (uint64_t)cli_dist_rank(), AMPC_RNG_STREAM_DATA);
   for (size_t i = 0; i < nx; i++) xf[i] = ampc_rng_normal(&r);
   for (size_t i = 0; i < ny; i++) yi[i] = (int32_t)ampc_rng_below(&r, 10);
   int bad = ampc_graph_write(s.g, ampc_model_input(s.model), xf, AMPC_DTYPE_F32) < 0 ||
@@ -168,17 +175,21 @@ int cmd_bench(int argc, char **argv) {
   free(yi);
   if (bad) {
     cli_lib_error(NULL);
+    cli_dist_abort(1);
     cli_session_close(&s);
     return 1;
   }
 
   ampc_value loss = ampc_model_loss(s.model);
-  double t_opt = 0.0, total = 0.0;
+  double t_opt = 0.0, total = 0.0, comm_window = 0.0, comm_exposed = 0.0, comm_bytes = 0.0;
+  int comm_buckets = 0;
   int rc = 0;
   for (int it = 0; it < warmup + steps && rc == 0; it++) {
     if (it == warmup) {
       ampc_graph_set_profiling(s.g, 1);
       t_opt = 0.0;
+      ampc_amp_comm_stats drop;
+      ampc_amp_get_comm_stats(s.amp, &drop, 1);
     }
     double t0 = cli_now();
     if (ampc_amp_forward(s.amp, 1) < 0 || ampc_amp_backward(s.amp, loss, 0, 0) < 0) rc = 1;
@@ -190,17 +201,55 @@ int cmd_bench(int argc, char **argv) {
       t_opt += t2 - t1;
       total += t2 - t0;
     }
+    if (W > 1 && !rc && it >= warmup) {
+      /* this step's communication, the least over the ranks (untimed): a
+       * rank that reaches a collective first also waits for the others,
+       * the last to arrive for the communication alone */
+      ampc_amp_comm_stats one;
+      ampc_amp_get_comm_stats(s.amp, &one, 1);
+      double v[2] = {one.seconds, one.exposed_seconds};
+      if (ampc_comm_allreduce_host(cli_dist_comm(), v, 2, AMPC_COMM_MIN) < 0) rc = 1;
+      comm_window += v[0];
+      comm_exposed += v[1];
+      comm_bytes += one.bytes;
+      comm_buckets = one.buckets;
+    }
+  }
+  ampc_backend_stats bs;
+  ampc_graph_backend_stats(s.g, &bs, 0); /* of the timed steps */
+  ampc_graph_set_profiling(s.g, 0);
+  /* data-parallel: the overlapped steps' communication, and what the same
+   * all-reduce costs when nothing overlaps it (after backward, blocking:
+   * the better of two, the ranks lined up first) */
+  double blocking = 0.0;
+  for (int it = 0; W > 1 && it < 2 && rc == 0; it++) {
+    ampc_amp_set_no_sync(s.amp, 1);
+    if (ampc_amp_forward(s.amp, 1) < 0 || ampc_amp_backward(s.amp, loss, 0, 0) < 0) rc = 1;
+    double line_up = 0.0;
+    if (!rc && ampc_comm_allreduce_host(cli_dist_comm(), &line_up, 1, AMPC_COMM_SUM) < 0) rc = 1;
+    double t0 = cli_now();
+    if (!rc && ampc_amp_sync_grads(s.amp) < 0) rc = 1;
+    double t = cli_now() - t0;
+    if (!rc && ampc_amp_step(s.amp, oc.lr, NULL) < 0) rc = 1;
+    if (it == 0 || t < blocking) blocking = t;
+    ampc_amp_set_no_sync(s.amp, 0);
   }
   if (rc) {
     cli_lib_error(NULL);
+    cli_dist_abort(1);
     cli_session_close(&s);
     return 1;
   }
-  ampc_backend_stats bs;
-  ampc_graph_backend_stats(s.g, &bs, 0);
+  double comm_step = comm_window / steps, exposed_step = comm_exposed / steps;
+  if (W > 1 && ampc_comm_allreduce_host(cli_dist_comm(), &blocking, 1, AMPC_COMM_MIN) < 0) {
+    cli_lib_error(NULL);
+    cli_dist_abort(1);
+  }
+  double hidden = blocking > 0 ? 1.0 - exposed_step / blocking : 0.0;
+  if (hidden < 0) hidden = 0;
   const double *fwd = bs.fwd, *bwd = bs.bwd, cbd = bs.conv_bwd_data, cbw = bs.conv_bwd_weights;
   double per_step = total / steps;
-  double ips = (double)c.batch_size / per_step;
+  double ips = (double)c.batch_size * W / per_step; /* over all the ranks */
   double flops = 3.0 * ampc_graph_forward_flops(s.g); /* forward + two products backward */
   double gflops = flops / per_step / 1e9;
   double elt = 0.0;
@@ -236,7 +285,9 @@ int cmd_bench(int argc, char **argv) {
   else snprintf(precision, sizeof precision, "%s", ampc_dtype_name(ac->cast_model_type));
   int has_fma = cpu_has_fma();
   double peak = fma_peak(threads, has_fma);
-  if (json) {
+  if (!root) {
+    /* rank 0 reports */
+  } else if (json) {
     json_t *o = json_object();
     json_object_set_new(o, "model", json_string(c.model));
     json_object_set_new(o, "batch_size", json_integer(c.batch_size));
@@ -262,13 +313,28 @@ int cmd_bench(int argc, char **argv) {
     json_object_set_new(sh, "other", json_real(total > 0 ? (total - accounted) / total : 0));
     json_object_set_new(o, "time_share", sh);
     json_object_set_new(o, "memory", cli_memory_json(&mem));
+    json_object_set_new(o, "world_size", json_integer(W));
+    if (W > 1) {
+      json_object_set_new(o, "global_batch_size", json_integer(c.batch_size * W));
+      json_object_set_new(o, "comm_buckets", json_integer(comm_buckets));
+      json_object_set_new(o, "comm_bytes_per_step", json_real(comm_bytes / steps));
+      json_object_set_new(o, "comm_blocking_seconds_per_step", json_real(blocking));
+      json_object_set_new(o, "comm_window_seconds_per_step", json_real(comm_step));
+      json_object_set_new(o, "comm_exposed_seconds_per_step", json_real(exposed_step));
+      json_object_set_new(o, "comm_hidden_fraction", json_real(hidden));
+    }
     char *str = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
     if (str) printf("%s\n", str);
     free(str);
     json_decref(o);
   } else {
-    printf("model %s, batch %lld, %s (%s), %d threads, %d steps after %d warm-up\n", c.model, (long long)c.batch_size,
-           ampc_opt_level_name(s.amp_cfg.opt_level), precision, threads, steps, warmup);
+    if (W > 1)
+      printf("model %s, %d ranks x batch %lld (global %lld), %s (%s), %d thread%s a rank, %d steps after %d warm-up\n", c.model, W,
+             (long long)c.batch_size, (long long)c.batch_size * W, ampc_opt_level_name(s.amp_cfg.opt_level), precision, threads,
+             threads == 1 ? "" : "s", steps, warmup);
+    else
+      printf("model %s, batch %lld, %s (%s), %d threads, %d steps after %d warm-up\n", c.model, (long long)c.batch_size,
+             ampc_opt_level_name(s.amp_cfg.opt_level), precision, threads, steps, warmup);
     printf("%.3f s/step, %.1f images/s, %.2f GFLOP/image, %.1f GFLOP/s = %.2f of this machine's sgemm (%.1f GFLOP/s at %d^3)\n",
            per_step, ips, flops / (double)c.batch_size / 1e9, gflops, sgemm > 0 ? gflops / sgemm : 0.0, sgemm, sgemm_n);
     printf("%.1f GFLOP/s = %.2f of this machine's peak (%.1f GFLOP/s: a register-only loop of %s on %d threads)\n",
@@ -277,7 +343,12 @@ int cmd_bench(int argc, char **argv) {
     printf("time share:");
     for (size_t i = 0; i < nshare; i++) printf(" %s %.1f%%", share[i].name, total > 0 ? 100.0 * share[i].t / total : 0.0);
     printf(" other %.1f%%\n", total > 0 ? 100.0 * (total - accounted) / total : 0.0);
-    printf("peak resident memory %.1f MB\n", (double)rss / 1e6);
+    if (W > 1)
+      printf("gradient all-reduce: %d bucket%s, %.1f MB a step per rank; alone (after backward) %.1f ms, overlapped with backward "
+             "%.1f ms of the rank's time (window %.1f ms): overlap hid %.0f%%\n",
+             comm_buckets, comm_buckets == 1 ? "" : "s", comm_bytes / steps / 1e6, 1e3 * blocking, 1e3 * exposed_step,
+             1e3 * comm_step, 100.0 * hidden);
+    printf("peak resident memory %.1f MB%s\n", (double)rss / 1e6, W > 1 ? " (rank 0)" : "");
     cli_print_memory(stdout, &mem);
   }
   cli_session_close(&s);

@@ -1,6 +1,7 @@
 #include "cli.h"
 
 #include "ampc/backend.h"
+#include "dist.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,20 +19,29 @@
 
 void openblas_set_num_threads(int num_threads);
 
+/* One error line; with several ranks it names the rank, or waits for the
+ * ranks to agree which one reports (dist.h). */
+static void error_line(const char *line) {
+  const char *pre;
+  if (cli_dist_error_route(&pre, line)) fprintf(stderr, "ampc: error: %s%s\n", pre, line);
+}
+
 void cli_error(const char *fmt, ...) {
+  char line[4096];
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "ampc: error: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
+  vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
+  error_line(line);
 }
 
 void cli_lib_error(const char *context) {
+  char line[4096];
   if (context)
-    fprintf(stderr, "ampc: error: %s: %s\n", context, ampc_last_error());
+    snprintf(line, sizeof line, "%s: %s", context, ampc_last_error());
   else
-    fprintf(stderr, "ampc: error: %s\n", ampc_last_error());
+    snprintf(line, sizeof line, "%s", ampc_last_error());
+  error_line(line);
 }
 
 double cli_now(void) {
@@ -172,6 +182,7 @@ void cli_common_defaults(cli_common *c) {
   c->normalize = 1;
   c->conv = "auto";
   c->device = "cpu";
+  c->allreduce_type = "auto";
 }
 
 int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
@@ -215,6 +226,12 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
   out[n++] = (cli_opt){"--clip-grad-norm", OPT_FLOAT, &c->clip_grad_norm, "X", "clip the global gradient norm to X", 0, NULL};
   out[n++] = (cli_opt){"--grad-accum", OPT_INT, &c->grad_accum, "N", "micro-batches per optimizer step, 1..the batches of an epoch (default 1)", 1, NULL};
   out[n++] = (cli_opt){"--amp-report", OPT_FLAG, &c->amp_report, NULL, "gradient underflow statistics, in the epoch lines and the metrics", 0, NULL};
+  if (!(groups & CLI_OPTS_DIST)) return n;
+  out[n++] = (cli_opt){"--allreduce-type", OPT_STRING, &c->allreduce_type, "auto|f32",
+                       "data-parallel (mpirun): all-reduce 16-bit gradients in their own type (auto, the default) or as f32 sums", 0, NULL};
+  out[n++] = (cli_opt){"--zero", OPT_INT, &c->zero, "0|1", "data-parallel: ZeRO stage 1 shards the f32 masters and optimizer state across the ranks (default 0)", 0, NULL};
+  out[n++] = (cli_opt){"--sync-bn", OPT_FLAG, &c->sync_bn, NULL, "data-parallel: batch norm statistics over the global batch (SyncBatchNorm; default: each rank's own)", 0, NULL};
+  out[n++] = (cli_opt){"--bucket-mb", OPT_FLOAT, &c->bucket_mb, "X", "data-parallel: gradient buckets of about X MB, 0.01..4096 (default 25)", 0.01, NULL};
   return n;
 }
 
@@ -289,6 +306,14 @@ int cli_common_check(const cli_common *c, ampc_amp_config *cfg) {
     cli_error("--label-smoothing: %g is outside [0, 1]", c->label_smoothing);
     return -1;
   }
+  if (strcmp(c->allreduce_type, "auto") != 0 && strcmp(c->allreduce_type, "f32") != 0) {
+    cli_error("--allreduce-type: expected auto or f32, got '%s'", c->allreduce_type);
+    return -1;
+  }
+  if (c->bucket_mb > 4096.0f) {
+    cli_error("--bucket-mb: %g is more than 4096", c->bucket_mb);
+    return -1;
+  }
   return 0;
 }
 
@@ -304,6 +329,7 @@ double cli_opt_max(const char *name) {
   if (strcmp(name, "--batch-size") == 0) return CLI_MAX_BATCH;
   if (strcmp(name, "--classes") == 0) return CLI_MAX_CLASSES;
   if (strcmp(name, "--sgemm-size") == 0) return 16384;
+  if (strcmp(name, "--zero") == 0) return 1;
   return 0;
 }
 

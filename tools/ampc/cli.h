@@ -51,6 +51,11 @@ typedef struct {
   float clip_grad_norm;
   int grad_accum;
   int amp_report;
+  /* data-parallel, under mpirun */
+  const char *allreduce_type; /* "auto" (the gradients' own type) or "f32" */
+  int zero;                   /* ZeRO stage: 0 or 1 */
+  int sync_bn;                /* SyncBatchNorm */
+  float bucket_mb;            /* gradient bucket size (0: the default, 25) */
 } cli_common;
 
 void cli_common_defaults(cli_common *c);
@@ -63,7 +68,8 @@ enum {
   CLI_OPTS_SEED = 8,       /* --seed, --label-smoothing */
   CLI_OPTS_PRECISION = 16, /* --opt-level, --half, --keep-batchnorm-fp32 */
   CLI_OPTS_STEP = 32,      /* loss scaling, master weights, clipping, accumulation, stochastic rounding, --amp-report */
-  CLI_OPTS_ALL = 63
+  CLI_OPTS_DIST = 64,      /* data-parallel: --allreduce-type, --zero, --sync-bn, --bucket-mb */
+  CLI_OPTS_ALL = 127
 };
 /* Appends the shared options of the groups to a table; returns the count added. */
 int cli_common_opts(cli_common *c, cli_opt *out, int groups);

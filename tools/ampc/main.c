@@ -4,6 +4,7 @@
 
 #include "ampc/version.h"
 #include "cli.h"
+#include "dist.h"
 
 static const struct {
   const char *name;
@@ -36,12 +37,19 @@ int main(int argc, char **argv) {
   }
   if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0) {
     const ampc_version_info *v = ampc_version_get();
-    printf("ampc %s\nbuild type: %s\nbackends: %s\ncpu paths: %s (this cpu: %s)\n", v->version, v->build_type, v->backends,
-           v->cpu_paths, v->cpu_path);
+    printf("ampc %s\nbuild type: %s\nbackends: %s\ncommunicators: %s (MPI: %s)\ncpu paths: %s (this cpu: %s)\n", v->version,
+           v->build_type, v->backends, v->comms, strstr(v->comms, "mpi") ? "built" : "not built", v->cpu_paths, v->cpu_path);
     return 0;
   }
-  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 2, argv + 2);
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+    if (strcmp(argv[1], commands[i].name) != 0) continue;
+    /* under mpirun, train and bench run data-parallel: one rank each */
+    int dist = commands[i].fn == cmd_train || commands[i].fn == cmd_bench;
+    if (dist && cli_dist_init() < 0) return 1;
+    int rc = commands[i].fn(argc - 2, argv + 2);
+    if (dist) cli_dist_finish();
+    return rc;
+  }
   fprintf(stderr, "ampc: error: unknown command '%s' (expected train, eval, grad, summary, bench, report or export; see ampc --help)\n", argv[1]);
   return 2;
 }

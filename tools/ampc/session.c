@@ -1,6 +1,8 @@
 #include "session.h"
 
 #include <math.h>
+
+#include "dist.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,6 +118,18 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
   }
   ampc_amp_set_clip_grad_norm(s->amp, c->clip_grad_norm);
   ampc_amp_set_stochastic_rounding(s->amp, c->stochastic_rounding, c->seed);
+  ampc_comm *comm = cli_dist_comm();
+  if (comm) {
+    /* data-parallel: this rank's share of the step, before any state is
+     * loaded (ZeRO keeps only its shard of what a checkpoint holds) */
+    ampc_amp_set_comm(s->amp, comm);
+    ampc_amp_set_allreduce_f32(s->amp, c->allreduce_type && strcmp(c->allreduce_type, "f32") == 0);
+    if ((c->bucket_mb > 0 && ampc_amp_set_bucket_bytes(s->amp, (size_t)((double)c->bucket_mb * 1048576.0)) < 0) ||
+        (ocfg && ampc_amp_set_zero(s->amp, c->zero) < 0) || ampc_amp_set_sync_batchnorm(s->amp, c->sync_bn) < 0) {
+      cli_lib_error(NULL);
+      return -1;
+    }
+  }
   if (need_train && open_dataset(c, 1, &tr, &s->train) < 0) return -1;
   if (need_test && open_dataset(c, 0, &te, &s->test) < 0) return -1;
   return 0;

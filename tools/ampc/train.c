@@ -11,6 +11,7 @@
 
 #include "ampc/checkpoint.h"
 #include "ckptdir.h"
+#include "dist.h"
 #include "progress.h"
 #include "session.h"
 #include "train_args.h"
@@ -20,6 +21,15 @@ static void on_signal(int sig) { stop_requested = sig; }
 
 #define CKPT_PREFIX "ckpt-step-"
 #define CKPT_SUFFIX ".safetensors"
+
+/* Errors every rank meets alike (a decision they took together): rank 0
+ * says it, once. */
+#define AGREED_ERROR(...)                      \
+  do {                                         \
+    cli_dist_error_mode(CLI_ERRORS_ROOT);      \
+    cli_error(__VA_ARGS__);                    \
+    cli_dist_error_mode(CLI_ERRORS_ALL);       \
+  } while (0)
 
 static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc_train_state *ts, int quiet, char *saved) {
   if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
@@ -75,38 +85,86 @@ static int staging_make(staging *st, cli_session *s, ampc_dtype xtype) {
   return 0;
 }
 
+/* A checkpoint (or weights) written by rank 0 alone, after every rank has
+ * gathered its ZeRO shards; the ranks then agree whether it worked. */
+static int save_on_root(cli_session *s, const char *dir, int keep, const ampc_train_state *ts, int quiet, char *saved,
+                        const char *weights, const char *const *meta) {
+  int ok = 1;
+  if (ampc_amp_gather_state(s->amp) < 0) {
+    cli_lib_error("gathering the ZeRO shards");
+    ok = 0;
+  }
+  if (ok && cli_dist_root())
+    ok = weights ? cli_save_weights(s, weights, meta) == 0 : save_checkpoint(s, dir, keep, ts, quiet, saved) == 0;
+  ampc_amp_release_state(s->amp);
+  return cli_dist_agree(ok) ? 0 : -1;
+}
+
+/* Test hooks (tests/e2e/mpi.sh): AMPC_TEST_INF_AT=R:S puts an infinite
+ * pixel into rank R's batch of optimizer step S; AMPC_TEST_DIVERGE_AT=R:S
+ * doubles rank R's loss scale after step S (the rank check must find it);
+ * AMPC_TEST_FAIL_AT=R:S makes rank R fail before step S as a failing call
+ * would; AMPC_TEST_STEP_LOG=1 has every rank print each step's outcome and
+ * a hash of its final weights. */
+static int test_hook_at(const char *var, long long *step) {
+  const char *v = getenv(var);
+  int r;
+  return v && sscanf(v, "%d:%lld", &r, step) == 2 && r == cli_dist_rank();
+}
+
+/* With several ranks, a failure of this rank alone: it says why and the
+ * whole job ends (the others would wait for it forever). */
+static void rank_failed(void) {
+  cli_lib_error(NULL);
+  cli_dist_abort(1);
+}
+
 int cmd_train(int argc, char **argv) {
   train_args a;
   train_args_init(&a);
-  cli_opt opts[64];
+  cli_opt opts[96];
   train_args_opts(&a, opts);
+  const int W = cli_dist_size(), root = cli_dist_root();
+  ampc_comm *comm = cli_dist_comm();
+  /* usage errors are every rank's alike: rank 0 says them */
+  cli_dist_error_mode(CLI_ERRORS_ROOT);
   int pr = cli_parse("train", "[options]", opts, argc, argv);
-  if (pr) return pr > 0 ? 0 : 2;
-
   ampc_optim_config ocfg;
   ampc_lr_schedule sched;
   int skip_nonfinite;
   ampc_amp_config acfg;
-  if (train_args_check(&a, &ocfg, &sched, &skip_nonfinite) < 0 || cli_common_check(&a.c, &acfg) < 0) return 2;
-  /* one run per checkpoint folder: found out before anything else is done */
-  if (a.checkpoint_dir && cli_ckptdir_lock("--checkpoint-dir", a.checkpoint_dir) < 0) return 1;
+  if (!pr && (train_args_check(&a, &ocfg, &sched, &skip_nonfinite) < 0 || cli_common_check(&a.c, &acfg) < 0)) pr = -1;
+  cli_dist_error_mode(CLI_ERRORS_ALL);
+  if (pr) return pr > 0 ? 0 : 2;
+  /* from here on, every exit goes through the one clean-up at the end; the
+   * ranks' errors of the set-up wait until they agree that one failed */
+  if (W > 1) cli_dist_error_mode(CLI_ERRORS_HOLD);
+  int rc = 1, agreed = 0;
+  FILE *mf = NULL;
+  ampc_loader *ld = NULL;
+  staging in = {NULL, NULL};
+  cli_session s;
+  memset(&s, 0, sizeof s);
+  int quiet = a.quiet || !root; /* rank 0 alone shows progress */
   char resume_path[4096] = "";
+  /* one run per checkpoint folder: found out before anything else is done */
+  if (root && a.checkpoint_dir && cli_ckptdir_lock("--checkpoint-dir", a.checkpoint_dir) < 0) goto done;
   if (a.resume) {
     struct stat sb;
     if (stat(a.resume, &sb) != 0) {
       cli_error("--resume: '%s': %s", a.resume, strerror(errno));
-      return 1;
+      goto done;
     }
     if (S_ISDIR(sb.st_mode)) {
       if (cli_latest_checkpoint(a.resume, resume_path, sizeof resume_path) < 0) {
         cli_error("--resume: no checkpoint (" CKPT_PREFIX "*" CKPT_SUFFIX ") in '%s'", a.resume);
-        return 1;
+        goto done;
       }
     } else {
       snprintf(resume_path, sizeof resume_path, "%s", a.resume);
     }
   }
-  if (a.save) {
+  if (root && a.save) {
     /* find out now, not after training, that the weights cannot be written */
     char dir[1024];
     snprintf(dir, sizeof dir, "%s", a.save);
@@ -114,20 +172,15 @@ int cmd_train(int argc, char **argv) {
     if (slash) *slash = '\0';
     if (access(slash ? (dir[0] ? dir : "/") : ".", W_OK) != 0) {
       cli_error("--save: cannot write into the folder of '%s': %s", a.save, strerror(errno));
-      return 1;
+      goto done;
     }
   }
-
-  /* from here on, every exit goes through the one clean-up at the end */
-  int rc = 1;
-  FILE *mf = NULL;
-  ampc_loader *ld = NULL;
-  staging in = {NULL, NULL};
-  cli_session s;
-  memset(&s, 0, sizeof s);
-  if (a.metrics && !(mf = cli_open_output("--metrics", a.metrics, a.resume != NULL))) goto done;
+  if (root && a.metrics && !(mf = cli_open_output("--metrics", a.metrics, a.resume != NULL))) goto done;
+  /* data-parallel: each rank takes its share of the cores */
+  if (W > 1 && a.c.threads == 0 && !getenv("OMP_NUM_THREADS")) a.c.threads = cli_dist_default_threads();
+  const int64_t G = a.c.batch_size * W; /* images per batch over all the ranks */
   if (cli_session_open(&s, &a.c, 1, 1, NULL, &ocfg, a.c.batch_size, "--resume", resume_path[0] ? resume_path : NULL) < 0 ||
-      cli_check_grad_accum(a.c.grad_accum, ampc_dataset_count(s.train), a.c.batch_size) < 0)
+      cli_check_grad_accum(a.c.grad_accum, ampc_dataset_count(s.train), G) < 0)
     goto done;
   int is_cifar = strncmp(a.c.dataset, "cifar", 5) == 0;
   int augment = a.augment_given ? a.augment : is_cifar;
@@ -138,6 +191,8 @@ int cmd_train(int argc, char **argv) {
   lo.normalize = a.c.normalize;
   lo.random_crop_padding = augment ? 4 : 0;
   lo.hflip = augment;
+  lo.rank = cli_dist_rank();
+  lo.world_size = W;
   ampc_value xv = ampc_model_input(s.model), yv = ampc_model_labels(s.model), lossv = ampc_model_loss(s.model);
   lo.dtype = ampc_graph_tensor(s.g, xv).dtype; /* the loader converts as it goes: the write copies */
   if (staging_make(&in, &s, lo.dtype) < 0) goto done;
@@ -149,17 +204,22 @@ int cmd_train(int argc, char **argv) {
   ampc_amp_config_describe(&s.amp_cfg, desc, sizeof desc);
   ampc_mem_report mem;
   ampc_amp_memory(s.amp, &mem);
-  if (!a.quiet) {
+  if (!quiet) {
     fprintf(stderr, "ampc: model %s (%lld parameters), %s %zu train / %zu test images, batch %lld, %s, device %s\n",
             ampc_model_name(s.model), (long long)ampc_model_param_count(s.model), a.c.dataset,
             ampc_dataset_count(s.train), ampc_dataset_count(s.test), (long long)a.c.batch_size, ampc_optim_kind_name(ocfg.kind),
             ampc_graph_backend_name(s.g));
+    if (W > 1)
+      fprintf(stderr, "ampc: data-parallel over %d ranks (%s, %d thread%s each): global batch %lld = %d x %lld, all-reduce %s%s%s%s\n",
+              W, ampc_comm_kind(comm), ampc_graph_threads(s.g), ampc_graph_threads(s.g) == 1 ? "" : "s", (long long)G, W,
+              (long long)a.c.batch_size, strcmp(a.c.allreduce_type, "f32") == 0 ? "f32" : "in the gradients' type",
+              a.c.zero ? ", ZeRO-1" : "", a.c.sync_bn ? ", SyncBatchNorm" : "", a.c.grad_accum > 1 ? " (after each step's last micro-batch)" : "");
     fprintf(stderr, "ampc: amp %s\n", desc);
-    fprintf(stderr, "ampc: ");
+    fprintf(stderr, "ampc: %s", W > 1 ? "per rank " : "");
     cli_print_memory(stderr, &mem);
   }
   cli_progress pg;
-  cli_progress_init(&pg, a.quiet);
+  cli_progress_init(&pg, quiet);
   rc = 0;
   double run_t0 = cli_now(), best_acc = -1.0, last_acc = NAN;
   int best_epoch = 0, epochs_run = 0, interrupted = 0;
@@ -167,10 +227,21 @@ int cmd_train(int argc, char **argv) {
   ampc_train_state ts = {.seed = a.c.seed};
   ampc_dataset_preprocessing(s.train, a.c.normalize, &ts.preprocessing); /* recorded in checkpoints */
   if (resume_path[0]) {
+    /* every rank reads the checkpoint (ZeRO: keeping its shard) */
     if (ampc_checkpoint_load(resume_path, s.model, s.amp, s.opt, &ts) < 0) {
       cli_lib_error("--resume");
       rc = 1;
       goto done;
+    }
+    if (ts.global_batch > 0 && ts.global_batch != G && ts.batch > 0) {
+      /* another number of ranks (or --batch-size): start at the batch that
+       * holds the next image the saved run would have used */
+      int64_t image = ts.batch * ts.global_batch;
+      if (!quiet)
+        fprintf(stderr, "ampc: %s counted batches of %lld images (%lld rank%s), this run %lld (%d): resuming at image %lld of the epoch, batch %lld%s\n",
+                resume_path, (long long)ts.global_batch, (long long)ts.world_size, ts.world_size == 1 ? "" : "s", (long long)G, W,
+                (long long)image, (long long)(image / G), image % G ? " (the images before it in that batch are seen again)" : "");
+      ts.batch = image / G;
     }
     if (cli_check_resume(resume_path, &ts, ampc_loader_batches_per_epoch(ld)) < 0) {
       rc = 1;
@@ -183,11 +254,20 @@ int cmd_train(int argc, char **argv) {
     }
     if (ts.epoch >= a.epochs) {
       /* nothing left to do: say so rather than silently exit */
-      printf("ampc: the run in %s is finished: it trained all %lld epoch%s (%lld steps); give a larger --epochs to train on\n",
-             resume_path, (long long)ts.epoch, ts.epoch == 1 ? "" : "s", (long long)ts.step);
+      if (root)
+        printf("ampc: the run in %s is finished: it trained all %lld epoch%s (%lld steps); give a larger --epochs to train on\n",
+               resume_path, (long long)ts.epoch, ts.epoch == 1 ? "" : "s", (long long)ts.step);
       goto done;
     }
-    if (!a.quiet) fprintf(stderr, "ampc: resumed from %s at epoch %lld, batch %lld, step %lld\n", resume_path, (long long)ts.epoch + 1, (long long)ts.batch, (long long)ts.step);
+    if (!quiet) fprintf(stderr, "ampc: resumed from %s at epoch %lld, batch %lld, step %lld\n", resume_path, (long long)ts.epoch + 1, (long long)ts.batch, (long long)ts.step);
+  }
+  ts.world_size = W;
+  ts.global_batch = G;
+  /* every rank is ready, or none trains */
+  agreed = 1;
+  if (!cli_dist_agree(1)) {
+    rc = 1;
+    goto done;
   }
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
@@ -198,6 +278,10 @@ int cmd_train(int argc, char **argv) {
   int is_static = !s.amp_cfg.loss_scale_dynamic;
   double rec_loss = 0.0; /* the steps since the last step record */
   int64_t rec_steps = 0;
+  long long inf_step = -1, diverge_step = -1, fail_step = -1;
+  int inf_hook = test_hook_at("AMPC_TEST_INF_AT", &inf_step), diverge_hook = test_hook_at("AMPC_TEST_DIVERGE_AT", &diverge_step);
+  int fail_hook = test_hook_at("AMPC_TEST_FAIL_AT", &fail_step);
+  int step_log = getenv("AMPC_TEST_STEP_LOG") != NULL;
   for (int epoch = (int)ts.epoch; epoch < a.epochs && rc == 0; epoch++) {
     float lr = ampc_lr_at(&sched, ocfg.lr, epoch);
     int64_t start_batch = epoch == ts.epoch ? ts.batch : 0;
@@ -209,65 +293,142 @@ int cmd_train(int argc, char **argv) {
       ts.train_seconds = 0.0;
     }
     if (ampc_loader_start_epoch(ld, epoch, start_batch) < 0) {
-      cli_lib_error(NULL);
+      rank_failed();
       rc = 1;
       break;
     }
     int64_t nb = ampc_loader_batches_per_epoch(ld), b = start_batch;
     double t0 = cli_now(), last_print = t0 - 1.0, prior_seconds = ts.train_seconds; /* the bar shows from the first step */
     int64_t seen_here = 0;
-    int micro = 0;
-    double step_loss_sum = 0.0; /* this step's micro-batch losses */
+    int micro = 0, stop_now = 0;
+    double comm_alone = -1.0, comm_alone_bytes = 0.0; /* the epoch's all-reduce alone: seconds, bytes */
+    int64_t steps_here = 0;
+    ampc_amp_comm_stats comm_kept = {0};              /* the overlapped steps' before that */
+    double step_loss_sum = 0.0;        /* this step's micro-batch losses */
+    double step_lsum = 0.0, step_n = 0.0; /* ... times their images, and the images (data-parallel: this rank's) */
     ampc_amp_grad_stats st;
     ampc_amp_get_grad_stats(s.amp, &st, 1);
     for (;;) {
       int got = 0;
+      if (b >= nb) break; /* (a rank's slice of the last batch may be empty) */
       if (ampc_loader_next(ld, in.x, in.y, &got) < 0) {
-        cli_lib_error(NULL);
+        rank_failed();
         rc = 1;
         break;
       }
-      if (got == 0) break;
+      int64_t gn = ampc_loader_global_samples(ld, b); /* over all the ranks */
+      if (W == 1 && got == 0) break;
       b++;
-      if (got < 2 && ampc_graph_max_batch(s.g) > 1) continue; /* batch norm needs two samples */
+      /* batch norm needs two samples (on every rank: the ranks decide alike) */
+      if (gn < 2 * W && ampc_graph_max_batch(s.g) > 1) continue;
+      if (fail_hook && ts.step + 1 == fail_step) {
+        cli_error("step %lld: failing on purpose (AMPC_TEST_FAIL_AT)", (long long)ts.step + 1);
+        cli_dist_abort(1);
+        rc = 1;
+        break;
+      }
+      if (inf_hook && ts.step + 1 == inf_step) {
+        float inf = INFINITY; /* the test hook: this rank's batch gets an infinite pixel */
+        ampc_store_f32(lo.dtype, in.x, &inf, 1);
+      }
+      /* each rank's mean loss weighted by its share of the global batch, so
+       * that the ranks' average is the global batch's mean */
+      ampc_amp_set_loss_weight(s.amp, (float)(1.0 / accum * (W > 1 ? (double)W * got / (double)gn : 1.0)));
+      int last_micro = micro + 1 >= accum || b >= nb;
+      /* the epoch's second step measures what the all-reduce costs alone
+       * (after backward, the ranks lined up), the yardstick of what overlap
+       * hides in the others (the run's first pays for MPI's connections) */
+      int calibrate = W > 1 && last_micro && comm_alone < 0 && steps_here == 1;
+      ampc_amp_set_no_sync(s.amp, !last_micro || calibrate); /* the step's last micro-batch reduces them all */
       float l = 0.0f;
       if (ampc_graph_set_batch(s.g, got) < 0 || ampc_graph_write(s.g, xv, in.x, lo.dtype) < 0 ||
           ampc_graph_write(s.g, yv, in.y, AMPC_DTYPE_I32) < 0 || ampc_amp_forward(s.amp, 1) < 0 ||
           ampc_amp_backward(s.amp, lossv, 0, micro > 0) < 0 || ampc_graph_read(s.g, lossv, &l, AMPC_DTYPE_F32) < 0) {
-        cli_lib_error(NULL);
+        rank_failed();
         rc = 1;
         break;
       }
-      ts.loss_sum += (double)l * got;
-      ts.seen += got;
-      seen_here += got;
+      if (W == 1) {
+        ts.loss_sum += (double)l * got;
+        ts.seen += got;
+        seen_here += got;
+      }
+      step_lsum += (double)l * got;
+      step_n += got;
       step_loss_sum += (double)l;
-      if (++micro < accum && b < nb) continue;
+      micro++;
+      if (!last_micro) continue;
+      if (calibrate) {
+        ampc_amp_comm_stats keep;
+        ampc_amp_get_comm_stats(s.amp, &keep, 1);
+        comm_kept.steps += keep.steps;
+        comm_kept.bytes += keep.bytes;
+        comm_kept.seconds += keep.seconds;
+        comm_kept.exposed_seconds += keep.exposed_seconds;
+        double line_up = 0.0;
+        int bad = ampc_comm_allreduce_host(comm, &line_up, 1, AMPC_COMM_SUM) < 0;
+        double t_alone = cli_now();
+        if (bad || ampc_amp_sync_grads(s.amp) < 0) {
+          rank_failed();
+          rc = 1;
+          break;
+        }
+        comm_alone = cli_now() - t_alone;
+        ampc_amp_get_comm_stats(s.amp, &keep, 1); /* not an overlapped step's */
+        comm_alone_bytes = keep.bytes;
+      }
       double step_loss = step_loss_sum / (double)micro;
-      step_loss_sum = 0.0;
+      if (W > 1) {
+        /* the step's loss and images over the ranks, and whether a rank was
+         * asked to stop: every rank stops after the same step */
+        double v[3] = {step_lsum, step_n, stop_requested ? 1.0 : 0.0};
+        if (ampc_comm_allreduce_host(comm, v, 3, AMPC_COMM_SUM) < 0) {
+          rank_failed();
+          rc = 1;
+          break;
+        }
+        ts.loss_sum += v[0];
+        ts.seen += (int64_t)v[1];
+        seen_here += (int64_t)v[1];
+        step_loss = v[0] / (v[1] > 0 ? v[1] : 1.0);
+        stop_now = v[2] > 0;
+      } else {
+        stop_now = stop_requested != 0;
+      }
+      step_loss_sum = step_lsum = step_n = 0.0;
       micro = 0;
       ampc_amp_step_info info;
       if (ampc_amp_step(s.amp, lr, &info) < 0) {
-        cli_lib_error(NULL);
+        rank_failed();
         rc = 1;
         break;
       }
       ts.step++;
       ts.batch = b;
+      steps_here++;
+      if (step_log)
+        fprintf(stderr, "ampc: test: rank %d step %lld applied %d scale %g grad_norm %.9g\n", cli_dist_rank(), (long long)ts.step,
+                info.applied, info.scale, info.grad_norm);
+      if (diverge_hook && ts.step == diverge_step) {
+        ampc_scaler_state sst;
+        ampc_scaler_get_state(ampc_amp_scaler(s.amp, 0), &sst);
+        sst.scale *= 2.0f; /* the test hook: this rank drifts */
+        ampc_scaler_set_state(ampc_amp_scaler(s.amp, 0), &sst);
+      }
       if (!info.applied) {
         ts.skipped++;
         ts.skipped_total++;
         if (is_static && !skip_nonfinite) {
           cli_progress_clear(&pg);
-          cli_error("step %lld: non-finite loss or gradients (loss %g; first non-finite gradient: %s); stopping (--on-nonfinite skip skips such steps)",
-                    (long long)ts.step, l, info.nonfinite[0] ? info.nonfinite[0] : "?");
+          AGREED_ERROR("step %lld: non-finite loss or gradients (loss %g; first non-finite gradient: %s); stopping (--on-nonfinite skip skips such steps)",
+                       (long long)ts.step, step_loss, info.nonfinite[0] ? info.nonfinite[0] : "?");
           rc = 1;
           break;
         }
         /* one line per skipped step at most; a run of skips is counted, not repeated */
         if (last_skip_report == ts.step - 1) {
           skip_repeats++;
-        } else {
+        } else if (root) {
           cli_progress_clear(&pg);
           if (skip_repeats) fprintf(stderr, "ampc: (%lld more skipped steps in a row)\n", (long long)skip_repeats);
           skip_repeats = 0;
@@ -278,8 +439,8 @@ int cmd_train(int argc, char **argv) {
         }
         last_skip_report = ts.step;
         if (ampc_scaler_diverged(ampc_amp_scaler(s.amp, 0), 20) && !skip_nonfinite) {
-          cli_error("step %lld: the loss scale stayed at its minimum (%g) for 20 overflowing steps in a row: training is diverging",
-                    (long long)ts.step, info.scale);
+          AGREED_ERROR("step %lld: the loss scale stayed at its minimum (%g) for 20 overflowing steps in a row: training is diverging",
+                       (long long)ts.step, info.scale);
           rc = 1;
           break;
         }
@@ -296,18 +457,19 @@ int cmd_train(int argc, char **argv) {
         json_object_set_new(o, "skipped", json_boolean(!info.applied));
         json_object_set_new(o, "lr", json_real(lr));
         if (a.c.clip_grad_norm > 0) json_object_set_new(o, "grad_norm", json_real(info.grad_norm));
+        if (W > 1) json_object_set_new(o, "world_size", json_integer(W));
         write_record(mf, o);
         rec_loss = 0.0;
         rec_steps = 0;
       }
       if (a.checkpoint_dir && a.save_every > 0 && ts.step % a.save_every == 0 && b < nb) {
         cli_progress_clear(&pg);
-        if (save_checkpoint(&s, a.checkpoint_dir, a.keep, &ts, a.quiet, last_ckpt) < 0) {
+        if (save_on_root(&s, a.checkpoint_dir, a.keep, &ts, quiet, last_ckpt, NULL, NULL) < 0) {
           rc = 1;
           break;
         }
       }
-      if (stop_requested) break;
+      if (stop_now) break;
       double now = cli_now();
       if (pg.tty ? now - last_print > 0.25 : (b % (nb / 4 > 0 ? nb / 4 : 1) == 0 && b < nb)) {
         double el = now - t0, ips = (double)seen_here / (el > 0 ? el : 1e-9);
@@ -317,30 +479,42 @@ int cmd_train(int argc, char **argv) {
       }
     }
     if (rc) break;
-    if (stop_requested) {
+    if (stop_now) {
       /* SIGINT/SIGTERM: save where we are and stop cleanly */
       const char *dir = a.checkpoint_dir ? a.checkpoint_dir : "checkpoints";
       cli_progress_clear(&pg);
-      fprintf(stderr, "ampc: %s received at epoch %d, batch %lld/%lld: saving a checkpoint at step %lld and stopping\n",
-              stop_requested == SIGINT ? "SIGINT" : "SIGTERM", epoch + 1, (long long)b, (long long)nb, (long long)ts.step);
+      if (root)
+        fprintf(stderr, "ampc: %s received at epoch %d, batch %lld/%lld: saving a checkpoint at step %lld and stopping\n",
+                stop_requested == SIGINT ? "SIGINT" : stop_requested == SIGTERM ? "SIGTERM" : "a stop request", epoch + 1, (long long)b,
+                (long long)nb, (long long)ts.step);
       /* the default folder is taken only now: take its lock like --checkpoint-dir's */
-      if ((!a.checkpoint_dir && cli_ckptdir_lock("saving a checkpoint", dir) < 0) || save_checkpoint(&s, dir, a.keep, &ts, 0, last_ckpt) < 0)
+      int locked = !root || a.checkpoint_dir || cli_ckptdir_lock("saving a checkpoint", dir) >= 0;
+      if (!cli_dist_agree(locked) || save_on_root(&s, dir, a.keep, &ts, 0, last_ckpt, NULL, NULL) < 0)
         rc = 1;
-      else
+      else if (root)
         fprintf(stderr, "ampc: resume with: ampc train ... --resume %s\n", dir);
       interrupted = 1;
       break;
     }
     if (skip_repeats) {
       cli_progress_clear(&pg);
-      fprintf(stderr, "ampc: (%lld more skipped steps in a row)\n", (long long)skip_repeats);
+      if (root) fprintf(stderr, "ampc: (%lld more skipped steps in a row)\n", (long long)skip_repeats);
       skip_repeats = 0;
       last_skip_report = -1;
+    }
+    /* the ranks still agree on the loss scale and the step count */
+    if (ampc_amp_check_ranks(s.amp) < 0) {
+      cli_progress_clear(&pg);
+      AGREED_ERROR("epoch %d: %s", epoch + 1, ampc_last_error());
+      rc = 1;
+      break;
     }
     double train_time = ts.train_seconds;
     double test_loss = NAN, test_acc = NAN;
     double te0 = cli_now();
-    if (cli_evaluate(&s, s.test, &test_loss, &test_acc) < 0) {
+    /* rank 0 evaluates; the others go on to the next epoch's first step */
+    if (root && cli_evaluate(&s, s.test, &test_loss, &test_acc) < 0) {
+      rank_failed();
       rc = 1;
       break;
     }
@@ -349,13 +523,35 @@ int cmd_train(int argc, char **argv) {
     double ips = (double)ts.seen / (train_time > 0 ? train_time : 1e-9);
     cli_progress_clear(&pg);
     if (a.c.amp_report) ampc_amp_get_grad_stats(s.amp, &st, 1);
+    ampc_amp_comm_stats cs;
+    ampc_amp_get_comm_stats(s.amp, &cs, 1);
+    cs.steps += comm_kept.steps;
+    cs.bytes += comm_kept.bytes;
+    cs.exposed_seconds += comm_kept.exposed_seconds;
+    /* per step: the all-reduce alone and the time a rank spent in it while
+     * overlapped, each the least over the ranks (a rank that reaches a
+     * collective first also waits for the others to arrive) */
+    double comm_step[2] = {comm_alone > 0 ? comm_alone : 0.0, cs.steps ? cs.exposed_seconds / (double)cs.steps : 0.0};
+    if (W > 1 && ampc_comm_allreduce_host(comm, comm_step, 2, AMPC_COMM_MIN) < 0) {
+      rank_failed();
+      rc = 1;
+      break;
+    }
+    double comm_hidden = comm_step[0] > 0 ? 1.0 - comm_step[1] / comm_step[0] : 0.0;
+    if (comm_hidden < 0) comm_hidden = 0.0;
+    double comm_bytes = cs.steps ? cs.bytes / (double)cs.steps : comm_alone_bytes;
     double uf = st.values ? (double)st.underflow / (double)st.values : 0.0;
-    printf("epoch %d: train_loss %.4f test_loss %.4f test_acc %.4f %.1f img/s %.1fs loss_scale %g skipped %lld", epoch + 1, train_loss,
-           test_loss, test_acc, ips, secs, ampc_scaler_scale(ampc_amp_scaler(s.amp, 0)), (long long)ts.skipped);
-    /* --amp-report's figures, with or without a metrics file */
-    if (a.c.amp_report) printf(" grad_underflow %.4f%% of %lld half values, grad_max_abs %.4g", 100.0 * uf, (long long)st.values, st.max_abs);
-    printf("\n");
-    fflush(stdout);
+    if (root) {
+      printf("epoch %d: train_loss %.4f test_loss %.4f test_acc %.4f %.1f img/s %.1fs loss_scale %g skipped %lld", epoch + 1, train_loss,
+             test_loss, test_acc, ips, secs, ampc_scaler_scale(ampc_amp_scaler(s.amp, 0)), (long long)ts.skipped);
+      /* --amp-report's figures, with or without a metrics file */
+      if (a.c.amp_report) printf(" grad_underflow %.4f%% of %lld half values, grad_max_abs %.4g", 100.0 * uf, (long long)st.values, st.max_abs);
+      if (W > 1)
+        printf(" ranks %d all-reduce %.1f ms/step alone, %.1f ms overlapped (%.0f%% hidden)", W, 1e3 * comm_step[0], 1e3 * comm_step[1],
+               100.0 * comm_hidden);
+      printf("\n");
+      fflush(stdout);
+    }
     epochs_run++;
     last_acc = test_acc;
     if (test_acc > best_acc) {
@@ -378,6 +574,17 @@ int cmd_train(int argc, char **argv) {
       json_object_set_new(o, "loss_scale", json_real(ampc_scaler_scale(ampc_amp_scaler(s.amp, 0))));
       json_object_set_new(o, "skipped_steps", json_integer(ts.skipped));
       json_object_set_new(o, "skipped_steps_total", json_integer(ts.skipped_total));
+      json_object_set_new(o, "world_size", json_integer(W));
+      json_object_set_new(o, "global_batch_size", json_integer(G));
+      if (W > 1) {
+        /* the gradient all-reduce of a step: alone (measured at the
+         * epoch's first step), the time a rank spent in it overlapped with
+         * backward, and the share of it overlap hid */
+        json_object_set_new(o, "comm_seconds_per_step", json_real(comm_step[0]));
+        json_object_set_new(o, "comm_exposed_seconds_per_step", json_real(comm_step[1]));
+        json_object_set_new(o, "comm_hidden_fraction", json_real(comm_hidden));
+        json_object_set_new(o, "comm_bytes_per_step", json_real(comm_bytes));
+      }
       json_object_set_new(o, "memory", cli_memory_json(&mem));
       if (a.c.amp_report) {
         json_object_set_new(o, "grad_half_values", json_integer(st.values));
@@ -393,26 +600,37 @@ int cmd_train(int argc, char **argv) {
       next.loss_sum = 0.0;
       next.seen = next.skipped = 0;
       next.train_seconds = 0.0;
-      if (save_checkpoint(&s, a.checkpoint_dir, a.keep, &next, a.quiet, last_ckpt) < 0) {
+      if (save_on_root(&s, a.checkpoint_dir, a.keep, &next, quiet, last_ckpt, NULL, NULL) < 0) {
         rc = 1;
         break;
       }
     }
   }
+  if (rc == 0 && step_log) {
+    /* the test hook: every rank's final weights, as one hash each */
+    size_t n = ampc_graph_param_numel(s.g);
+    float *w = malloc(n * sizeof *w);
+    int ok = w && ampc_amp_gather_state(s.amp) == 0 && ampc_amp_param_values(s.amp, w) == 0;
+    ampc_amp_release_state(s.amp);
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; ok && i < n * sizeof *w; i++) h = (h ^ ((const unsigned char *)w)[i]) * 1099511628211ull;
+    fprintf(stderr, "ampc: test: rank %d weights %016llx\n", cli_dist_rank(), ok ? (unsigned long long)h : 0ull);
+    free(w);
+  }
   int saved = 0;
   if (rc == 0 && a.save && epochs_run + interrupted > 0) {
     if (interrupted && !a.save_on_interrupt) {
-      fprintf(stderr, "ampc: --save %s not written: the run stopped mid-epoch (--save-on-interrupt writes it anyway)\n", a.save);
+      if (root) fprintf(stderr, "ampc: --save %s not written: the run stopped mid-epoch (--save-on-interrupt writes it anyway)\n", a.save);
     } else {
       /* the preprocessing goes with the weights, as in checkpoints and exports */
       char *pre = ts.preprocessing.dataset[0] ? ampc_preprocessing_json(&ts.preprocessing) : NULL;
       const char *meta[] = {"format", "ampc-weights-1", "model", ampc_model_name(s.model), pre ? "preprocessing" : NULL, pre, NULL};
-      if (cli_save_weights(&s, a.save, meta) < 0) rc = 1;
+      if (save_on_root(&s, NULL, 0, NULL, quiet, NULL, a.save, meta) < 0) rc = 1;
       else saved = 1;
       free(pre);
     }
   }
-  if (rc == 0 && epochs_run + interrupted > 0 && !a.quiet) {
+  if (rc == 0 && epochs_run + interrupted > 0 && !quiet) {
     /* the summary: what the run did and what it wrote */
     ampc_mem_report end;
     ampc_amp_memory(s.amp, &end);
@@ -421,8 +639,8 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "ampc: %s in %.1fs: %d epoch%s, %lld steps (%lld skipped), ", interrupted ? "stopped" : "done", cli_now() - run_t0,
             epochs_run, epochs_run == 1 ? "" : "s", (long long)ts.step, (long long)ts.skipped_total);
     if (best_epoch) fprintf(stderr, "test_acc best %.4f (epoch %d) final %.4f, ", best_acc, best_epoch, last_acc);
-    fprintf(stderr, "loss scale %g, peak memory %ld MB (accounted %.1f MB)\n", ampc_scaler_scale(ampc_amp_scaler(s.amp, 0)),
-            peak_rss_mb(), (double)acc_bytes / 1e6);
+    fprintf(stderr, "loss scale %g, peak memory %ld MB (accounted %.1f MB)%s\n", ampc_scaler_scale(ampc_amp_scaler(s.amp, 0)),
+            peak_rss_mb(), (double)acc_bytes / 1e6, W > 1 ? " on rank 0" : "");
     if (mf || saved || last_ckpt[0]) {
       fprintf(stderr, "ampc: wrote");
       if (mf) fprintf(stderr, " metrics %s%s", a.metrics, saved || last_ckpt[0] ? "," : "");
@@ -432,6 +650,9 @@ int cmd_train(int argc, char **argv) {
     }
   }
 done:
+  /* a rank whose set-up failed: the ranks agree on it (the first failing
+   * rank's errors are printed) before any leaves */
+  if (!agreed) cli_dist_agree(rc == 0);
   ampc_loader_free(ld);
   cli_session_close(&s);
   free(in.x);

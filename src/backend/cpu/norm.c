@@ -1,7 +1,17 @@
 /* Batch normalisation over (N, H, W) for each channel, PyTorch semantics:
  * training normalises with the biased batch variance and updates the running
  * statistics with the unbiased one; eval uses the running statistics.
- * Parallel over channels; every sum is a two-pass f32 accumulation. */
+ * Parallel over channels; every sum is a two-pass f32 accumulation.
+ *
+ * SyncBatchNorm (the call's sync set, data-parallel training): the
+ * statistics cover every rank's batch. Forward and backward then run as two
+ * parallel passes with the cross-rank sum between them: the per-channel sums
+ * of this rank's values (forward: of x - k and (x - k)^2 around a shift k all
+ * ranks share, the running mean; backward: of dy and dy * (x - mean)) and its
+ * value count go into the workspace as doubles, sync adds them over the
+ * ranks, and the second pass normalises (or forms dx) with the global ones.
+ * The weight and bias gradients stay this rank's own: the gradient all-reduce
+ * averages them like every other parameter's. */
 #include <math.h>
 #include <omp.h>
 
@@ -45,9 +55,18 @@ static size_t bn_per_thread(const ampc__op_call *c, const bn_geom *g) {
   return 4 * (size_t)g->HW + (bn_cache(c, g) ? 2 * (size_t)(g->N * g->HW) : 0);
 }
 
+/* shared floats: 64, then dgamma, dbeta and a conversion buffer (4C) */
+static size_t bn_shared(const bn_geom *g) { return 64 + 4 * (size_t)g->C; }
+
+/* After the per-thread slices: SyncBatchNorm's 2C + 1 sums as doubles. */
+static double *bn_sync_sums(const ampc__op_call *c, const bn_geom *g, size_t per) {
+  size_t at = bn_shared(g) + (size_t)cpu_ctx(c)->nthreads * per;
+  return (double *)((float *)c->ws + (at + 1) / 2 * 2);
+}
+
 size_t ampc__cpu_bn_ws(const ampc__op_call *c, int nthreads) {
   bn_geom g = bn_geometry(c);
-  return ((size_t)nthreads * bn_per_thread(c, &g) + 4 * (size_t)g.C + 64) * sizeof(float);
+  return ((size_t)nthreads * bn_per_thread(c, &g) + bn_shared(&g) + 2 + 2 * (2 * (size_t)g.C + 1)) * sizeof(float);
 }
 
 /* The per-plane loops, built for AVX2 and the baseline. */
@@ -136,9 +155,82 @@ static float param_at(const ampc_tensor *t, int64_t i) {
   return v;
 }
 
-ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
+/* y of channel ch from x, normalised with (mean, invstd), scaled and
+ * shifted, through a fused ReLU and pool; xc: the channel's x cached in f32
+ * (NULL: loaded again), xs and ys the thread's staging planes. */
+static void bn_apply(const ampc__op_call *c, const bn_geom *gp, int64_t ch, float mean, float invstd, const float *xc, float *xs,
+                     float *ys) {
+  const bn_geom g = *gp;
+  const ampc_tensor *x = &c->in[0], *y = &c->out;
+  float scale = param_at(&c->in[1], ch) * invstd, shift = param_at(&c->in[2], ch) - mean * scale;
+  for (int64_t n = 0; n < g.N; n++) {
+    int64_t off = (n * g.C + ch) * g.HW;
+    if (n + CPU_AHEAD < g.N) bn_prefetch_fwd(c, &g, (n + CPU_AHEAD) * g.C + ch, xc == NULL);
+    const float *xp = xc ? xc + n * g.HW : cpu_load(x, off, (size_t)g.HW, xs);
+    float *yp = c->attr.pool ? ys : cpu_out(y, off, ys);
+    plane_apply(xp, (size_t)g.HW, scale, shift, c->attr.relu, yp);
+    if (!c->attr.pool) {
+      cpu_commit(y, off, yp, (size_t)g.HW);
+      continue;
+    }
+    /* pooled as the unfused graph pools: after rounding to the storage type */
+    ampc__round_f32(y->dtype, yp, (size_t)g.HW);
+    int64_t plane = n * g.C + ch;
+    ampc__cpu_pool2_select(yp, g.H, g.W, ys + g.HW, bn_winners(c, &g) + plane * g.PHW);
+    cpu_store(y, plane * g.PHW, ys + g.HW, (size_t)g.PHW, 0, NULL);
+  }
+}
+
+/* SyncBatchNorm's forward in training (see the top of the file). */
+static ampc_status bn_fwd_sync(const ampc__op_call *c) {
   bn_geom g = bn_geometry(c);
-  const ampc_tensor *x = &c->in[0], *gamma = &c->in[1], *beta = &c->in[2], *y = &c->out;
+  const ampc_tensor *x = &c->in[0];
+  float *rm = c->in[3].data, *rv = c->in[4].data;
+  float *mean_s = c->aux, *invstd_s = c->aux + g.C;
+  float mom = c->attr.momentum, eps = c->attr.eps;
+  size_t per = bn_per_thread(c, &g), shared = bn_shared(&g);
+  double *acc = bn_sync_sums(c, &g, per);
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(dynamic, 1)
+  for (int64_t ch = 0; ch < g.C; ch++) {
+    float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared);
+    double sum = 0.0, sq = 0.0;
+    for (int64_t n = 0; n < g.N; n++) {
+      if (n + CPU_AHEAD < g.N) cpu_prefetch(x, ((n + CPU_AHEAD) * g.C + ch) * g.HW, (size_t)g.HW, 0);
+      const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, xs);
+      float a, b;
+      plane_sums(xp, rm[ch], (size_t)g.HW, &a, &b);
+      sum += a;
+      sq += b;
+    }
+    acc[ch] = sum;
+    acc[g.C + ch] = sq;
+  }
+  acc[2 * g.C] = (double)(g.N * g.HW);
+  AMPC_TRY(c->sync->sum(c->sync->ctx, acc, 2 * (size_t)g.C + 1));
+  double count = acc[2 * g.C];
+  if (count < 2) return ampc__error(AMPC_EINVAL, "batchnorm2d: training needs more than one value per channel over the ranks (got %.0f)", count);
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(dynamic, 1)
+  for (int64_t ch = 0; ch < g.C; ch++) {
+    float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *ys = xs + 2 * g.HW;
+    double md = acc[ch] / count, sq = acc[g.C + ch] - md * acc[ch];
+    if (sq < 0) sq = 0;
+    float mean = (float)(rm[ch] + md); /* the shift is the running mean before this update */
+    float invstd = 1.0f / sqrtf((float)(sq / count) + eps);
+    mean_s[ch] = mean;
+    invstd_s[ch] = invstd;
+    rm[ch] = (1.0f - mom) * rm[ch] + mom * mean;
+    rv[ch] = (1.0f - mom) * rv[ch] + mom * (float)(sq / (count - 1));
+    bn_apply(c, &g, ch, mean, invstd, NULL, xs, ys);
+  }
+  c->aux[2 * g.C] = 1.0f;
+  if (c->n_in > 5 && c->in[5].data) ((int64_t *)c->in[5].data)[0] += 1;
+  return AMPC_OK;
+}
+
+ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
+  if (c->sync && c->training) return bn_fwd_sync(c);
+  bn_geom g = bn_geometry(c);
+  const ampc_tensor *x = &c->in[0];
   float *rm = c->in[3].data, *rv = c->in[4].data;
   float *mean_s = c->aux, *invstd_s = c->aux + g.C;
   float mom = c->attr.momentum, eps = c->attr.eps;
@@ -184,31 +276,71 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
       mean_s[ch] = mean;
       invstd_s[ch] = invstd;
     }
-    float scale = param_at(gamma, ch) * invstd, shift = param_at(beta, ch) - mean * scale;
-    for (int64_t n = 0; n < g.N; n++) {
-      int64_t off = (n * g.C + ch) * g.HW;
-      if (n + CPU_AHEAD < g.N) bn_prefetch_fwd(c, &g, (n + CPU_AHEAD) * g.C + ch, !(cache && c->training));
-      const float *xp = cache && c->training ? xc + n * g.HW : cpu_load(x, off, (size_t)g.HW, xs);
-      float *yp = c->attr.pool ? ys : cpu_out(y, off, ys);
-      plane_apply(xp, (size_t)g.HW, scale, shift, c->attr.relu, yp);
-      if (!c->attr.pool) {
-        cpu_commit(y, off, yp, (size_t)g.HW);
-        continue;
-      }
-      /* pooled as the unfused graph pools: after rounding to the storage type */
-      ampc__round_f32(y->dtype, yp, (size_t)g.HW);
-      int64_t plane = n * g.C + ch;
-      ampc__cpu_pool2_select(yp, g.H, g.W, ys + g.HW, bn_winners(c, &g) + plane * g.PHW);
-      cpu_store(y, plane * g.PHW, ys + g.HW, (size_t)g.PHW, 0, NULL);
-    }
+    bn_apply(c, &g, ch, mean, invstd, cache && c->training ? xc : NULL, xs, ys);
   }
   c->aux[2 * g.C] = c->training ? 1.0f : 0.0f; /* which statistics backward differentiates */
   if (c->training && c->n_in > 5 && c->in[5].data) ((int64_t *)c->in[5].data)[0] += 1;
   return AMPC_OK;
 }
 
+/* SyncBatchNorm's backward after a forward with batch statistics. */
+static ampc_status bn_bwd_sync(const ampc__op_call *c) {
+  bn_geom g = bn_geometry(c);
+  const ampc_tensor *x = &c->in[0], *gamma = &c->in[1];
+  const ampc_tensor *dx = &c->din[0], *dgamma = &c->din[1], *dbeta = &c->din[2];
+  const float *mean_s = c->aux, *invstd_s = c->aux + g.C;
+  float *dg = (float *)c->ws, *dbt = dg + g.C;
+  size_t per = bn_per_thread(c, &g), shared = bn_shared(&g);
+  double *acc = bn_sync_sums(c, &g, per);
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(dynamic, 1)
+  for (int64_t ch = 0; ch < g.C; ch++) {
+    float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *dys = xs + g.HW, *ys = dys + 2 * g.HW;
+    double sdy = 0.0, sdyx = 0.0;
+    for (int64_t n = 0; n < g.N; n++) {
+      int64_t off = (n * g.C + ch) * g.HW;
+      if (n + CPU_AHEAD < g.N) bn_prefetch_bwd(c, &g, (n + CPU_AHEAD) * g.C + ch);
+      const float *xp = cpu_load(x, off, (size_t)g.HW, xs);
+      /* a fused ReLU's mask is applied in place here, for the second pass */
+      const float *dp = c->attr.pool ? pool_dy(c, &g, n * g.C + ch, dys, ys) : load_dy(c, off, (size_t)g.HW, dys, ys, 1);
+      float a, b;
+      plane_dsums(dp, xp, mean_s[ch], (size_t)g.HW, &a, &b);
+      sdy += a;
+      sdyx += b;
+    }
+    dg[ch] = (float)(sdyx * invstd_s[ch]); /* this rank's: averaged with the other gradients */
+    dbt[ch] = (float)sdy;
+    acc[ch] = sdy;
+    acc[g.C + ch] = sdyx;
+  }
+  acc[2 * g.C] = (double)(g.N * g.HW);
+  AMPC_TRY(c->sync->sum(c->sync->ctx, acc, 2 * (size_t)g.C + 1));
+  double count = acc[2 * g.C];
+  if (dx->data) {
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(dynamic, 1)
+    for (int64_t ch = 0; ch < g.C; ch++) {
+      float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *dys = xs + g.HW, *out = dys + g.HW, *ys = out + g.HW;
+      float mean = mean_s[ch], invstd = invstd_s[ch];
+      float dbeta_c = (float)acc[ch], dgamma_c = (float)(acc[g.C + ch] * invstd);
+      float k = (float)(param_at(gamma, ch) * invstd / count);
+      for (int64_t n = 0; n < g.N; n++) {
+        int64_t off = (n * g.C + ch) * g.HW;
+        const float *xp = cpu_load(x, off, (size_t)g.HW, xs);
+        const float *dp = c->attr.pool ? pool_dy(c, &g, n * g.C + ch, dys, ys) : load_dy(c, off, (size_t)g.HW, dys, ys, 0);
+        float *o = c->din_acc[0] ? out : cpu_out(dx, off, out);
+        plane_dx(xp, dp, (size_t)g.HW, mean, invstd, k, (float)count, dbeta_c, dgamma_c, o);
+        cpu_store_grad(c, dx, off, o, (size_t)g.HW, c->din_acc[0], xs);
+      }
+    }
+  }
+  float *tmp = dbt + g.C;
+  if (dgamma->data) cpu_store_grad(c, dgamma, 0, dg, (size_t)g.C, c->din_acc[1], tmp);
+  if (dbeta->data) cpu_store_grad(c, dbeta, 0, dbt, (size_t)g.C, c->din_acc[2], tmp);
+  return AMPC_OK;
+}
+
 ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
   bn_geom g = bn_geometry(c);
+  if (c->sync && c->aux[2 * g.C] != 0.0f) return bn_bwd_sync(c);
   const ampc_tensor *x = &c->in[0], *gamma = &c->in[1];
   const ampc_tensor *dx = &c->din[0], *dgamma = &c->din[1], *dbeta = &c->din[2];
   const float *mean_s = c->aux, *invstd_s = c->aux + g.C;

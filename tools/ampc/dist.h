@@ -1,0 +1,42 @@
+/* Data-parallel runs of the CLI: `mpirun -np N ampc train|bench ...`. One
+ * process per rank; rank 0 alone prints progress and writes metrics,
+ * checkpoints and weights; errors name their rank; a rank that cannot go on
+ * ends the job (MPI_Abort) instead of leaving the others waiting. */
+#ifndef AMPC_CLI_DIST_H
+#define AMPC_CLI_DIST_H
+
+#include "ampc/comm.h"
+
+/* Under an MPI launcher: the MPI communicator (MPI_Init). Prints the error
+ * and returns -1 where that fails or ampc was built without MPI. A no-op
+ * for one process started without a launcher. */
+int cli_dist_init(void);
+/* MPI_Finalize (after the command, on every rank). */
+void cli_dist_finish(void);
+ampc_comm *cli_dist_comm(void); /* NULL for one process */
+int cli_dist_rank(void);
+int cli_dist_size(void);
+int cli_dist_root(void); /* 1 on rank 0 (and for one process) */
+/* Threads a rank takes unless --threads or OMP_NUM_THREADS says: this
+ * machine's cores over the ranks on it (no oversubscription); 0 for one
+ * process (all the cores, as before). */
+int cli_dist_default_threads(void);
+
+/* How cli_error prints with several ranks. ALL (the default): every rank,
+ * "ampc: error: rank R: ...". ROOT: rank 0 only, without a rank (usage
+ * errors, and decisions every rank takes alike). HOLD: kept until
+ * cli_dist_agree, which prints the lowest failing rank's. */
+typedef enum { CLI_ERRORS_ALL, CLI_ERRORS_ROOT, CLI_ERRORS_HOLD } cli_error_mode;
+void cli_dist_error_mode(cli_error_mode m);
+/* Where cli_error's line goes: 1 if it is printed now (and how: *prefix
+ * gets "rank R: " or ""), 0 if kept or dropped. Kept lines go to held. */
+int cli_dist_error_route(const char **prefix, const char *line);
+/* Every rank says whether it is fine; returns 1 if all are. If not, the
+ * held errors of the lowest failing rank are printed (once), the others'
+ * dropped. Leaves the mode at ALL. */
+int cli_dist_agree(int ok);
+/* After a rank's own error (printed): ends every rank of the job with
+ * status code. Returns only for one process. */
+void cli_dist_abort(int code);
+
+#endif
