@@ -6,6 +6,9 @@
 # sources are added to the build.
 
 set(AMPC_BACKENDS cpu cpu-guarded)
+if(AMPC_CUDA_ENABLED) # cmake/ampc_cuda.cmake
+  list(APPEND AMPC_BACKENDS cuda)
+endif()
 
 # The hot loops are built twice on x86-64 with GCC or clang (target clones
 # and target attributes: AVX2 + FMA, with F16C for the conversions) and once
