@@ -142,10 +142,11 @@ int cmd_train(int argc, char **argv) {
   ampc_mem_report mem;
   ampc_amp_memory(s.amp, &mem);
   if (!a.quiet) {
-    fprintf(stderr, "ampc: model %s (%lld parameters), %s %zu train / %zu test images, batch %lld, %s, device %s\n",
+    int cuda = strcmp(ampc_graph_backend_name(s.g), "cuda") == 0;
+    fprintf(stderr, "ampc: model %s (%lld parameters), %s %zu train / %zu test images, batch %lld, %s, device %s%s\n",
             ampc_model_name(s.model), (long long)ampc_model_param_count(s.model), a.c.dataset,
             ampc_dataset_count(s.train), ampc_dataset_count(s.test), (long long)a.c.batch_size, ampc_optim_kind_name(ocfg.kind),
-            ampc_graph_backend_name(s.g));
+            ampc_graph_backend_name(s.g), cuda ? (a.c.tf32 ? " (tf32 on)" : " (tf32 off)") : "");
     fprintf(stderr, "ampc: amp %s\n", desc);
     fprintf(stderr, "ampc: ");
     cli_print_memory(stderr, &mem);
@@ -315,6 +316,7 @@ int cmd_train(int argc, char **argv) {
       json_object_set_new(o, "steps", json_integer(ts.step));
       json_object_set_new(o, "opt_level", json_string(ampc_opt_level_name(s.amp_cfg.opt_level)));
       json_object_set_new(o, "half", json_string(ampc_dtype_name(s.amp_cfg.half_type)));
+      if (strcmp(ampc_graph_backend_name(s.g), "cuda") == 0) json_object_set_new(o, "tf32", json_boolean(a.c.tf32));
       json_object_set_new(o, "loss_scale", json_real(ampc_scaler_scale(ampc_amp_scaler(s.amp, 0))));
       json_object_set_new(o, "skipped_steps", json_integer(ts.skipped));
       json_object_set_new(o, "skipped_steps_total", json_integer(ts.skipped_total));
