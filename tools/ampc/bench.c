@@ -42,12 +42,13 @@ int cmd_bench(int argc, char **argv) {
   cli_common c;
   cli_common_defaults(&c);
   c.model = "resnet18";
-  int steps = 3, warmup = 1, json = 0, sgemm_n = 2048;
+  int steps = 3, warmup = 1, json = 0, sgemm_n = 2048, profile = 1;
   cli_opt opts[48];
   int n = cli_common_opts(&c, opts, 1);
   opts[n++] = (cli_opt){"--steps", OPT_INT, &steps, "N", "timed training steps (default 3)", 1, NULL};
   opts[n++] = (cli_opt){"--warmup", OPT_INT, &warmup, "N", "untimed steps first (default 1)", 0, NULL};
   opts[n++] = (cli_opt){"--sgemm-size", OPT_INT, &sgemm_n, "N", "size of the baseline sgemm, 64..16384 (default 2048)", 64, NULL};
+  opts[n++] = (cli_opt){"--profile", OPT_ONOFF, &profile, "on|off", "time each kind of op (default on)", 0, NULL};
   opts[n++] = (cli_opt){"--json", OPT_FLAG, &json, NULL, "print one JSON object", 0, NULL};
   opts[n] = (cli_opt){0};
   int pr = cli_parse("bench", "[--model M] [options]", opts, argc, argv);
@@ -91,9 +92,14 @@ int cmd_bench(int argc, char **argv) {
   ampc_value loss = ampc_model_loss(s.model);
   double t_opt = 0.0, total = 0.0;
   int rc = 0;
+  float last_loss = 0.0f;
   for (int it = 0; it < warmup + steps && rc == 0; it++) {
     if (it == warmup) {
-      ampc_graph_set_profiling(s.g, 1);
+      /* a device runs behind the host: it is idle when the timing starts
+       * (reading a value waits for it), and the last step's tail is timed
+       * below */
+      if (ampc_graph_read(s.g, loss, &last_loss, AMPC_DTYPE_F32) < 0) rc = 1;
+      ampc_graph_set_profiling(s.g, profile);
       t_opt = 0.0;
     }
     double t0 = cli_now();
@@ -107,6 +113,9 @@ int cmd_bench(int argc, char **argv) {
       total += t2 - t0;
     }
   }
+  double t_end = cli_now();
+  if (!rc && ampc_graph_read(s.g, loss, &last_loss, AMPC_DTYPE_F32) < 0) rc = 1;
+  total += cli_now() - t_end;
   if (rc) {
     cli_lib_error(NULL);
     cli_session_close(&s);
@@ -159,6 +168,13 @@ int cmd_bench(int argc, char **argv) {
     json_object_set_new(o, "sgemm_gflops_per_s", json_real(sgemm));
     json_object_set_new(o, "sgemm_fraction", json_real(sgemm > 0 ? gflops / sgemm : 0.0));
     json_object_set_new(o, "peak_rss_bytes", json_integer(rss));
+    json_object_set_new(o, "device", json_string(ampc_graph_backend_name(s.g)));
+    if (bs.mem_reserved_peak > 0) {
+      /* device memory (cuda): what the arena took from the device at its
+       * peak, and the most of it handed out at once */
+      json_object_set_new(o, "device_memory_peak_bytes", json_integer(bs.mem_reserved_peak));
+      json_object_set_new(o, "device_memory_in_use_peak_bytes", json_integer(bs.mem_in_use_peak));
+    }
     json_t *sh = json_object();
     for (size_t i = 0; i < nshare; i++) json_object_set_new(sh, share[i].name, json_real(total > 0 ? share[i].t / total : 0));
     json_object_set_new(sh, "other", json_real(total > 0 ? (total - accounted) / total : 0));
@@ -169,14 +185,18 @@ int cmd_bench(int argc, char **argv) {
     free(str);
     json_decref(o);
   } else {
-    printf("model %s, batch %lld, %s (%s), %d threads, %d steps after %d warm-up\n", c.model, (long long)c.batch_size,
-           ampc_opt_level_name(s.amp_cfg.opt_level), ampc_dtype_name(s.amp_cfg.half_type), threads, steps, warmup);
+    printf("model %s, batch %lld, %s (%s), device %s, %d threads, %d steps after %d warm-up\n", c.model, (long long)c.batch_size,
+           ampc_opt_level_name(s.amp_cfg.opt_level), ampc_dtype_name(s.amp_cfg.half_type), ampc_graph_backend_name(s.g), threads,
+           steps, warmup);
     printf("%.3f s/step, %.1f images/s, %.2f GFLOP/image, %.1f GFLOP/s = %.2f of this machine's sgemm (%.1f GFLOP/s at %d^3)\n",
            per_step, ips, flops / (double)c.batch_size / 1e9, gflops, sgemm > 0 ? gflops / sgemm : 0.0, sgemm, sgemm_n);
     printf("time share:");
     for (size_t i = 0; i < nshare; i++) printf(" %s %.1f%%", share[i].name, total > 0 ? 100.0 * share[i].t / total : 0.0);
     printf(" other %.1f%%\n", total > 0 ? 100.0 * (total - accounted) / total : 0.0);
     printf("peak resident memory %.1f MB\n", (double)rss / 1e6);
+    if (bs.mem_reserved_peak > 0)
+      printf("peak device memory %.1f MB (%.1f MB of it in use at once)\n", (double)bs.mem_reserved_peak / 1e6,
+             (double)bs.mem_in_use_peak / 1e6);
     cli_print_memory(stdout, &mem);
   }
   cli_session_close(&s);
