@@ -55,6 +55,9 @@ typedef struct {
                          * cores (inputs rounded to 10 mantissa bits); 0 (default): true
                          * f32 arithmetic (torch.backends.cuda.matmul.allow_tf32 = False) */
   int device;           /* cuda: which GPU (0 = the first CUDA_VISIBLE_DEVICES shows) */
+  int no_cuda_graphs;   /* cuda: launch every kernel as it comes; 0 (default): a sequence of
+                         * ops that repeats (a training step's forward and backward) is
+                         * captured once as a CUDA graph and replayed (not while profiling) */
 } ampc_backend_opts;
 
 void ampc_backend_opts_default(ampc_backend_opts *o);

@@ -170,6 +170,7 @@ void cli_common_defaults(cli_common *c) {
   c->normalize = 1;
   c->conv = "auto";
   c->device = "cpu";
+  c->cuda_graphs = 1;
 }
 
 int cli_common_opts(cli_common *c, cli_opt *out, int with_amp) {
@@ -186,6 +187,7 @@ int cli_common_opts(cli_common *c, cli_opt *out, int with_amp) {
                        "convolution algorithm: im2col products, Winograd F(4x4,3x3) or a direct loop (default auto: for stride-1 3x3, Winograd from 8 channels, direct up to 4)", 0, NULL};
   out[n++] = (cli_opt){"--device", OPT_STRING, &c->device, "NAME", "where the model runs: cpu (default), cpu-guarded (tests), cuda (where built)", 0, NULL};
   out[n++] = (cli_opt){"--tf32", OPT_ONOFF, &c->tf32, "on|off", "cuda: f32 products and convolutions on TF32 tensor cores (default off: true f32)", 0, NULL};
+  out[n++] = (cli_opt){"--cuda-graphs", OPT_ONOFF, &c->cuda_graphs, "on|off", "cuda: replay each step's kernels as one CUDA graph (default on)", 0, NULL};
   out[n++] = (cli_opt){"--label-smoothing", OPT_FLOAT, &c->label_smoothing, "X", "cross-entropy label smoothing (default 0)", 0, NULL};
   out[n++] = (cli_opt){"--normalize", OPT_ONOFF, &c->normalize, "on|off", "per-channel mean/std normalisation of the images (default on)", 0, NULL};
   if (!with_amp) return n;

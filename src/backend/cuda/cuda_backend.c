@@ -103,8 +103,18 @@ void ampc__cu_free(ampc__device *d, void *p) {
   AMPC_ASSERT(!"cuda: free of memory this device did not allocate");
 }
 
-static void *cu_alloc(ampc__device *d, size_t bytes) { return ampc__cu_alloc(d, bytes); }
-static void cu_free(ampc__device *d, void *p) { ampc__cu_free(d, p); }
+/* Every device call but run() first ends a sequence of op calls that the
+ * graph replay may be holding back (cuda_graph.c). */
+#define FLUSH(d) AMPC_TRY(ampc__cu_graph_flush(d))
+
+static void *cu_alloc(ampc__device *d, size_t bytes) {
+  if (ampc__cu_graph_flush(d) < 0) return NULL;
+  return ampc__cu_alloc(d, bytes);
+}
+static void cu_free(ampc__device *d, void *p) {
+  (void)ampc__cu_graph_flush(d); /* (an error shows at the next call that waits) */
+  ampc__cu_free(d, p);
+}
 
 /* ---- synchronisation and the device's own state ---- */
 
@@ -132,7 +142,10 @@ ampc_status ampc__cu_finish(ampc__device *d) {
   return AMPC_OK;
 }
 
-static ampc_status cu_synchronize(ampc__device *d) { return ampc__cu_finish(d); }
+static ampc_status cu_synchronize(ampc__device *d) {
+  FLUSH(d);
+  return ampc__cu_finish(d);
+}
 
 /* ---- copies: host <-> device through pinned staging ----
  *
@@ -146,6 +159,7 @@ static ampc_status cu_write(ampc__device *d, void *dst, ampc_dtype dt, const voi
   ampc__cuda_dev *cd = ampc__cu_of(d);
   size_t des = ampc_dtype_size(dt), ses = ampc_dtype_size(st), per = cd->pin_bytes / des;
   cudaSetDevice(cd->dev);
+  FLUSH(d);
   for (size_t off = 0; off < n; off += per) {
     size_t m = n - off < per ? n - off : per;
     int k = cd->pin_next;
@@ -163,6 +177,7 @@ static ampc_status cu_read(ampc__device *d, void *dst, ampc_dtype dt, const void
   ampc__cuda_dev *cd = ampc__cu_of(d);
   size_t des = ampc_dtype_size(dt), ses = ampc_dtype_size(st), per = cd->pin_bytes / ses;
   cudaSetDevice(cd->dev);
+  FLUSH(d);
   for (size_t off = 0; off < n; off += per) {
     size_t m = n - off < per ? n - off : per;
     /* both staging buffers' pending copies are earlier on the stream */
@@ -177,6 +192,7 @@ static ampc_status cu_read(ampc__device *d, void *dst, ampc_dtype dt, const void
 static ampc_status cu_copy(ampc__device *d, void *dst, const void *src, size_t bytes) {
   ampc__cuda_dev *cd = ampc__cu_of(d);
   cudaSetDevice(cd->dev);
+  FLUSH(d);
   AMPC_CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cd->stream), "copying on the device");
   return AMPC_OK;
 }
@@ -184,6 +200,7 @@ static ampc_status cu_copy(ampc__device *d, void *dst, const void *src, size_t b
 static ampc_status cu_set(ampc__device *d, void *dst, int byte, size_t bytes) {
   ampc__cuda_dev *cd = ampc__cu_of(d);
   cudaSetDevice(cd->dev);
+  FLUSH(d);
   AMPC_CU_TRY(cudaMemsetAsync(dst, byte, bytes, cd->stream), "setting memory");
   return AMPC_OK;
 }
@@ -296,6 +313,7 @@ static void cu_destroy(ampc__device *d) {
   if (!cd) return;
   cudaSetDevice(cd->dev);
   if (cd->stream) cudaStreamSynchronize(cd->stream);
+  ampc__cu_graphs_free(d);
   ampc__cu_conv_free_all(d);
   if (cd->dnn) cudnnDestroy(cd->dnn);
   if (cd->blas) cublasDestroy(cd->blas);
@@ -374,6 +392,9 @@ static void timings_collect(ampc__device *d) {
 static ampc_status cu_run(ampc__device *d, const ampc__op_call *c, int backward) {
   ampc__cuda_dev *cd = ampc__cu_of(d);
   cudaSetDevice(cd->dev);
+  ampc_status st;
+  if (ampc__cu_graph_defer(d, c, backward, &st)) return st;
+  AMPC_TRY(st);
   ampc__cu_timing *t = NULL;
   if (d->opts.profiling) {
     if (cd->used_timings >= 1 << 16) timings_collect(d);
@@ -391,6 +412,7 @@ static ampc_status cu_run(ampc__device *d, const ampc__op_call *c, int backward)
 static void cu_stats(ampc__device *d, ampc_backend_stats *out, int reset) {
   ampc__cuda_dev *cd = ampc__cu_of(d);
   cudaSetDevice(cd->dev);
+  (void)ampc__cu_graph_flush(d);
   timings_collect(d);
   memcpy(out->fwd, cd->t_fwd, sizeof out->fwd);
   memcpy(out->bwd, cd->t_bwd, sizeof out->bwd);

@@ -43,6 +43,13 @@ typedef struct {
 
 typedef struct ampc__cu_conv ampc__cu_conv;
 
+/* An op call as the graph replay records it (cuda_graph.c). */
+typedef struct {
+  ampc__op_call c;
+  int backward, counting;
+} ampc__cu_call;
+typedef struct ampc__cu_graphs ampc__cu_graphs;
+
 typedef struct {
   int dev;
   char name[256];
@@ -80,6 +87,9 @@ typedef struct {
   ampc__cu_conv **convs;
   size_t nconvs, cap_convs;
 
+  /* repeated sequences of op calls as CUDA graphs */
+  ampc__cu_graphs *graphs;
+
   /* profiling */
   ampc__cu_timing *timings;
   size_t ntimings, cap_timings, used_timings;
@@ -112,6 +122,14 @@ ampc__cu_count *ampc__cu_counters(ampc__device *d, int backward);
 /* Profiling: the event to record at point k (0 start, 1 middle, 2 end) of
  * the timed call in progress, or NULL when not profiling. */
 cudaEvent_t ampc__cu_timing_event(ampc__device *d, int k);
+
+/* cuda_graph.c: 1 when the call is taken (recorded, to run later as part of
+ * a graph), 0 when it is to run now (*st: an error of running earlier ones);
+ * flush ends the sequence: every device call but run() calls it first. */
+int ampc__cu_graph_defer(ampc__device *d, const ampc__op_call *c, int backward, ampc_status *st);
+ampc_status ampc__cu_graph_flush(ampc__device *d);
+void ampc__cu_graphs_free(ampc__device *d);
+extern int64_t ampc__cu_graph_captures, ampc__cu_graph_launches;
 
 /* cuda_ops.c */
 ampc_status ampc__cu_run(ampc__device *d, const ampc__op_call *c, int backward);

@@ -30,6 +30,7 @@ static ampc_status need(ampc__device *d, void **p, size_t *have, size_t n) {
 
 ampc_status ampc__cu_check_pass(ampc__device *d, const ampc__span *s, int ns, float gmul, int want_max, const float *slots,
                                 int nslots, float *slots_out, ampc__check *out) {
+  AMPC_TRY(ampc__cu_graph_flush(d));
   ampc__cuda_dev *cd = ampc__cu_of(d);
   ampc__cu_spans sp;
   cu_spans(s, ns, &sp);
@@ -61,6 +62,7 @@ ampc_status ampc__cu_check_pass(ampc__device *d, const ampc__span *s, int ns, fl
 
 ampc_status ampc__cu_fold_pass(ampc__device *d, const ampc__span *s, int ns, float *dst, float mul, int accumulate,
                                float *slot, float max_div) {
+  AMPC_TRY(ampc__cu_graph_flush(d));
   ampc__cuda_dev *cd = ampc__cu_of(d);
   ampc__cu_spans sp;
   cu_spans(s, ns, &sp);
@@ -73,6 +75,7 @@ ampc_status ampc__cu_fold_pass(ampc__device *d, const ampc__span *s, int ns, flo
 
 ampc_status ampc__cu_nonfinite_pass(ampc__device *d, const ampc__span *s, int ns, const size_t *ranges, size_t nranges,
                                     float gmul, unsigned char *flags) {
+  AMPC_TRY(ampc__cu_graph_flush(d));
   ampc__cuda_dev *cd = ampc__cu_of(d);
   if (!nranges) return AMPC_OK;
   ampc__cu_spans sp;
@@ -97,6 +100,7 @@ ampc_status ampc__cu_nonfinite_pass(ampc__device *d, const ampc__span *s, int ns
 }
 
 ampc_status ampc__cu_update_pass(ampc__device *d, const ampc__span *s, int ns, const ampc__update *u) {
+  AMPC_TRY(ampc__cu_graph_flush(d));
   ampc__cuda_dev *cd = ampc__cu_of(d);
   ampc__cu_spans sp;
   cu_spans(s, ns, &sp);

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <functional>
+#include <tuple>
 
 /* (host_defines.h gave these their host-compiler meanings) */
 #undef __global__
@@ -41,6 +42,13 @@ void syncthreads();
 /* Runs fn as grid.x blocks of block.x threads with smem bytes of dynamic
  * shared memory. */
 void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &fn);
+/* A kernel launch: the arguments converted to the kernel's parameters now,
+ * as a GPU launch takes them (a captured graph replays these values). */
+template <typename... P, typename... A>
+void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A &&...a) {
+  std::tuple<P...> args(std::forward<A>(a)...);
+  launch(grid, block, smem, [=]() { std::apply(kernel, args); });
+}
 } // namespace ampc_emu
 
 using ampc_emu::blockDim;
@@ -63,7 +71,7 @@ static inline unsigned atomicMax(unsigned *p, unsigned v) {
 static inline unsigned atomicOr(unsigned *p, unsigned v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
 
 #define AMPC_LAUNCH(kernel, grid, block, smem, stream, ...) \
-  ((void)(stream), ampc_emu::launch((grid), (block), (smem), [=]() { kernel(__VA_ARGS__); }))
+  ((void)(stream), ampc_emu::launch_kernel(kernel, (grid), (block), (smem), __VA_ARGS__))
 #define AMPC_SHARED_DYN(type, name) type *name = (type *)ampc_emu::dyn_smem
 
 #endif

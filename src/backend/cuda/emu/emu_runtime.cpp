@@ -75,7 +75,28 @@ __attribute__((noinline)) void start_fiber(fiber &f) {
 
 void syncthreads() { swapcontext(&fibers[(size_t)current].ctx, &scheduler); }
 
+/* Stream capture: while a capture is open, the stream's work is recorded
+ * (a graph is the list of it) instead of run. */
+std::vector<std::function<void()>> *capturing;
+
+/* Runs work now, or records it into the capture in progress. */
+void stream_work(std::function<void()> work) {
+  if (capturing) capturing->push_back(std::move(work));
+  else work();
+}
+
+static void launch_now(dim3 grid, dim3 block, size_t smem, const std::function<void()> &fn);
+
 void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &fn) {
+  if (capturing) {
+    std::function<void()> copy = fn;
+    capturing->push_back([=] { launch_now(grid, block, smem, copy); });
+    return;
+  }
+  launch_now(grid, block, smem, fn);
+}
+
+static void launch_now(dim3 grid, dim3 block, size_t smem, const std::function<void()> &fn) {
   std::lock_guard<std::mutex> lock(launch_mutex);
   if (block.y != 1 || block.z != 1 || grid.y != 1 || grid.z != 1 || block.x < 1 || block.x > 1024) abort();
   int nt = (int)block.x;
@@ -137,7 +158,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return ampc_emu::capturing ? cudaErrorStreamCaptureUnsupported : cudaSuccess; }
 cudaError_t cudaMalloc(void **p, size_t n) {
   /* not zeroed: the backend must zero what it promises to */
   *p = aligned_alloc(256, (n + 255) / 256 * 256);
@@ -157,12 +178,50 @@ cudaError_t cudaFreeHost(void *p) {
   free(p);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind, cudaStream_t) {
-  memmove(dst, src, n);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t) {
+  if (ampc_emu::capturing && kind != cudaMemcpyDeviceToDevice) return cudaErrorStreamCaptureUnsupported;
+  ampc_emu::stream_work([=] { memmove(dst, src, n); });
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t) {
-  memset(dst, v, n);
+  ampc_emu::stream_work([=] { memset(dst, v, n); });
+  return cudaSuccess;
+}
+
+/* graphs: a recorded list of work */
+struct CUgraph_st {
+  std::vector<std::function<void()>> work;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> work;
+};
+cudaError_t cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode) {
+  if (ampc_emu::capturing) return cudaErrorIllegalState;
+  ampc_emu::capturing = new std::vector<std::function<void()>>();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *g) {
+  if (!ampc_emu::capturing) return cudaErrorIllegalState;
+  *g = new CUgraph_st{std::move(*ampc_emu::capturing)};
+  delete ampc_emu::capturing;
+  ampc_emu::capturing = NULL;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) {
+  *e = new CUgraphExec_st{g->work};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t) {
+  if (ampc_emu::capturing) return cudaErrorStreamCaptureUnsupported;
+  for (auto &w : e->work) w();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  delete g;
   return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) {
@@ -238,6 +297,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
   if (ak < 0 || bk < 0 || ck < 0 || ak != bk) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (lda < (ta == CUBLAS_OP_N ? m : k) || ldb < (tb == CUBLAS_OP_N ? k : n) || ldc < m) return CUBLAS_STATUS_INVALID_VALUE;
   double al = *(const float *)alpha, be = *(const float *)beta;
+  ampc_emu::stream_work([=] {
   for (int j = 0; j < n; j++)
     for (int i = 0; i < m; i++) {
       double acc = 0.0;
@@ -249,6 +309,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
       size_t ci = (size_t)i + (size_t)j * ldc;
       st(C, ck, ci, al * acc + (be != 0.0 ? be * ld(C, ck, ci) : 0.0));
     }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -452,11 +513,18 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t, const void *alpha, const cu
                                       cudnnConvolutionFwdAlgo_t, void *ws, size_t wsb, const void *beta,
                                       const cudnnTensorDescriptor_t yd, void *y) {
   if (!shapes_ok(xd, wd, cd, yd) || wsb < EMU_CONV_WS) return CUDNN_STATUS_BAD_PARAM;
-  poison(ws, wsb);
-  std::vector<double> acc(count(yd), 0.0);
-  each_tap(xd, wd, cd, yd, [&](size_t yi, size_t xi, size_t wi) { acc[yi] += ld(x, xd->t, xi) * ld(w, wd->t, wi); });
   double al = *(const float *)alpha, be = *(const float *)beta;
-  for (size_t i = 0; i < acc.size(); i++) st(y, yd->t, i, al * acc[i] + (be != 0.0 ? be * ld(y, yd->t, i) : 0.0));
+  cudnnTensorStruct xs = *xd, ys = *yd;
+  cudnnFilterStruct wf = *wd;
+  cudnnConvolutionStruct cs = *cd;
+  ampc_emu::stream_work([=] {
+    const cudnnTensorStruct *xd = &xs, *yd = &ys;
+    const cudnnFilterStruct *wd = &wf;
+    poison(ws, wsb);
+    std::vector<double> acc(count(yd), 0.0);
+    each_tap(xd, wd, &cs, yd, [&](size_t yi, size_t xi, size_t wi) { acc[yi] += ld(x, xd->t, xi) * ld(w, wd->t, wi); });
+    for (size_t i = 0; i < acc.size(); i++) st(y, yd->t, i, al * acc[i] + (be != 0.0 ? be * ld(y, yd->t, i) : 0.0));
+  });
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t, const void *alpha, const cudnnFilterDescriptor_t wd, const void *w,
@@ -464,11 +532,18 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t, const void *alpha, con
                                            const cudnnConvolutionDescriptor_t cd, cudnnConvolutionBwdDataAlgo_t, void *ws,
                                            size_t wsb, const void *beta, const cudnnTensorDescriptor_t xd, void *dx) {
   if (!shapes_ok(xd, wd, cd, yd) || wsb < EMU_CONV_WS) return CUDNN_STATUS_BAD_PARAM;
-  poison(ws, wsb);
-  std::vector<double> acc(count(xd), 0.0);
-  each_tap(xd, wd, cd, yd, [&](size_t yi, size_t xi, size_t wi) { acc[xi] += ld(dy, yd->t, yi) * ld(w, wd->t, wi); });
   double al = *(const float *)alpha, be = *(const float *)beta;
-  for (size_t i = 0; i < acc.size(); i++) st(dx, xd->t, i, al * acc[i] + (be != 0.0 ? be * ld(dx, xd->t, i) : 0.0));
+  cudnnTensorStruct xs = *xd, ys = *yd;
+  cudnnFilterStruct wf = *wd;
+  cudnnConvolutionStruct cs = *cd;
+  ampc_emu::stream_work([=] {
+    const cudnnTensorStruct *xd = &xs, *yd = &ys;
+    const cudnnFilterStruct *wd = &wf;
+    poison(ws, wsb);
+    std::vector<double> acc(count(xd), 0.0);
+    each_tap(xd, wd, &cs, yd, [&](size_t yi, size_t xi, size_t wi) { acc[xi] += ld(dy, yd->t, yi) * ld(w, wd->t, wi); });
+    for (size_t i = 0; i < acc.size(); i++) st(dx, xd->t, i, al * acc[i] + (be != 0.0 ? be * ld(dx, xd->t, i) : 0.0));
+  });
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t, const void *alpha, const cudnnTensorDescriptor_t xd, const void *x,
@@ -476,11 +551,18 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t, const void *alpha, c
                                              const cudnnConvolutionDescriptor_t cd, cudnnConvolutionBwdFilterAlgo_t, void *ws,
                                              size_t wsb, const void *beta, const cudnnFilterDescriptor_t wd, void *dw) {
   if (!shapes_ok(xd, wd, cd, yd) || wsb < EMU_CONV_WS) return CUDNN_STATUS_BAD_PARAM;
-  poison(ws, wsb);
-  std::vector<double> acc(count(wd), 0.0);
-  each_tap(xd, wd, cd, yd, [&](size_t yi, size_t xi, size_t wi) { acc[wi] += ld(dy, yd->t, yi) * ld(x, xd->t, xi); });
   double al = *(const float *)alpha, be = *(const float *)beta;
-  for (size_t i = 0; i < acc.size(); i++) st(dw, wd->t, i, al * acc[i] + (be != 0.0 ? be * ld(dw, wd->t, i) : 0.0));
+  cudnnTensorStruct xs = *xd, ys = *yd;
+  cudnnFilterStruct wf = *wd;
+  cudnnConvolutionStruct cs = *cd;
+  ampc_emu::stream_work([=] {
+    const cudnnTensorStruct *xd = &xs, *yd = &ys;
+    const cudnnFilterStruct *wd = &wf;
+    poison(ws, wsb);
+    std::vector<double> acc(count(wd), 0.0);
+    each_tap(xd, wd, &cs, yd, [&](size_t yi, size_t xi, size_t wi) { acc[wi] += ld(dy, yd->t, yi) * ld(x, xd->t, xi); });
+    for (size_t i = 0; i < acc.size(); i++) st(dw, wd->t, i, al * acc[i] + (be != 0.0 ? be * ld(dw, wd->t, i) : 0.0));
+  });
   return CUDNN_STATUS_SUCCESS;
 }
 
