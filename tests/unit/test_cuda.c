@@ -14,7 +14,9 @@
  *   runs;
  * - a few training steps of the cnn at O0, O2 f16 and O2 bf16, and of
  *   ResNet-18 at O2 f16, follow the cpu backend's to the precision's tolerance, allocate no device memory after
- *   the first step and synchronise once a step. */
+ *   the first step and synchronise once a step;
+ * - CUDA graphs give the same bits as kernel-by-kernel launches;
+ * - a checkpoint saved on cuda loads on the cpu with the same values. */
 #include <math.h>
 #include <stdint.h>
 #include <sys/wait.h>
@@ -544,6 +546,49 @@ TEST(cuda_graphs_give_the_same_bits) {
   }
 }
 
+/* A checkpoint saved on the cuda device loads on the cpu (and back): the
+ * same parameters, masters, optimizer state and scaler. */
+TEST(checkpoints_move_between_devices) {
+  NEED_DEVICE();
+  rig a, b, c;
+  char path[512];
+  snprintf(path, sizeof path, "%s/cuda_ckpt.safetensors", AMPC_TEST_TMPDIR);
+  int ok = rig_make(&a, "cuda", "cnn", AMPC_OPT_O2, AMPC_DTYPE_BF16) && rig_make(&b, "cpu", "cnn", AMPC_OPT_O2, AMPC_DTYPE_BF16) &&
+           rig_make(&c, "cuda", "cnn", AMPC_OPT_O2, AMPC_DTYPE_BF16);
+  if (ok) {
+    for (int s = 0; s < 2; s++) {
+      write_batch(&a, 90 + (uint64_t)s);
+      CHECK_OK(ampc_amp_forward(a.amp, 1));
+      CHECK_OK(ampc_amp_backward(a.amp, ampc_model_loss(a.m), 0, 0));
+      CHECK_OK(ampc_amp_step(a.amp, 0.05f, NULL));
+    }
+    ampc_train_state ts = {.seed = 4, .step = 2};
+    CHECK_OK(ampc_checkpoint_save(path, a.m, a.amp, a.opt, &ts));
+    ampc_train_state back;
+    CHECK_OK(ampc_checkpoint_load(path, b.m, b.amp, b.opt, &back));
+    CHECK_OK(ampc_checkpoint_load(path, c.m, c.amp, c.opt, &back));
+    size_t n = ampc_graph_param_numel(a.g);
+    float *va = malloc(n * sizeof *va), *vb = malloc(n * sizeof *vb), *vc = malloc(n * sizeof *vc);
+    CHECK_OK(ampc_amp_param_values(a.amp, va));
+    CHECK_OK(ampc_amp_param_values(b.amp, vb));
+    CHECK_OK(ampc_amp_param_values(c.amp, vc));
+    CHECK_MSG(memcmp(va, vb, n * sizeof *va) == 0, "masters differ after loading on the cpu");
+    CHECK_MSG(memcmp(va, vc, n * sizeof *va) == 0, "masters differ after loading on cuda again");
+    for (size_t k = 0; k < ampc_optim_state_count(a.opt); k++) {
+      CHECK_OK(ampc_optim_state_read(a.opt, k, 0, n, va));
+      CHECK_OK(ampc_optim_state_read(b.opt, k, 0, n, vb));
+      CHECK_MSG(memcmp(va, vb, n * sizeof *va) == 0, "optimizer state %zu differs", k);
+    }
+    free(va);
+    free(vb);
+    free(vc);
+  }
+  rig_free(&a);
+  rig_free(&b);
+  rig_free(&c);
+}
+
 TEST_MAIN(TEST_ENTRY(no_device_error_is_one_line), TEST_ENTRY(conversions_give_the_cpu_bits), TEST_ENTRY(update_gives_the_cpu_bits),
           TEST_ENTRY(check_fold_nonfinite_agree_with_cpu), TEST_ENTRY(label_out_of_range_is_an_error),
-          TEST_ENTRY(training_steps_follow_the_cpu), TEST_ENTRY(cuda_graphs_give_the_same_bits))
+          TEST_ENTRY(training_steps_follow_the_cpu), TEST_ENTRY(cuda_graphs_give_the_same_bits),
+          TEST_ENTRY(checkpoints_move_between_devices))
