@@ -44,9 +44,14 @@ static cudnnMathType_t base_math(ampc__device *d, ampc_dtype t) {
   if (t != AMPC_DTYPE_F32) return CUDNN_TENSOR_OP_MATH;
   return d->opts.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
-/* a candidate's math is acceptable: true f32 stays FMA-only */
+/* a candidate's math is acceptable: true f32 takes no tensor-op candidate
+ * (one cuDNN reports as default math runs FMA-only under the FMA setting,
+ * which is what it runs with: chosen_math) */
 static int math_ok(ampc__device *d, ampc_dtype t, cudnnMathType_t m) {
-  return t != AMPC_DTYPE_F32 || d->opts.tf32 || m == CUDNN_FMA_MATH;
+  return t != AMPC_DTYPE_F32 || d->opts.tf32 || m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+}
+static cudnnMathType_t chosen_math(ampc__device *d, ampc_dtype t, cudnnMathType_t m) {
+  return t == AMPC_DTYPE_F32 && !d->opts.tf32 ? CUDNN_FMA_MATH : m;
 }
 
 static ampc_status dnn_error(cudnnStatus_t s, const char *what) {
@@ -102,7 +107,7 @@ static ampc_status choose(ampc__device *d, ampc__cu_conv *e, int benchmark, int 
     PICK(perf, n, e->limit, d, e->t, i);
     if (i < 0) return ampc__error(AMPC_EUNSUPPORTED, "cuda: no cuDNN forward convolution for this shape fits %zu bytes", e->limit);
     e->fwd = perf[i].algo;
-    e->fwd_math = perf[i].mathType;
+    e->fwd_math = chosen_math(d, e->t, perf[i].mathType);
     DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->fwd_math), "cudnnSetConvolutionMathType");
     DNN_TRY(cudnnGetConvolutionForwardWorkspaceSize(h, e->xd, e->wd, e->cd, e->yd, e->fwd, &e->fwd_ws), "workspace size");
   }
@@ -117,7 +122,7 @@ static ampc_status choose(ampc__device *d, ampc__cu_conv *e, int benchmark, int 
     PICK(perf, n, e->limit, d, e->t, i);
     if (i < 0) return ampc__error(AMPC_EUNSUPPORTED, "cuda: no cuDNN backward-data convolution for this shape fits %zu bytes", e->limit);
     e->data = perf[i].algo;
-    e->data_math = perf[i].mathType;
+    e->data_math = chosen_math(d, e->t, perf[i].mathType);
     DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->data_math), "cudnnSetConvolutionMathType");
     DNN_TRY(cudnnGetConvolutionBackwardDataWorkspaceSize(h, e->wd, e->yd, e->cd, e->xd, e->data, &e->data_ws), "workspace size");
   }
@@ -132,7 +137,7 @@ static ampc_status choose(ampc__device *d, ampc__cu_conv *e, int benchmark, int 
     PICK(perf, n, e->limit, d, e->t, i);
     if (i < 0) return ampc__error(AMPC_EUNSUPPORTED, "cuda: no cuDNN backward-filter convolution for this shape fits %zu bytes", e->limit);
     e->filter = perf[i].algo;
-    e->filter_math = perf[i].mathType;
+    e->filter_math = chosen_math(d, e->t, perf[i].mathType);
     DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->filter_math), "cudnnSetConvolutionMathType");
     DNN_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, e->xd, e->yd, e->cd, e->wd, e->filter, &e->filter_ws),
             "workspace size");
