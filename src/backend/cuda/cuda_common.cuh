@@ -62,6 +62,16 @@ AMPC__D float round_to(int dt, float v) {
   return v;
 }
 AMPC__D bool is_nan(float v) { return v != v; }
+
+/* a / b and a % b of non-negative indices: in 32 bits where they fit (a
+ * 64-bit division costs a GPU several times more) */
+AMPC__D int64_t idiv(int64_t a, int64_t b) {
+  return (uint64_t)(a | b) >> 32 == 0 ? (int64_t)((uint32_t)a / (uint32_t)b) : a / b;
+}
+AMPC__D int64_t imod(int64_t a, int64_t b) { return a - idiv(a, b) * b; }
+/* the elements a thread takes in a row: the largest of 8, 4, 2, 1 that
+ * divides n, so that they share their plane (and row) */
+static inline int run_of(int64_t n) { return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1; }
 AMPC__D bool is_finite(float v) { return (ampc__f32_bits(v) & 0x7f800000u) != 0x7f800000u; }
 
 /* Gradient store: element i of dx (+)= v, counting v for the underflow

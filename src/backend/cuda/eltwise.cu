@@ -81,15 +81,19 @@ extern "C" int ampc__cu_add_bwd(ampc__cu_stream s, const void *y, int yt, int re
   return launch_status();
 }
 
-__global__ void k_fill_channels(void *y, int yt, const void *bias, int bt, int64_t C, int64_t HW, size_t n) {
-  AMPC_GRID_STRIDE(i, n) st(y, yt, i, ld(bias, bt, (i / HW) % C));
+__global__ void k_fill_channels(void *y, int yt, const void *bias, int bt, int64_t C, int64_t HW, int V, size_t n) {
+  AMPC_GRID_STRIDE(u, n / V) {
+    float b = ld(bias, bt, imod(idiv(u * V, HW), C));
+    for (int k = 0; k < V; k++) st(y, yt, u * V + k, b);
+  }
 }
 
 extern "C" int ampc__cu_fill_channels(ampc__cu_stream s, void *y, int yt, const void *bias, int bt, int64_t N, int64_t C,
                                       int64_t HW) {
   size_t n = (size_t)(N * C * HW);
   if (!n) return 0;
-  AMPC_LAUNCH(k_fill_channels, grid_for(n), THREADS, 0, s, y, yt, bias, bt, C, HW, n);
+  int V = run_of(HW);
+  AMPC_LAUNCH(k_fill_channels, grid_for(n / V), THREADS, 0, s, y, yt, bias, bt, C, HW, V, n);
   return launch_status();
 }
 
@@ -101,7 +105,7 @@ __global__ void k_channel_sum(const void *dy, int dyt, int64_t N, int64_t C, int
   int64_t ch = blockIdx.x, m = N * HW;
   double a = 0.0;
   for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
-    int64_t n = j / HW, i = j - n * HW;
+    int64_t n = idiv(j, HW), i = j - n * HW;
     a += (double)ld(dy, dyt, (n * C + ch) * HW + i);
   }
   a = block_sum<double>(a, sh);

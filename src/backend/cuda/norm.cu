@@ -28,6 +28,7 @@ extern "C" size_t ampc__cu_bn_ws(int64_t N, int64_t C, int64_t HW) {
 
 struct bn_geom {
   int64_t N, C, H, W, HW, OH, OW, PHW, P;
+  int V, VP; /* elements a thread takes in a row: of x (V divides W), of the pooled output (VP divides OW) */
 };
 
 static bn_geom geometry(const ampc__cu_bn *p) {
@@ -41,6 +42,8 @@ static bn_geom geometry(const ampc__cu_bn *p) {
   g.OW = p->W / 2;
   g.PHW = g.OH * g.OW;
   g.P = bn_parts(p->N, g.HW);
+  g.V = run_of(g.W);
+  g.VP = g.OW > 0 ? run_of(g.OW) : 1;
   return g;
 }
 
@@ -48,7 +51,7 @@ static double *ws_parts(const ampc__cu_bn *p) { return (double *)p->ws; }
 static float *ws_channels(const ampc__cu_bn *p, const bn_geom &g) { return (float *)((double *)p->ws + 2 * g.C * g.P); }
 AMPC__HD unsigned char *winners(float *aux, int64_t C) { return (unsigned char *)(aux + 2 * C + 1); }
 
-/* part [lo, hi) of m elements, for part p of P */
+/* part [lo, hi) of m units, for part p of P */
 AMPC__D void part_range(int64_t m, int64_t P, int64_t p, int64_t *lo, int64_t *hi) {
   int64_t L = (m + P - 1) / P;
   *lo = p * L < m ? p * L : m;
@@ -61,13 +64,15 @@ AMPC__D void part_range(int64_t m, int64_t P, int64_t p, int64_t *lo, int64_t *h
 __global__ void k_bn_stats(const void *x, int xt, bn_geom g, double *parts) {
   __shared__ double sh[THREADS];
   int64_t c = blockIdx.x / g.P, part = blockIdx.x - c * g.P, lo, hi;
-  part_range(g.N * g.HW, g.P, part, &lo, &hi);
+  part_range(g.N * g.HW / g.V, g.P, part, &lo, &hi); /* in runs of V */
   float k0 = ld(x, xt, c * g.HW), a = 0.0f, b = 0.0f;
-  for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-    int64_t n = j / g.HW, i = j - n * g.HW;
-    float d = ld(x, xt, (n * g.C + c) * g.HW + i) - k0;
-    a += d;
-    b += d * d;
+  for (int64_t u = lo + threadIdx.x; u < hi; u += blockDim.x) {
+    int64_t j = u * g.V, n = idiv(j, g.HW), base = (n * g.C + c) * g.HW + (j - n * g.HW);
+    for (int v = 0; v < g.V; v++) {
+      float d = ld(x, xt, base + v) - k0;
+      a += d;
+      b += d * d;
+    }
   }
   double sa = block_sum<double>(a, sh), sb = block_sum<double>(b, sh);
   if (threadIdx.x == 0) {
@@ -117,11 +122,14 @@ __global__ void k_bn_finish(const void *x, int xt, const void *gamma, int gt, co
 }
 
 __global__ void k_bn_apply(const void *x, int xt, void *y, int yt, bn_geom g, const float *ss, int relu) {
-  AMPC_GRID_STRIDE(e, g.N * g.C * g.HW) {
-    int64_t c = (e / g.HW) % g.C;
-    float v = ld(x, xt, e) * ss[2 * c] + ss[2 * c + 1];
-    if (relu) v = v <= 0.0f ? 0.0f : v; /* NaN stays */
-    st(y, yt, e, v);
+  AMPC_GRID_STRIDE(u, g.N * g.C * g.HW / g.V) {
+    int64_t e0 = u * g.V, c = imod(idiv(e0, g.HW), g.C);
+    float scale = ss[2 * c], shift = ss[2 * c + 1];
+    for (int k = 0; k < g.V; k++) {
+      float v = ld(x, xt, e0 + k) * scale + shift;
+      if (relu) v = v <= 0.0f ? 0.0f : v; /* NaN stays */
+      st(y, yt, e0 + k, v);
+    }
   }
 }
 
@@ -130,22 +138,26 @@ __global__ void k_bn_apply(const void *x, int xt, void *y, int yt, bn_geom g, co
  * (a NaN beating any number) */
 __global__ void k_bn_apply_pool(const void *x, int xt, void *y, int yt, bn_geom g, const float *ss, int relu,
                                 unsigned char *win) {
-  AMPC_GRID_STRIDE(e, g.N * g.C * g.PHW) {
-    int64_t plane = e / g.PHW, q = e - plane * g.PHW, oy = q / g.OW, ox = q - oy * g.OW, c = plane % g.C;
-    int64_t base = plane * g.HW + 2 * oy * g.W + 2 * ox;
-    float scale = ss[2 * c], shift = ss[2 * c + 1], best = 0.0f;
-    int w = 0;
-    for (int k = 0; k < 4; k++) {
-      float v = ld(x, xt, base + (k >> 1) * g.W + (k & 1)) * scale + shift;
-      if (relu) v = v <= 0.0f ? 0.0f : v;
-      v = round_to(yt, v);
-      if (k == 0 || v > best || (is_nan(v) && !is_nan(best))) {
-        best = v;
-        w = k;
+  AMPC_GRID_STRIDE(u, g.N * g.C * g.PHW / g.VP) {
+    int64_t e0 = u * g.VP, plane = idiv(e0, g.PHW), q = e0 - plane * g.PHW, oy = idiv(q, g.OW), ox0 = q - oy * g.OW;
+    int64_t c = imod(plane, g.C);
+    float scale = ss[2 * c], shift = ss[2 * c + 1];
+    for (int r = 0; r < g.VP; r++) {
+      int64_t base = plane * g.HW + 2 * oy * g.W + 2 * (ox0 + r);
+      float best = 0.0f;
+      int w = 0;
+      for (int k = 0; k < 4; k++) {
+        float v = ld(x, xt, base + (k >> 1) * g.W + (k & 1)) * scale + shift;
+        if (relu) v = v <= 0.0f ? 0.0f : v;
+        v = round_to(yt, v);
+        if (k == 0 || v > best || (is_nan(v) && !is_nan(best))) {
+          best = v;
+          w = k;
+        }
       }
+      st(y, yt, e0 + r, best);
+      win[e0 + r] = (unsigned char)w;
     }
-    st(y, yt, e, best);
-    win[e] = (unsigned char)w;
   }
 }
 
@@ -157,10 +169,11 @@ extern "C" int ampc__cu_bn_fwd(ampc__cu_stream s, const ampc__cu_bn *p) {
   AMPC_LAUNCH(k_bn_finish, (unsigned)((g.C + THREADS - 1) / THREADS), THREADS, 0, s, p->x, p->xt, p->gamma, p->gt,
               p->beta, p->bt, p->rm, p->rv, p->nbt, p->aux, g, parts, p->momentum, p->eps, p->training, ss);
   if (p->pool)
-    AMPC_LAUNCH(k_bn_apply_pool, grid_for((size_t)(g.N * g.C * g.PHW)), THREADS, 0, s, p->x, p->xt, p->y, p->yt, g, ss,
+    AMPC_LAUNCH(k_bn_apply_pool, grid_for((size_t)(g.N * g.C * g.PHW / g.VP)), THREADS, 0, s, p->x, p->xt, p->y, p->yt, g, ss,
                 p->relu, winners(p->aux, g.C));
   else
-    AMPC_LAUNCH(k_bn_apply, grid_for((size_t)(g.N * g.C * g.HW)), THREADS, 0, s, p->x, p->xt, p->y, p->yt, g, ss, p->relu);
+    AMPC_LAUNCH(k_bn_apply, grid_for((size_t)(g.N * g.C * g.HW / g.V)), THREADS, 0, s, p->x, p->xt, p->y, p->yt, g, ss,
+                p->relu);
   return launch_status();
 }
 
@@ -181,21 +194,23 @@ __global__ void k_bn_dsums(const void *x, int xt, const void *y, int yt, const v
   __shared__ double sh[THREADS];
   int64_t c = blockIdx.x / g.P, part = blockIdx.x - c * g.P, lo, hi;
   int64_t per = pool ? g.PHW : g.HW;
-  part_range(g.N * per, g.P, part, &lo, &hi);
+  int V = pool ? g.VP : g.V;
+  part_range(g.N * per / V, g.P, part, &lo, &hi); /* in runs of V */
   float mean = aux[c], a = 0.0f, b = 0.0f;
   const unsigned char *win = winners((float *)aux, g.C);
-  for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-    int64_t n = j / per, i = j - n * per, o = (n * g.C + c) * per + i, xi;
-    float gv = out_grad(y, yt, dy, dyt, o, relu);
-    if (pool) {
-      int64_t oy = i / g.OW, ox = i - oy * g.OW;
-      int w = win[o];
-      xi = (n * g.C + c) * g.HW + (2 * oy + (w >> 1)) * g.W + 2 * ox + (w & 1);
-    } else {
-      xi = o;
+  for (int64_t u = lo + threadIdx.x; u < hi; u += blockDim.x) {
+    int64_t j = u * V, n = idiv(j, per), i0 = j - n * per, o0 = (n * g.C + c) * per + i0;
+    int64_t oy = pool ? idiv(i0, g.OW) : 0, ox0 = i0 - oy * g.OW;
+    for (int r = 0; r < V; r++) {
+      int64_t o = o0 + r, xi = o;
+      float gv = out_grad(y, yt, dy, dyt, o, relu);
+      if (pool) {
+        int w = win[o];
+        xi = (n * g.C + c) * g.HW + (2 * oy + (w >> 1)) * g.W + 2 * (ox0 + r) + (w & 1);
+      }
+      a += gv;
+      b += gv * (ld(x, xt, xi) - mean);
     }
-    a += gv;
-    b += gv * (ld(x, xt, xi) - mean);
   }
   double sa = block_sum<double>(a, sh), sb = block_sum<double>(b, sh);
   if (threadIdx.x == 0) {
@@ -236,27 +251,32 @@ __global__ void k_bn_dx(const void *x, int xt, const void *gamma, int gt, const 
   int batch_stats = aux[2 * g.C] != 0.0f;
   const unsigned char *win = winners((float *)aux, g.C);
   float count = (float)(g.N * g.HW);
-  AMPC_GRID_STRIDE(e, g.N * g.C * g.HW) {
-    int64_t plane = e / g.HW, i = e - plane * g.HW, c = plane % g.C;
-    float gv;
-    if (pool) {
-      int64_t iy = i / g.W, ix = i - iy * g.W;
-      gv = 0.0f;
-      if (iy < 2 * g.OH && ix < 2 * g.OW) {
-        int64_t o = plane * g.PHW + (iy >> 1) * g.OW + (ix >> 1);
-        if (win[o] == (unsigned char)((iy & 1) * 2 + (ix & 1))) gv = out_grad(y, yt, dy, dyt, o, relu);
+  AMPC_GRID_STRIDE(u, g.N * g.C * g.HW / g.V) {
+    int64_t e0 = u * g.V, plane = idiv(e0, g.HW), i0 = e0 - plane * g.HW, c = imod(plane, g.C);
+    int64_t iy = pool ? idiv(i0, g.W) : 0, ix0 = i0 - iy * g.W; /* a run stays in its row */
+    float mean = aux[c], invstd = aux[g.C + c], kk = ch[3 * c + 2], dbeta = ch[3 * c + 1], dgamma = ch[3 * c];
+    float gi = batch_stats ? 0.0f : ld(gamma, gt, c) * invstd;
+    for (int r = 0; r < g.V; r++) {
+      int64_t e = e0 + r, ix = ix0 + r;
+      float gv;
+      if (pool) {
+        gv = 0.0f;
+        if (iy < 2 * g.OH && ix < 2 * g.OW) {
+          int64_t o = plane * g.PHW + (iy >> 1) * g.OW + (ix >> 1);
+          if (win[o] == (unsigned char)((iy & 1) * 2 + (ix & 1))) gv = out_grad(y, yt, dy, dyt, o, relu);
+        }
+      } else {
+        gv = out_grad(y, yt, dy, dyt, e, relu);
       }
-    } else {
-      gv = out_grad(y, yt, dy, dyt, e, relu);
+      float o;
+      if (batch_stats) {
+        float xhat = (ld(x, xt, e) - mean) * invstd;
+        o = kk * (count * gv - dbeta - xhat * dgamma);
+      } else {
+        o = gi * gv;
+      }
+      store_grad(dx, dxt, e, o, acc, k, cnt != NULL);
     }
-    float mean = aux[c], invstd = aux[g.C + c], o;
-    if (batch_stats) {
-      float xhat = (ld(x, xt, e) - mean) * invstd;
-      o = ch[3 * c + 2] * (count * gv - ch[3 * c + 1] - xhat * ch[3 * c]);
-    } else {
-      o = ld(gamma, gt, c) * invstd * gv;
-    }
-    store_grad(dx, dxt, e, o, acc, k, cnt != NULL);
   }
   if (cnt) count_flush(k, cnt);
 }
@@ -270,7 +290,7 @@ extern "C" int ampc__cu_bn_bwd(ampc__cu_stream s, const ampc__cu_bn *p) {
   AMPC_LAUNCH(k_bn_dfinish, (unsigned)((g.C + THREADS - 1) / THREADS), THREADS, 0, s, p->gamma, p->gt, p->aux, g, parts,
               p->dgamma, p->dgt, p->dg_acc, p->dbeta, p->dbt_, p->db_acc, ch, p->cnt);
   if (p->dx)
-    AMPC_LAUNCH(k_bn_dx, grid_for((size_t)(g.N * g.C * g.HW)), THREADS, 0, s, p->x, p->xt, p->gamma, p->gt, p->y, p->yt,
+    AMPC_LAUNCH(k_bn_dx, grid_for((size_t)(g.N * g.C * g.HW / g.V)), THREADS, 0, s, p->x, p->xt, p->gamma, p->gt, p->y, p->yt,
                 p->dy, p->dyt, p->aux, g, p->relu, p->pool, ch, p->dx, p->dxt, p->dx_acc, p->cnt);
   return launch_status();
 }

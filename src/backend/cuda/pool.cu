@@ -32,7 +32,7 @@ AMPC__D int64_t window_winner(const void *x, int xt, int64_t base, int64_t H, in
 __global__ void k_pool_fwd(const void *x, int xt, void *y, int yt, int64_t planes, int64_t H, int64_t W, int64_t OH,
                            int64_t OW, int k, int s, int p, int is_max) {
   AMPC_GRID_STRIDE(o, planes * OH * OW) {
-    int64_t pl = o / (OH * OW), r = o - pl * OH * OW, oy = r / OW, ox = r - oy * OW, base = pl * H * W;
+    int64_t pl = idiv(o, OH * OW), r = o - pl * OH * OW, oy = idiv(r, OW), ox = r - oy * OW, base = pl * H * W;
     float v;
     if (is_max) {
       if (window_winner(x, xt, base, H, W, oy, ox, k, s, p, &v) < 0) v = -INFINITY;
@@ -68,7 +68,7 @@ __global__ void k_pool_bwd(const void *x, int xt, const void *dy, int dyt, void 
                            ampc__cu_count *cnt) {
   counts c = {0, 0};
   AMPC_GRID_STRIDE(e, planes * H * W) {
-    int64_t pl = e / (H * W), r = e - pl * H * W, iy = r / W, ix = r - iy * W;
+    int64_t pl = idiv(e, H * W), r = e - pl * H * W, iy = idiv(r, W), ix = r - iy * W;
     /* the windows holding (iy, ix): oy * s - p <= iy < oy * s - p + k */
     int64_t oy0 = iy + p - k + 1 > 0 ? (iy + p - k + 1 + s - 1) / s : 0, oy1 = (iy + p) / s;
     int64_t ox0 = ix + p - k + 1 > 0 ? (ix + p - k + 1 + s - 1) / s : 0, ox1 = (ix + p) / s;
@@ -119,7 +119,7 @@ extern "C" int ampc__cu_gap_fwd(ampc__cu_stream s, const void *x, int xt, void *
 __global__ void k_gap_bwd(const void *dy, int dyt, void *dx, int dxt, int acc, int64_t HW, size_t n, ampc__cu_count *cnt) {
   counts c = {0, 0};
   AMPC_GRID_STRIDE(e, n) {
-    float g = ld(dy, dyt, e / HW) / (float)HW;
+    float g = ld(dy, dyt, idiv(e, HW)) / (float)HW;
     store_grad(dx, dxt, e, g, acc, c, cnt != NULL);
   }
   if (cnt) count_flush(c, cnt);
