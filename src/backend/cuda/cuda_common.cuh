@@ -16,6 +16,8 @@
 #ifdef AMPC_CUDA_EMU
 #include "backend/cuda/emu/emu.h"
 #else
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #define AMPC_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
 #define AMPC_SHARED_DYN(type, name)                      \
@@ -44,21 +46,45 @@ enum { THREADS = 256 };
 /* n threads, at most THREADS */
 static inline unsigned threads_upto(unsigned n) { return n < (unsigned)THREADS ? n : (unsigned)THREADS; }
 
+/* The conversions of core/dtype_internal.h. On the GPU the conversion
+ * instructions give the same bits for every number (round to nearest even,
+ * subnormals kept, overflow to infinity) in one instruction instead of a
+ * dozen; a NaN, whose payload rule they do not follow, takes the shared
+ * code. */
+AMPC__D float f16_to_f32(uint16_t h) {
+#ifndef AMPC_CUDA_EMU
+  if ((h & 0x7c00u) != 0x7c00u || !(h & 0x3ffu)) return __half2float(__ushort_as_half(h));
+#endif
+  return ampc__f16_to_f32_inline(h);
+}
+AMPC__D uint16_t f32_to_f16(float v) {
+#ifndef AMPC_CUDA_EMU
+  if (v == v) return __half_as_ushort(__float2half_rn(v));
+#endif
+  return ampc__f32_to_f16_inline(v);
+}
+AMPC__D uint16_t f32_to_bf16(float v) {
+#ifndef AMPC_CUDA_EMU
+  if (v == v) return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+#endif
+  return ampc__f32_to_bf16_inline(v);
+}
+
 /* element i of a tensor of type dt as f32 */
 AMPC__D float ld(const void *p, int dt, int64_t i) {
   if (dt == F32) return ((const float *)p)[i];
   uint16_t h = ((const uint16_t *)p)[i];
-  return dt == F16 ? ampc__f16_to_f32_inline(h) : ampc__bf16_to_f32_inline(h);
+  return dt == F16 ? f16_to_f32(h) : ampc__bf16_to_f32_inline(h);
 }
 /* v stored as element i of type dt (rounded to nearest even) */
 AMPC__D void st(void *p, int dt, int64_t i, float v) {
   if (dt == F32) ((float *)p)[i] = v;
-  else ((uint16_t *)p)[i] = dt == F16 ? ampc__f32_to_f16_inline(v) : ampc__f32_to_bf16_inline(v);
+  else ((uint16_t *)p)[i] = dt == F16 ? f32_to_f16(v) : f32_to_bf16(v);
 }
 /* v rounded to type dt and back: what storing and loading gives */
 AMPC__D float round_to(int dt, float v) {
-  if (dt == F16) return ampc__f16_to_f32_inline(ampc__f32_to_f16_inline(v));
-  if (dt == BF16) return ampc__bf16_to_f32_inline(ampc__f32_to_bf16_inline(v));
+  if (dt == F16) return f16_to_f32(f32_to_f16(v));
+  if (dt == BF16) return ampc__bf16_to_f32_inline(f32_to_bf16(v));
   return v;
 }
 AMPC__D bool is_nan(float v) { return v != v; }
