@@ -1,40 +1,51 @@
 """Training steps of the CIFAR ResNet-18 in PyTorch, for the side-by-side
 comparison with `ampc bench`: Adam lr 1e-3, random 3x32x32 inputs, in one of
-PyTorch's CPU configurations.
+PyTorch's configurations, on the CPU or a GPU.
 
-usage: python3 pytorch_resnet18.py THREADS BATCH VARIANT STEPS [MAX_STEP_SECONDS]
+usage: python3 pytorch_resnet18.py THREADS BATCH MODE STEPS [MAX_STEP_SECONDS] [options]
 
-VARIANT:
+MODE:
   fp32 (or nchw)  float32, NCHW memory format (PyTorch's default)
   cl              float32, channels_last
-  cl_compile      float32, channels_last, the model under torch.compile (PyTorch 2 or later;
-                  the compilation happens in the warm-up steps, which are not timed)
-  bf16            bfloat16 autocast, NCHW
+  cl_compile      float32, channels_last, the model under torch.compile (PyTorch 2 or later)
+  bf16            torch.amp autocast to bfloat16, NCHW
   cl_bf16         bfloat16 autocast, channels_last
+  f16             autocast to float16 with a GradScaler (as torch.amp users
+                  train on a GPU)
+options (they add to what MODE says):
+  --device cpu|cuda   where to run (default cpu)
+  --channels-last     NHWC activations and weights
+  --compile           torch.compile the model
+  --warmup N          untimed steps first (default 1; 2 with torch.compile on
+                      the CPU, 3 on cuda, whose first steps compile forward
+                      and backward)
+  --max-step S        (the same as MAX_STEP_SECONDS) a configuration that is
+                      not compiled first runs one step on 8 images; when that
+                      predicts a full step longer than S seconds (bf16 autocast
+                      on a CPU without bf16 arithmetic is 30-150x slower than
+                      fp32), it is not timed further and reports the
+                      prediction, so one hopeless configuration does not hold
+                      up a comparison for many minutes.
 
-Warm-up steps (one; two with torch.compile, whose first steps compile forward
-and backward) run before STEPS timed ones. With MAX_STEP_SECONDS, a variant
-that is not compiled first runs one step on 8 images; when that predicts a
-full step longer than MAX_STEP_SECONDS (bf16 autocast on a CPU without bf16
-arithmetic is 30-150x slower than fp32), it is not timed further and reports
-the prediction instead, so one hopeless configuration does not hold up a
-comparison for many minutes.
-
-Prints one JSON object: torch, variant, images_per_s, seconds_per_step,
-warmup_s, peak_rss_bytes; or, for a variant that cannot run here (torch.compile
-before PyTorch 2, or a compiler error), "skipped" with the reason.
+Prints one JSON object: torch, variant, device, images_per_s,
+seconds_per_step, warmup_s, peak_rss_bytes, and on cuda the GPU's name and
+peak_gpu_allocated_bytes / peak_gpu_reserved_bytes over the timed steps (on
+cuda the timing waits for the GPU before and after); or, for a configuration
+that cannot run here (torch.compile before PyTorch 2, or a compiler error),
+"skipped" with the reason.
 """
+import argparse
+import contextlib
 import json
 import resource
-import sys
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-VARIANTS = ("fp32", "nchw", "cl", "cl_compile", "bf16", "cl_bf16")
-PROBE = 8  # images in the probe step of MAX_STEP_SECONDS
+MODES = ("fp32", "nchw", "cl", "cl_compile", "bf16", "cl_bf16", "f16")
+PROBE = 8  # images in the probe step of --max-step
 
 
 class Block(nn.Module):
@@ -71,6 +82,7 @@ class ResNet18(nn.Module):
         return self.linear(F.adaptive_avg_pool2d(y, 1).flatten(1))
 
 
+
 def report(**kw):
     out = {"torch": torch.__version__}
     out.update(kw)
@@ -79,57 +91,103 @@ def report(**kw):
 
 
 def main():
-    if len(sys.argv) not in (5, 6) or sys.argv[3] not in VARIANTS:
-        sys.exit("usage: pytorch_resnet18.py THREADS BATCH %s STEPS [MAX_STEP_SECONDS]" % "|".join(VARIANTS))
-    threads, batch, variant, steps = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-    max_step = float(sys.argv[5]) if len(sys.argv) > 5 else None
-    variant = "fp32" if variant == "nchw" else variant
-    base = dict(variant=variant, threads=threads, batch=batch)
-    channels_last, compiled, bf16 = variant.startswith("cl"), "compile" in variant, "bf16" in variant
-    torch.set_num_threads(threads)
+    p = argparse.ArgumentParser(usage="pytorch_resnet18.py THREADS BATCH MODE STEPS [MAX_STEP_SECONDS] [options]",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("threads", type=int)
+    p.add_argument("batch", type=int)
+    p.add_argument("mode", choices=MODES)
+    p.add_argument("steps", type=int)
+    p.add_argument("max_step_pos", type=float, nargs="?", default=None, metavar="MAX_STEP_SECONDS")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--max-step", type=float, default=None)
+    a = p.parse_args()
+    variant = "fp32" if a.mode == "nchw" else a.mode
+    channels_last = a.channels_last or variant.startswith("cl")
+    compiled = a.compile or "compile" in variant
+    half = torch.bfloat16 if "bf16" in variant else torch.float16 if variant == "f16" else None
+    max_step = a.max_step if a.max_step is not None else a.max_step_pos
+    cuda = a.device == "cuda"
+    name = ("cl_" if channels_last and not variant.startswith("cl") else "") + variant + \
+        ("_compile" if compiled and "compile" not in variant else "")
+    base = dict(variant=name, device=a.device, threads=a.threads, batch=a.batch, channels_last=channels_last,
+                compile=compiled)
+
+    torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = ResNet18()
-    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-        x = x.contiguous(memory_format=torch.channels_last)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    fwd = model
+    if cuda:
+        # the settings a user after speed takes; f32 stays true f32, as ampc's O0
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device(a.device)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = ResNet18().to(dev, memory_format=fmt)
+    # on cuda the fused Adam (one kernel for all parameters), as ampc's step
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, **({"fused": True} if cuda else {}))
+    x = torch.randn(a.batch, 3, 32, 32, device=dev).contiguous(memory_format=fmt)
+    y = torch.randint(0, 10, (a.batch,), device=dev)
+    scaler = None
+    if variant == "f16":
+        scaler = torch.amp.GradScaler(a.device) if hasattr(torch.amp, "GradScaler") else torch.cuda.amp.GradScaler()
+    net = model
     if compiled:
         if not hasattr(torch, "compile"):
             report(skipped="torch.compile is not in PyTorch %s (it came with 2.0)" % torch.__version__, **base)
             return
-        fwd = torch.compile(model)
+        net = torch.compile(model)
 
     def step(xb, yb):
-        opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = F.cross_entropy(fwd(xb), yb)
-        loss.backward()
-        opt.step()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(a.device, dtype=half) if half is not None else contextlib.nullcontext():
+            loss = F.cross_entropy(net(xb), yb)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
 
     if max_step is not None and not compiled:
         step(x[:PROBE], y[:PROBE])  # first call: allocations, kernel selection
+        sync()
         t = time.time()
         step(x[:PROBE], y[:PROBE])
-        predicted = (time.time() - t) * batch / PROBE
+        sync()
+        predicted = (time.time() - t) * a.batch / PROBE
         if predicted > max_step:
             report(skipped="a step of %d images predicted to take %.0f s (from one of %d images), over the %.0f s allowed"
-                   % (batch, predicted, PROBE, max_step), predicted_images_per_s=batch / predicted, **base)
+                   % (a.batch, predicted, PROBE, max_step), predicted_images_per_s=a.batch / predicted, **base)
             return
+    warmup = a.warmup if a.warmup is not None else ((3 if cuda else 2) if compiled else 1)
     t = time.time()
     try:
-        for _ in range(2 if compiled else 1):
+        for _ in range(warmup):
             step(x, y)
+        sync()
     except Exception as e:  # torch.compile without a working compiler, say
-        report(skipped="%s failed: %s" % (variant, str(e).strip().splitlines()[0][:200]), **base)
+        report(skipped="%s failed: %s" % (name, str(e).strip().splitlines()[0][:200]), **base)
         return
     warm = time.time() - t
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     t = time.time()
-    for _ in range(steps):
+    for _ in range(a.steps):
         step(x, y)
-    dt = (time.time() - t) / steps
-    report(mode=variant, seconds_per_step=dt, images_per_s=batch / dt, warmup_s=warm, **base)
+    sync()
+    dt = (time.time() - t) / a.steps
+    extra = {}
+    if cuda:
+        extra = dict(gpu=torch.cuda.get_device_name(), peak_gpu_allocated_bytes=torch.cuda.max_memory_allocated(),
+                     peak_gpu_reserved_bytes=torch.cuda.max_memory_reserved())
+    report(mode=variant, seconds_per_step=dt, images_per_s=a.batch / dt, warmup_s=warm, **extra, **base)
 
 
 if __name__ == "__main__":

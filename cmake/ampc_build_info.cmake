@@ -6,6 +6,9 @@
 # sources are added to the build.
 
 set(AMPC_BACKENDS cpu cpu-guarded)
+if(AMPC_CUDA_ENABLED) # cmake/ampc_cuda.cmake
+  list(APPEND AMPC_BACKENDS cuda)
+endif()
 
 # The communicators data-parallel training can use: the in-process one
 # always, MPI where the top-level CMakeLists.txt found it (AMPC_HAVE_MPI).

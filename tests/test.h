@@ -7,7 +7,7 @@
  * A failing CHECK prints file:line and the expression, and marks the case
  * failed (the case goes on, so one run shows every failure). The program
  * prints "N passed, N failed" and exits non-zero if anything failed.
- * Run one case with: ./test_x case_name
+ * Run some cases with: ./test_x case_name [more_case_names]
  */
 #ifndef AMPC_TEST_H
 #define AMPC_TEST_H
@@ -79,10 +79,17 @@ typedef struct {
   void (*fn)(void);
 } test__entry;
 
+/* The case is named on the command line (or none is). */
+static inline int test__named(const char *name, int argc, char **argv) {
+  for (int a = 1; a < argc; a++)
+    if (strcmp(argv[a], name) == 0) return 1;
+  return argc <= 1;
+}
+
 static inline int test__run(const test__entry *t, int n, int argc, char **argv) {
   int passed = 0, failed = 0;
   for (int i = 0; i < n; i++) {
-    if (argc > 1 && strcmp(argv[1], t[i].name) != 0) continue;
+    if (!test__named(t[i].name, argc, argv)) continue;
     int before = test__failed_checks;
     t[i].fn();
     if (test__failed_checks == before) {

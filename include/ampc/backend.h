@@ -19,7 +19,9 @@
  *   cpu-guarded  the cpu kernels, but the device memory is mapped with no
  *                access whenever control is outside a backend call, so any
  *                access that bypasses the interface faults at once (tests)
- *   cuda         NVIDIA GPUs (only where ampc was built with CUDA)
+ *   cuda         NVIDIA GPUs (only where ampc was built with CUDA): cuBLAS for
+ *                linear layers, cuDNN for convolutions, ampc's own kernels
+ *                for the rest and for the training step; device memory
  *
  * Without a call, a graph runs on "cpu" with the default options.
  */
@@ -51,6 +53,13 @@ typedef struct {
   int threads;          /* cpu: kernel threads; 0 = OpenMP's default */
   ampc_conv_algo conv;  /* cpu: convolution algorithm */
   int profiling;        /* time every kernel per op kind (ampc_graph_backend_stats) */
+  int tf32;             /* cuda: f32 matrix products and convolutions may use TF32 tensor
+                         * cores (inputs rounded to 10 mantissa bits); 0 (default): true
+                         * f32 arithmetic (torch.backends.cuda.matmul.allow_tf32 = False) */
+  int device;           /* cuda: which GPU (0 = the first CUDA_VISIBLE_DEVICES shows) */
+  int no_cuda_graphs;   /* cuda: launch every kernel as it comes; 0 (default): a sequence of
+                         * ops that repeats (a training step's forward and backward) is
+                         * captured once as a CUDA graph and replayed (not while profiling) */
 } ampc_backend_opts;
 
 void ampc_backend_opts_default(ampc_backend_opts *o);
@@ -75,6 +84,9 @@ typedef struct {
   int64_t grad_values;    /* gradient values (non-zero in f32) stored into 16-bit tensors ... */
   int64_t grad_underflow; /* ... and of those the ones that became zero or subnormal (amp's grad stats) */
   int64_t reads;          /* device-to-host reads (a training step makes one) */
+  int64_t mem_reserved;   /* cuda: bytes taken from the device (its caching arena), now ... */
+  int64_t mem_reserved_peak; /* ... and at the peak; 0 where the backend does not track them (cpu) */
+  int64_t mem_in_use_peak;  /* cuda: the most bytes handed out at once (the arena's blocks in use) */
 } ampc_backend_stats;
 void ampc_graph_backend_stats(const ampc_graph *g, ampc_backend_stats *s, int reset);
 /* Turns kernel timing on or off (at any time; clears the times). */

@@ -20,6 +20,7 @@
 #define AMPC_BACKEND_H
 
 #include "ampc/backend.h"
+#include "ampc/config.h"
 #include "ampc/graph.h"
 #include "ampc/optim.h"
 #include "backend/step_math.h"
@@ -203,7 +204,10 @@ static inline ampc_status ampc__dev_set(ampc__device *d, void *dst, int byte, si
 /* The backends' tables. */
 extern const ampc__backend ampc__backend_cpu;
 extern const ampc__backend ampc__backend_cpu_guarded;
-#ifdef AMPC_HAVE_CUDA
+/* The cuda backend: built where config.h says so, or in the test build that
+ * runs its kernels on the host (AMPC_CUDA_EMU, src/backend/cuda/emu/). */
+#if defined(AMPC_HAVE_BACKEND_CUDA) || defined(AMPC_CUDA_EMU)
+#define AMPC__BACKEND_CUDA 1
 extern const ampc__backend ampc__backend_cuda;
 #endif
 

@@ -9,7 +9,7 @@
 static const ampc__backend *const backends[] = {
     &ampc__backend_cpu,
     &ampc__backend_cpu_guarded,
-#ifdef AMPC_HAVE_CUDA
+#ifdef AMPC__BACKEND_CUDA
     &ampc__backend_cuda,
 #endif
     NULL,
@@ -25,7 +25,7 @@ ampc_status ampc__backend_find(const char *name, const ampc__backend **out) {
       *out = *b;
       return AMPC_OK;
     }
-#ifndef AMPC_HAVE_CUDA
+#ifndef AMPC__BACKEND_CUDA
   if (strcmp(name, "cuda") == 0)
     return ampc__error(AMPC_EUNSUPPORTED, "backend 'cuda': ampc was built without CUDA (backends built: %s)",
                        ampc_backend_names());
@@ -62,6 +62,7 @@ ampc_status ampc__device_create(ampc__device **out, const char *name, const ampc
   if (o && (o->conv < AMPC_CONV_AUTO || o->conv > AMPC_CONV_DIRECT))
     return ampc__error(AMPC_EINVAL, "backend %s: unknown convolution algorithm %d", be->name, (int)o->conv);
   if (o && o->threads < 0) return ampc__error(AMPC_EINVAL, "backend %s: threads %d", be->name, o->threads);
+  if (o && o->device < 0) return ampc__error(AMPC_EINVAL, "backend %s: device %d", be->name, o->device);
   ampc__device *d = calloc(1, sizeof *d);
   if (!d) return ampc__error(AMPC_ENOMEM, "backend %s: out of memory", be->name);
   d->be = be;

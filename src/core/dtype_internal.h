@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "ampc/dtype.h"
+#include "core/hd.h" /* AMPC__HD: the scalar conversions are device functions too under CUDA */
 
 #if defined(__x86_64__) || defined(__i386__)
 #define AMPC__DTYPE_X86 1
@@ -38,19 +39,19 @@
  * bit 6 of a bf16 are the same bit after conversion. */
 #define AMPC__F32_QUIET 0x00400000u
 
-static inline uint32_t ampc__f32_bits(float f) {
+AMPC__HD uint32_t ampc__f32_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof u);
   return u;
 }
 
-static inline float ampc__bits_f32(uint32_t u) {
+AMPC__HD float ampc__bits_f32(uint32_t u) {
   float f;
   memcpy(&f, &u, sizeof f);
   return f;
 }
 
-static inline float ampc__f16_to_f32_inline(uint16_t h) {
+AMPC__HD float ampc__f16_to_f32_inline(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
   if (exp == 0x1f) /* inf, or NaN made quiet */
     return ampc__bits_f32(sign | 0x7f800000u | (man ? AMPC__F32_QUIET : 0) | (man << 13));
@@ -63,7 +64,7 @@ static inline float ampc__f16_to_f32_inline(uint16_t h) {
   return ampc__bits_f32(sign | ((exp + (127 - 15)) << 23) | (man << 13));
 }
 
-static inline uint16_t ampc__f32_to_f16_inline(float f) {
+AMPC__HD uint16_t ampc__f32_to_f16_inline(float f) {
   uint32_t u = ampc__f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
   if (a > 0x7f800000u) /* NaN: top 10 payload bits, quiet bit set */
     return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
@@ -83,13 +84,13 @@ static inline uint16_t ampc__f32_to_f16_inline(float f) {
   return (uint16_t)(sign | q);
 }
 
-static inline float ampc__bf16_to_f32_inline(uint16_t b) {
+AMPC__HD float ampc__bf16_to_f32_inline(uint16_t b) {
   uint32_t u = (uint32_t)b << 16;
   if ((u & 0x7fffffffu) > 0x7f800000u) u |= AMPC__F32_QUIET;
   return ampc__bits_f32(u);
 }
 
-static inline uint16_t ampc__f32_to_bf16_inline(float f) {
+AMPC__HD uint16_t ampc__f32_to_bf16_inline(float f) {
   uint32_t u = ampc__f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u | AMPC__F32_QUIET) >> 16);
   /* round at bit 16, ties to even; the largest finite values carry into inf */

@@ -5,15 +5,7 @@
 
 #include <stdint.h>
 
-/* Functions every backend's compiler builds: plain static inline in C, host
- * and device functions under CUDA. */
-#ifndef AMPC__HD
-#if defined(__CUDACC__)
-#define AMPC__HD static __host__ __device__ __forceinline__
-#else
-#define AMPC__HD static inline
-#endif
-#endif
+#include "core/hd.h" /* AMPC__HD: host and device functions under CUDA */
 
 AMPC__HD uint64_t ampc__splitmix64(uint64_t z) {
   z += 0x9e3779b97f4a7c15ull;

@@ -6,8 +6,8 @@
 #    inaccessible outside backend calls) give the cpu backend's results bit
 #    for bit: the same epoch lines and metrics (timings aside), the same
 #    saved weights, the same checkpoint tensors, the same gradients file;
-#  - --device names a backend: an unknown one, or cuda in a build without
-#    it, is a one-line error.
+#  - --device names a backend: an unknown one, cuda in a build without it,
+#    or cuda on a machine without a GPU, is a one-line error.
 set -u
 ampc="$1"; dir="$2"
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -21,8 +21,18 @@ if [ -z "$hits" ]; then ok "no tensor data through pointers outside src/backend"
 
 err=$("$ampc" train --device nosuch --epochs 1 2>&1); rc=$?
 if [ $rc -ne 0 ] && [ "$(echo "$err" | wc -l)" = 1 ] && echo "$err" | grep -q "unknown backend 'nosuch'"; then ok "--device nosuch: $err"; else bad "--device nosuch: rc $rc, '$err'"; fi
-if "$ampc" --version 2>/dev/null | grep -q cuda || "$ampc" bench --help 2>/dev/null | grep -q "built with CUDA"; then
-  echo "(built with CUDA: the cuda error case is the GPU check's)"
+if "$ampc" --version 2>/dev/null | grep -q '^backends:.*cuda'; then
+  # built with CUDA: without a GPU, one line saying so
+  err=$("$ampc" eval --device cuda --weights none.safetensors 2>&1); rc=$?
+  if echo "$err" | grep -q "no CUDA device"; then
+    if [ $rc = 1 ] && [ "$(echo "$err" | wc -l)" = 1 ] && echo "$err" | grep -q '^ampc: error: --device: backend cuda: no CUDA device (cudaGetDeviceCount: '; then
+      ok "--device cuda without a GPU: $err"
+    else
+      bad "--device cuda without a GPU: rc $rc, '$err'"
+    fi
+  else
+    echo "(a CUDA device is here: the no-device error is not checked; scripts/gpu-check checks the device)"
+  fi
 else
   err=$("$ampc" eval --device cuda --weights none.safetensors 2>&1); rc=$?
   if [ $rc -ne 0 ] && echo "$err" | grep -q "ampc was built without CUDA"; then ok "--device cuda: $err"; else bad "--device cuda: rc $rc, '$err'"; fi

@@ -8,7 +8,9 @@ src=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$dir"
 b="$dir/build-asan"
 echo "configuring $b"
-if ! cmake -S "$src" -B "$b" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAMPC_SANITIZE=ON > "$dir/cmake.log" 2>&1; then
+# (the CPU library: the CUDA backend's host code is tested by the plain
+# build's host emulation, and nvcc would double the build time)
+if ! cmake -S "$src" -B "$b" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAMPC_SANITIZE=ON -DAMPC_CUDA=OFF > "$dir/cmake.log" 2>&1; then
   cat "$dir/cmake.log"; echo "0 passed, 1 failed"; exit 1
 fi
 if ! cmake --build "$b" -j 2 > "$dir/build.log" 2>&1; then

@@ -125,12 +125,13 @@ int cmd_bench(int argc, char **argv) {
   cli_common c;
   cli_common_defaults(&c);
   c.model = "resnet18";
-  int steps = 3, warmup = 1, json = 0, sgemm_n = 2048;
+  int steps = 3, warmup = 1, json = 0, sgemm_n = 2048, profile = 1;
   cli_opt opts[48];
   int n = cli_common_opts(&c, opts, CLI_OPTS_BATCH | CLI_OPTS_SEED | CLI_OPTS_PRECISION | CLI_OPTS_STEP | CLI_OPTS_DIST);
   opts[n++] = (cli_opt){"--steps", OPT_INT, &steps, "N", "timed training steps (default 3)", 1, NULL};
   opts[n++] = (cli_opt){"--warmup", OPT_INT, &warmup, "N", "untimed steps first (default 1)", 0, NULL};
   opts[n++] = (cli_opt){"--sgemm-size", OPT_INT, &sgemm_n, "N", "size of the baseline sgemm, 64..16384 (default 2048)", 64, NULL};
+  opts[n++] = (cli_opt){"--profile", OPT_ONOFF, &profile, "on|off", "time each kind of op (default on)", 0, NULL};
   opts[n++] = (cli_opt){"--json", OPT_FLAG, &json, NULL, "print one JSON object", 0, NULL};
   opts[n] = (cli_opt){0};
   const int W = cli_dist_size(), root = cli_dist_root();
@@ -138,9 +139,9 @@ int cmd_bench(int argc, char **argv) {
   cli_dist_error_mode(CLI_ERRORS_ROOT);
   int pr = cli_parse("bench", "[--model M] [options]", opts, argc, argv);
   ampc_amp_config acfg;
-  if (!pr && cli_common_check(&c, &acfg) < 0) pr = -1;
+  if (!pr) pr = cli_common_check(&c, &acfg);
   cli_dist_error_mode(W > 1 ? CLI_ERRORS_HOLD : CLI_ERRORS_ALL);
-  if (pr) return pr > 0 ? 0 : 2;
+  if (pr) return pr > 0 ? 0 : pr == -2 ? 1 : 2;
   /* data-parallel (mpirun): each rank its share of the cores, its own batch */
   if (W > 1 && c.threads == 0 && !getenv("OMP_NUM_THREADS")) c.threads = cli_dist_default_threads();
   int is_resnet = strcmp(c.model, "resnet18") == 0;
@@ -184,9 +185,14 @@ int cmd_bench(int argc, char **argv) {
   double t_opt = 0.0, total = 0.0, comm_window = 0.0, comm_exposed = 0.0, comm_bytes = 0.0;
   int comm_buckets = 0;
   int rc = 0;
+  float last_loss = 0.0f;
   for (int it = 0; it < warmup + steps && rc == 0; it++) {
     if (it == warmup) {
-      ampc_graph_set_profiling(s.g, 1);
+      /* a device runs behind the host: it is idle when the timing starts
+       * (reading a value waits for it), and the last step's tail is timed
+       * below */
+      if (ampc_graph_read(s.g, loss, &last_loss, AMPC_DTYPE_F32) < 0) rc = 1;
+      ampc_graph_set_profiling(s.g, profile);
       t_opt = 0.0;
       ampc_amp_comm_stats drop;
       ampc_amp_get_comm_stats(s.amp, &drop, 1);
@@ -234,6 +240,9 @@ int cmd_bench(int argc, char **argv) {
     if (it == 0 || t < blocking) blocking = t;
     ampc_amp_set_no_sync(s.amp, 0);
   }
+  double t_end = cli_now();
+  if (!rc && ampc_graph_read(s.g, loss, &last_loss, AMPC_DTYPE_F32) < 0) rc = 1;
+  total += cli_now() - t_end;
   if (rc) {
     cli_lib_error(NULL);
     cli_dist_abort(1);
@@ -308,6 +317,13 @@ int cmd_bench(int argc, char **argv) {
     json_object_set_new(o, "kernel_path", json_string(ampc_kernel_path()));
     json_object_set_new(o, "convert_path", json_string(ampc_convert_path()));
     json_object_set_new(o, "peak_rss_bytes", json_integer(rss));
+    json_object_set_new(o, "device", json_string(ampc_graph_backend_name(s.g)));
+    if (bs.mem_reserved_peak > 0) {
+      /* device memory (cuda): what the arena took from the device at its
+       * peak, and the most of it handed out at once */
+      json_object_set_new(o, "device_memory_peak_bytes", json_integer(bs.mem_reserved_peak));
+      json_object_set_new(o, "device_memory_in_use_peak_bytes", json_integer(bs.mem_in_use_peak));
+    }
     json_t *sh = json_object();
     for (size_t i = 0; i < nshare; i++) json_object_set_new(sh, share[i].name, json_real(total > 0 ? share[i].t / total : 0));
     json_object_set_new(sh, "other", json_real(total > 0 ? (total - accounted) / total : 0));
@@ -329,12 +345,12 @@ int cmd_bench(int argc, char **argv) {
     json_decref(o);
   } else {
     if (W > 1)
-      printf("model %s, %d ranks x batch %lld (global %lld), %s (%s), %d thread%s a rank, %d steps after %d warm-up\n", c.model, W,
-             (long long)c.batch_size, (long long)c.batch_size * W, ampc_opt_level_name(s.amp_cfg.opt_level), precision, threads,
-             threads == 1 ? "" : "s", steps, warmup);
+      printf("model %s, %d ranks x batch %lld (global %lld), %s (%s), device %s, %d thread%s a rank, %d steps after %d warm-up\n", c.model, W,
+             (long long)c.batch_size, (long long)c.batch_size * W, ampc_opt_level_name(s.amp_cfg.opt_level), precision,
+             ampc_graph_backend_name(s.g), threads, threads == 1 ? "" : "s", steps, warmup);
     else
-      printf("model %s, batch %lld, %s (%s), %d threads, %d steps after %d warm-up\n", c.model, (long long)c.batch_size,
-             ampc_opt_level_name(s.amp_cfg.opt_level), precision, threads, steps, warmup);
+      printf("model %s, batch %lld, %s (%s), device %s, %d threads, %d steps after %d warm-up\n", c.model, (long long)c.batch_size,
+             ampc_opt_level_name(s.amp_cfg.opt_level), precision, ampc_graph_backend_name(s.g), threads, steps, warmup);
     printf("%.3f s/step, %.1f images/s, %.2f GFLOP/image, %.1f GFLOP/s = %.2f of this machine's sgemm (%.1f GFLOP/s at %d^3)\n",
            per_step, ips, flops / (double)c.batch_size / 1e9, gflops, sgemm > 0 ? gflops / sgemm : 0.0, sgemm, sgemm_n);
     printf("%.1f GFLOP/s = %.2f of this machine's peak (%.1f GFLOP/s: a register-only loop of %s on %d threads)\n",
@@ -349,6 +365,9 @@ int cmd_bench(int argc, char **argv) {
              comm_buckets, comm_buckets == 1 ? "" : "s", comm_bytes / steps / 1e6, 1e3 * blocking, 1e3 * exposed_step,
              1e3 * comm_step, 100.0 * hidden);
     printf("peak resident memory %.1f MB%s\n", (double)rss / 1e6, W > 1 ? " (rank 0)" : "");
+    if (bs.mem_reserved_peak > 0)
+      printf("peak device memory %.1f MB (%.1f MB of it in use at once)\n", (double)bs.mem_reserved_peak / 1e6,
+             (double)bs.mem_in_use_peak / 1e6);
     cli_print_memory(stdout, &mem);
   }
   cli_session_close(&s);

@@ -183,6 +183,7 @@ void cli_common_defaults(cli_common *c) {
   c->conv = "auto";
   c->device = "cpu";
   c->allreduce_type = "auto";
+  c->cuda_graphs = 1;
 }
 
 int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
@@ -202,8 +203,10 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
     out[n++] = (cli_opt){"--seed", OPT_I64, &c->seed, "N", "seed of every random choice (default 0)", 0, NULL};
   out[n++] = (cli_opt){"--threads", OPT_INT, &c->threads, "N", "threads, 1.." CLI_STR(CLI_THREADS_PER_CPU) "x the online CPUs, at most " CLI_STR(CLI_MAX_THREADS) " (default: all cores)", 1, NULL};
   out[n++] = (cli_opt){"--conv", OPT_STRING, &c->conv, "auto|im2col|winograd|direct",
-                       "convolution algorithm: im2col products, Winograd F(4x4,3x3) or a direct loop (default auto: for stride-1 3x3, Winograd from 8 channels, direct up to 4)", 0, NULL};
+                       "convolution algorithm: im2col products, Winograd or a direct loop (default auto: for stride-1 3x3, Winograd from 8 channels, direct up to 4)", 0, NULL};
   out[n++] = (cli_opt){"--device", OPT_STRING, &c->device, "NAME", "where the model runs: cpu (default), cpu-guarded (tests), cuda (where built)", 0, NULL};
+  out[n++] = (cli_opt){"--tf32", OPT_ONOFF, &c->tf32, "on|off", "cuda: f32 products and convolutions on TF32 tensor cores (default off: true f32)", 0, NULL};
+  out[n++] = (cli_opt){"--cuda-graphs", OPT_ONOFF, &c->cuda_graphs, "on|off", "cuda: replay each step's kernels as one CUDA graph (default on)", 0, NULL};
   if (groups & CLI_OPTS_SEED)
     out[n++] = (cli_opt){"--label-smoothing", OPT_FLOAT, &c->label_smoothing, "X", "cross-entropy label smoothing, 0..1 (default 0)", 0, NULL};
   if (groups & CLI_OPTS_DATA)
@@ -298,9 +301,12 @@ int cli_common_check(const cli_common *c, ampc_amp_config *cfg) {
     cli_error("--conv: unknown algorithm '%s' (expected auto, im2col, winograd or direct)", c->conv);
     return -1;
   }
-  if (ampc_backend_check(c->device) < 0) {
+  ampc_status dev = ampc_backend_check(c->device);
+  if (dev < 0) {
+    /* an unknown name is a usage error; a device this machine or build
+     * lacks (cuda without a GPU) is the run's failure */
     cli_lib_error("--device");
-    return -1;
+    return dev == AMPC_EINVAL ? -1 : -2;
   }
   if (!(c->label_smoothing >= 0.0f && c->label_smoothing <= 1.0f)) {
     cli_error("--label-smoothing: %g is outside [0, 1]", c->label_smoothing);

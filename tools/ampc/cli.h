@@ -42,6 +42,8 @@ typedef struct {
   int normalize;
   const char *conv;     /* convolution algorithm: auto, im2col, winograd */
   const char *device;   /* backend: cpu, cpu-guarded, cuda */
+  int tf32;             /* cuda: f32 products on TF32 tensor cores */
+  int cuda_graphs;      /* cuda: replay a step's kernels as a CUDA graph */
   /* amp */
   const char *opt_level, *half, *loss_scale;
   int keep_bn_fp32_given, master_weights_given;
@@ -76,7 +78,8 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups);
 /* Every shared option's value, before anything is read: the model and
  * dataset names, the convolution algorithm, the device, the label
  * smoothing, the amp configuration (into cfg). Prints the error, naming the
- * flag, and returns -1: a usage error, exit status 2. */
+ * flag, and returns -1: a usage error, exit status 2; or -2 where the device
+ * named exists but not here (cuda without a GPU or not built): exit status 1. */
 int cli_common_check(const cli_common *c, ampc_amp_config *cfg);
 /* Builds the amp configuration from the options (the part of
  * cli_common_check that fuzzing and the session use). */

@@ -18,7 +18,8 @@ int cmd_eval(int argc, char **argv) {
     return 2;
   }
   ampc_amp_config acfg;
-  if (cli_common_check(&c, &acfg) < 0) return 2;
+  int cc = cli_common_check(&c, &acfg);
+  if (cc < 0) return cc == -2 ? 1 : 2;
   cli_session s;
   int rc = cli_session_open(&s, &c, 0, 1, NULL, NULL, c.batch_size, "--weights", weights) < 0 || cli_load_weights(&s, weights) < 0;
   double loss = 0, acc = 0;

@@ -25,7 +25,8 @@ int cmd_grad(int argc, char **argv) {
     return 2;
   }
   ampc_amp_config acfg;
-  if (cli_common_check(&c, &acfg) < 0) return 2;
+  int cc = cli_common_check(&c, &acfg);
+  if (cc < 0) return cc == -2 ? 1 : 2;
   ampc_st_file *bf;
   if (ampc_st_open(&bf, batch) < 0) {
     cli_lib_error(NULL);

@@ -133,9 +133,10 @@ int cmd_train(int argc, char **argv) {
   ampc_lr_schedule sched;
   int skip_nonfinite;
   ampc_amp_config acfg;
-  if (!pr && (train_args_check(&a, &ocfg, &sched, &skip_nonfinite) < 0 || cli_common_check(&a.c, &acfg) < 0)) pr = -1;
+  if (!pr && train_args_check(&a, &ocfg, &sched, &skip_nonfinite) < 0) pr = -1;
+  if (!pr) pr = cli_common_check(&a.c, &acfg);
   cli_dist_error_mode(CLI_ERRORS_ALL);
-  if (pr) return pr > 0 ? 0 : 2;
+  if (pr) return pr > 0 ? 0 : pr == -2 ? 1 : 2;
   /* from here on, every exit goes through the one clean-up at the end; the
    * ranks' errors of the set-up wait until they agree that one failed */
   if (W > 1) cli_dist_error_mode(CLI_ERRORS_HOLD);
@@ -205,10 +206,11 @@ int cmd_train(int argc, char **argv) {
   ampc_mem_report mem;
   ampc_amp_memory(s.amp, &mem);
   if (!quiet) {
-    fprintf(stderr, "ampc: model %s (%lld parameters), %s %zu train / %zu test images, batch %lld, %s, device %s\n",
+    int cuda = strcmp(ampc_graph_backend_name(s.g), "cuda") == 0;
+    fprintf(stderr, "ampc: model %s (%lld parameters), %s %zu train / %zu test images, batch %lld, %s, device %s%s\n",
             ampc_model_name(s.model), (long long)ampc_model_param_count(s.model), a.c.dataset,
             ampc_dataset_count(s.train), ampc_dataset_count(s.test), (long long)a.c.batch_size, ampc_optim_kind_name(ocfg.kind),
-            ampc_graph_backend_name(s.g));
+            ampc_graph_backend_name(s.g), cuda ? (a.c.tf32 ? " (tf32 on)" : " (tf32 off)") : "");
     if (W > 1)
       fprintf(stderr, "ampc: data-parallel over %d ranks (%s, %d thread%s each): global batch %lld = %d x %lld, all-reduce %s%s%s%s\n",
               W, ampc_comm_kind(comm), ampc_graph_threads(s.g), ampc_graph_threads(s.g) == 1 ? "" : "s", (long long)G, W,
@@ -571,6 +573,7 @@ int cmd_train(int argc, char **argv) {
       json_object_set_new(o, "steps", json_integer(ts.step));
       json_object_set_new(o, "opt_level", json_string(ampc_opt_level_name(s.amp_cfg.opt_level)));
       json_object_set_new(o, "half", json_string(ampc_dtype_name(s.amp_cfg.half_type)));
+      if (strcmp(ampc_graph_backend_name(s.g), "cuda") == 0) json_object_set_new(o, "tf32", json_boolean(a.c.tf32));
       json_object_set_new(o, "loss_scale", json_real(ampc_scaler_scale(ampc_amp_scaler(s.amp, 0))));
       json_object_set_new(o, "skipped_steps", json_integer(ts.skipped));
       json_object_set_new(o, "skipped_steps_total", json_integer(ts.skipped_total));
