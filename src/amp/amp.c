@@ -494,6 +494,10 @@ static ampc_status bn_sum(void *ctx, double *v, size_t n) {
 }
 
 ampc_status ampc_amp_set_sync_batchnorm(ampc_amp *a, int on) {
+  /* a device whose batch norm cannot hand its sums over (cuda, so far) */
+  if (on && dp(a) && !a->dev->be->sync_batchnorm)
+    return ampc__error(AMPC_EUNSUPPORTED, "SyncBatchNorm: not implemented on the %s device (its batch norm keeps per-rank statistics)",
+                       a->dev->be->name);
   a->bn_sync = (ampc__sync){bn_sum, a};
   /* one rank's batch is the global batch: nothing to synchronise */
   a->bn_sync_set = on && dp(a) ? &a->bn_sync : NULL;

@@ -108,6 +108,7 @@ typedef struct {
 typedef struct ampc__backend {
   const char *name;
   int host_memory;                    /* device pointers are host pointers (ampc_tensor.data) */
+  int sync_batchnorm;                 /* its batch norm honours ampc__op_call.sync */
   ampc_status (*create)(ampc__device *d);
   void (*destroy)(ampc__device *d);
 

@@ -583,7 +583,30 @@ TEST(checkpoints_move_between_devices) {
   rig_free(&c);
 }
 
+/* SyncBatchNorm's sums do not leave the cuda device yet: asking for it
+ * across ranks is an error, not per-rank statistics in silence (the cpu
+ * takes it) */
+TEST(sync_batchnorm_is_refused) {
+  NEED_DEVICE();
+  ampc_comm *ranks[2];
+  CHECK_OK(ampc_comm_local_create(ranks, 2));
+  rig r[2];
+  const char *be[2] = {"cpu", "cuda"};
+  for (int k = 0; k < 2; k++) {
+    if (!rig_make(&r[k], be[k], "cnn", AMPC_OPT_O2, AMPC_DTYPE_F16)) return;
+    ampc_amp_set_comm(r[k].amp, ranks[k]);
+  }
+  CHECK_OK(ampc_amp_set_sync_batchnorm(r[0].amp, 1));
+  CHECK_MSG(ampc_amp_set_sync_batchnorm(r[1].amp, 1) == AMPC_EUNSUPPORTED, "cuda took SyncBatchNorm");
+  CHECK_MSG(strstr(ampc_last_error(), "SyncBatchNorm") != NULL, "the error does not name SyncBatchNorm: %s", ampc_last_error());
+  CHECK_OK(ampc_amp_set_sync_batchnorm(r[1].amp, 0));
+  for (int k = 0; k < 2; k++) {
+    rig_free(&r[k]);
+    ampc_comm_free(ranks[k]);
+  }
+}
+
 TEST_MAIN(TEST_ENTRY(no_device_error_is_one_line), TEST_ENTRY(conversions_give_the_cpu_bits), TEST_ENTRY(update_gives_the_cpu_bits),
           TEST_ENTRY(check_fold_nonfinite_agree_with_cpu), TEST_ENTRY(label_out_of_range_is_an_error),
           TEST_ENTRY(training_steps_follow_the_cpu), TEST_ENTRY(cuda_graphs_give_the_same_bits),
-          TEST_ENTRY(checkpoints_move_between_devices))
+          TEST_ENTRY(checkpoints_move_between_devices), TEST_ENTRY(sync_batchnorm_is_refused))

@@ -218,6 +218,7 @@ static size_t cpu_aux_floats(ampc__device *d, const ampc__op_call *c) {
 const ampc__backend ampc__backend_cpu = {
     .name = "cpu",
     .host_memory = 1,
+    .sync_batchnorm = 1,
     .create = cpu_create,
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,

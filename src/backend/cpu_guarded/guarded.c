@@ -200,6 +200,7 @@ static void gd_stats(ampc__device *d, ampc_backend_stats *out, int reset) { ampc
 const ampc__backend ampc__backend_cpu_guarded = {
     .name = "cpu-guarded",
     .host_memory = 0,
+    .sync_batchnorm = 1,
     .create = gd_create,
     .destroy = gd_destroy,
     .alloc = gd_alloc,

@@ -69,6 +69,7 @@ static ampc_status bn_run(ampc__device *d, const ampc__op_call *c, int backward)
   cudaStream_t st = ampc__cu_of(d)->stream;
   if (ampc__cu_bn_ws(p.N, p.C, p.H * p.W) > c->ws_size)
     return ampc__error(AMPC_EINVAL, "batchnorm2d: the workspace (%zu bytes) is smaller than the batch needs", c->ws_size);
+  if (c->sync && c->training) return ampc__error(AMPC_EUNSUPPORTED, "batchnorm2d: SyncBatchNorm is not implemented on cuda");
   if (backward) return launched(ampc__cu_bn_bwd(st, &p), c, 1);
   if (c->attr.pool && (c->out.shape.d[2] != p.H / 2 || c->out.shape.d[3] != p.W / 2))
     return ampc__error(AMPC_EINVAL, "batchnorm2d: a fused pool's output must be half the input's size");
