@@ -90,7 +90,13 @@ if(AMPC_CUDA_ENABLED)
   target_sources(ampc PRIVATE $<TARGET_OBJECTS:ampc_cuda>)
   # (made before CUDA was enabled, so it did not get the architectures)
   set_target_properties(ampc PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
-  target_link_libraries(ampc PUBLIC ${AMPC_CUDNN_LIBRARY} ${AMPC_CUBLAS_LIBRARY} ${AMPC_CUBLASLT_LIBRARY} ${AMPC_CUDART_LIBRARY})
+  # cuBLAS is not linked: src/backend/cuda/cuda_blas.c opens it when a cuda
+  # device is made (with it comes cuBLASLt, ~140 MB resident from the moment
+  # it is loaded: no cpu run should pay that); the file found here is its
+  # last resort after the soname
+  get_filename_component(_ampc_cublas_real ${AMPC_CUBLAS_LIBRARY} REALPATH)
+  target_compile_definitions(ampc_cuda PRIVATE AMPC_CUBLAS_PATH="${_ampc_cublas_real}")
+  target_link_libraries(ampc PUBLIC ${AMPC_CUDNN_LIBRARY} ${AMPC_CUDART_LIBRARY} ${CMAKE_DL_LIBS})
   # The CUDA libraries may live outside the loader's folders (/usr/local/cuda,
   # a Python package's cuDNN): the programs and libampc.so built from here on,
   # and their installed copies, find them where they were linked from.

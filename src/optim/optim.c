@@ -22,6 +22,7 @@ struct ampc_optim {
    * in the order of names (torch's state_dict order). */
   float *state;
   size_t stride, nstate;
+  int dirty;            /* the state may hold other values than the zeros it was made with */
   const char *names[OPTIM_MAX_STATE];
 };
 
@@ -131,7 +132,17 @@ void ampc_optim_free(ampc_optim *o) {
 ampc_status ampc__optim_bind(ampc_optim *o, ampc__device *d) {
   if (o->dev == d) return AMPC_OK;
   float *st = NULL;
-  if (o->nstate) {
+  if (o->nstate && !o->dirty) {
+    /* zeros still: made anew on d, never two copies at once (the state of
+     * a large model is several times its weights) */
+    size_t bytes = state_bytes(o);
+    ampc__dev_free(o->dev, o->state);
+    o->state = NULL;
+    if (!(st = ampc__dev_alloc(d, bytes))) {
+      o->state = ampc__dev_alloc(o->dev, bytes);
+      return ampc__error(AMPC_ENOMEM, "%s: out of memory for its state", ampc_optim_kind_name(o->cfg.kind));
+    }
+  } else if (o->nstate) {
     size_t bytes = state_bytes(o);
     float *host = malloc(bytes);
     st = ampc__dev_alloc(d, bytes);
@@ -156,6 +167,7 @@ ampc__device *ampc__optim_device(const ampc_optim *o) { return o->dev; }
 
 ampc_status ampc__optim_shard(ampc_optim *o, size_t lo, size_t n) {
   if (o->shard_n != o->numel) return ampc__error(AMPC_ESTATE, "%s: the state is sharded already", ampc_optim_kind_name(o->cfg.kind));
+  o->dirty = 1;
   if (lo > o->numel || n > o->numel - lo) return ampc__error(AMPC_ERANGE, "%s: shard [%zu, %zu) outside [0, %zu)", ampc_optim_kind_name(o->cfg.kind), lo, lo + n, o->numel);
   size_t stride = (n + 15) / 16 * 16;
   if (o->nstate) {
@@ -178,12 +190,13 @@ ampc_status ampc__optim_shard(ampc_optim *o, size_t lo, size_t n) {
 }
 
 size_t ampc__optim_state_numel(const ampc_optim *o) { return o->shard_n; }
-float *ampc__optim_state_base(const ampc_optim *o, size_t k) { return k < o->nstate ? o->state + k * o->stride : NULL; }
+const float *ampc__optim_state_base(const ampc_optim *o, size_t k) { return k < o->nstate ? o->state + k * o->stride : NULL; }
 
 void ampc__optim_begin_step(ampc_optim *o, float lr, ampc__update *u) {
   const ampc_optim_config *c = &o->cfg;
   memset(u, 0, sizeof *u);
   u->kind = c->kind;
+  o->dirty = 1;
   /* indexed by the flat number (device memory: only ever offset, never
    * dereferenced here) */
   for (size_t i = 0; i < o->nstate; i++) u->state[i] = (float *)((uintptr_t)(o->state + i * o->stride) - o->shard_lo * sizeof(float));
@@ -279,6 +292,7 @@ ampc_status ampc_optim_state_read(const ampc_optim *o, size_t i, size_t offset, 
 ampc_status ampc_optim_state_write(ampc_optim *o, size_t i, size_t offset, size_t n, const float *src) {
   float *at = NULL;
   AMPC_TRY(state_range(o, i, offset, n, &at));
+  o->dirty = 1;
   return ampc__dev_write(o->dev, at, AMPC_DTYPE_F32, src, AMPC_DTYPE_F32, n);
 }
 

@@ -23,6 +23,6 @@ ampc_status ampc__optim_shard(ampc_optim *o, size_t lo, size_t n);
 /* Elements of each state the optimizer holds (numel, or its shard's). */
 size_t ampc__optim_state_numel(const ampc_optim *o);
 /* The memory of state k: its shard's first element. */
-float *ampc__optim_state_base(const ampc_optim *o, size_t k);
+const float *ampc__optim_state_base(const ampc_optim *o, size_t k); /* (read only) */
 
 #endif

@@ -33,6 +33,15 @@ if "$ampc" --version 2>/dev/null | grep -q '^backends:.*cuda'; then
   else
     echo "(a CUDA device is here: the no-device error is not checked; scripts/gpu-check checks the device)"
   fi
+  # cuBLAS (and cuBLASLt with it, ~140 MB resident once loaded) is opened by
+  # the cuda device when it is made: a cpu run does not load it
+  if command -v readelf >/dev/null; then
+    if readelf -d "$ampc" | grep NEEDED | grep -q cublas; then bad "ampc links cuBLAS (it should open it at run time)"; else ok "ampc does not link cuBLAS"; fi
+  fi
+  # (what the dynamic loader opens for a cpu run, its libraries' own needs included)
+  out=$(LD_DEBUG=files "$ampc" bench --model mlp --steps 1 --warmup 0 --sgemm-size 64 --profile off --json 2>&1 >/dev/null)
+  if ! echo "$out" | grep -q 'file=libcudart'; then bad "LD_DEBUG=files shows no libcudart: the check cannot see what is loaded"
+  elif echo "$out" | grep -q 'file=libcublas'; then bad "a cpu run loaded cuBLAS"; else ok "a cpu run does not load cuBLAS"; fi
 else
   err=$("$ampc" eval --device cuda --weights none.safetensors 2>&1); rc=$?
   if [ $rc -ne 0 ] && echo "$err" | grep -q "ampc was built without CUDA"; then ok "--device cuda: $err"; else bad "--device cuda: rc $rc, '$err'"; fi

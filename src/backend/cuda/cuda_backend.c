@@ -212,15 +212,17 @@ static uint64_t cu_capacity(ampc__device *d) { return ampc__cu_of(d)->total_mem;
 ampc_status ampc__cu_blas(ampc__device *d, cublasHandle_t *out) {
   ampc__cuda_dev *cd = ampc__cu_of(d);
   if (!cd->blas) {
+    const ampc__cu_blas_api *b;
+    AMPC_TRY(ampc__cu_blas_api_get(&b));
     cublasHandle_t h;
-    cublasStatus_t s = cublasCreate(&h);
-    if (s != CUBLAS_STATUS_SUCCESS) return ampc__error(AMPC_EIO, "cuda: cublasCreate: %s", cublasGetStatusString(s));
+    cublasStatus_t s = b->create(&h);
+    if (s != CUBLAS_STATUS_SUCCESS) return ampc__error(AMPC_EIO, "cuda: cublasCreate: %s", b->status_string(s));
     cd->blas_ws = ampc__cu_alloc(d, CU_BLAS_WS);
     /* products without reduced-precision reductions: f32 accumulation throughout */
-    if (!cd->blas_ws || cublasSetStream(h, cd->stream) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetWorkspace(h, cd->blas_ws, CU_BLAS_WS) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetMathMode(h, CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) != CUBLAS_STATUS_SUCCESS) {
-      cublasDestroy(h);
+    if (!cd->blas_ws || b->set_stream(h, cd->stream) != CUBLAS_STATUS_SUCCESS ||
+        b->set_workspace(h, cd->blas_ws, CU_BLAS_WS) != CUBLAS_STATUS_SUCCESS ||
+        b->set_math_mode(h, CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) != CUBLAS_STATUS_SUCCESS) {
+      b->destroy(h);
       ampc__cu_free(d, cd->blas_ws);
       cd->blas_ws = NULL;
       return ampc__error(AMPC_EIO, "cuda: setting up cuBLAS failed");
@@ -288,6 +290,8 @@ static ampc_status cu_create(ampc__device *d) {
     cd->sm_count = prop.multiProcessorCount;
   }
   if (s == 0) CREATE_TRY(cudaStreamCreateWithFlags(&cd->stream, cudaStreamNonBlocking), "creating a stream");
+  const ampc__cu_blas_api *blas_api;
+  if (s == 0) s = ampc__cu_blas_api_get(&blas_api); /* (cuBLAS is opened now: a missing one is said at once) */
   void *pin = NULL;
   if (s == 0) CREATE_TRY(cudaHostAlloc(&pin, 2 * (size_t)CU_PIN_BYTES + CU_PIN_SMALL, cudaHostAllocDefault), "allocating pinned memory");
   if (s == 0) {
@@ -316,7 +320,8 @@ static void cu_destroy(ampc__device *d) {
   ampc__cu_graphs_free(d);
   ampc__cu_conv_free_all(d);
   if (cd->dnn) cudnnDestroy(cd->dnn);
-  if (cd->blas) cublasDestroy(cd->blas);
+  const ampc__cu_blas_api *b = NULL;
+  if (cd->blas && ampc__cu_blas_api_get(&b) == AMPC_OK) b->destroy(cd->blas);
   for (size_t i = 0; i < cd->ntimings; i++)
     for (int k = 0; k < 3; k++)
       if (cd->timings[i].ev[k]) cudaEventDestroy(cd->timings[i].ev[k]);

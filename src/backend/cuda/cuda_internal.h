@@ -21,6 +21,22 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "core/status_internal.h"
 
+/* cuBLAS's entry points, opened on first use (cuda_blas.c) */
+typedef struct {
+  int loaded;
+  cublasStatus_t (*create)(cublasHandle_t *h);
+  cublasStatus_t (*destroy)(cublasHandle_t h);
+  cublasStatus_t (*set_stream)(cublasHandle_t h, cudaStream_t s);
+  cublasStatus_t (*set_workspace)(cublasHandle_t h, void *ws, size_t bytes);
+  cublasStatus_t (*set_math_mode)(cublasHandle_t h, cublasMath_t mode);
+  const char *(*status_string)(cublasStatus_t s);
+  cublasStatus_t (*gemm_ex)(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void *alpha, const void *a, cudaDataType_t at, int lda, const void *b, cudaDataType_t bt,
+                            int ldb, const void *beta, void *c, cudaDataType_t ct, int ldc, cublasComputeType_t compute,
+                            cublasGemmAlgo_t algo);
+} ampc__cu_blas_api;
+ampc_status ampc__cu_blas_api_get(const ampc__cu_blas_api **out);
+
 /* A block of device memory the arena took from cudaMalloc. */
 typedef struct {
   void *p;

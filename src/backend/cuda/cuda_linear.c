@@ -31,14 +31,16 @@ static ampc_status gemm(ampc__device *d, int ta, int tb, int64_t m, int64_t n, i
                         int64_t lda, const void *b, ampc_dtype bt, int64_t ldb, float beta, void *c, ampc_dtype ct,
                         int64_t ldc, ampc_dtype op_type) {
   cublasHandle_t h;
+  const ampc__cu_blas_api *api;
   AMPC_TRY(ampc__cu_blas(d, &h));
+  AMPC_TRY(ampc__cu_blas_api_get(&api));
   const float alpha = 1.0f;
-  cublasStatus_t s = cublasGemmEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, (int)m, (int)n, (int)k,
+  cublasStatus_t s = api->gemm_ex(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, (int)m, (int)n, (int)k,
                                   &alpha, a, blas_type(at), (int)lda, b, blas_type(bt), (int)ldb, &beta, c, blas_type(ct),
                                   (int)ldc, compute_type(d, op_type), CUBLAS_GEMM_DEFAULT);
   if (s != CUBLAS_STATUS_SUCCESS)
     return ampc__error(AMPC_EIO, "cuda: cublasGemmEx (%lld x %lld x %lld, %s): %s", (long long)m, (long long)n, (long long)k,
-                       ampc_dtype_name(op_type), cublasGetStatusString(s));
+                       ampc_dtype_name(op_type), api->status_string(s));
   return AMPC_OK;
 }
 
