@@ -183,10 +183,7 @@ static ampc_status nccl_test(ampc_comm *c, ampc__comm_req *q, int *done) {
   nccl_comm *m = c->impl;
   *done = 0;
   cudaError_t e = cudaEventQuery(q->ev);
-  if (e == cudaErrorNotReady) {
-    (void)cudaGetLastError(); /* (not an error to keep) */
-    return async_error(m);
-  }
+  if (e == cudaErrorNotReady) return async_error(m);
   q->used = 0;
   AMPC_CU_TRY(e, "cudaEventQuery");
   *done = 1;
