@@ -17,6 +17,9 @@ set(AMPC_COMMS local)
 if(AMPC_HAVE_MPI)
   list(APPEND AMPC_COMMS mpi)
 endif()
+if(AMPC_HAVE_NCCL) # cmake/ampc_cuda.cmake
+  list(APPEND AMPC_COMMS nccl)
+endif()
 
 # The hot loops are built twice on x86-64 with GCC or clang (target clones
 # and target attributes: AVX2 + FMA, with F16C for the conversions) and once

@@ -110,6 +110,40 @@ if(AMPC_CUDA_ENABLED)
   list(APPEND CMAKE_INSTALL_RPATH ${AMPC_CUDA_LIBRARY_DIRS})
 endif()
 
+# --- NCCL: the communicator of the CUDA backend (src/dist/comm_nccl.c) ---------
+# Built with the backend where MPI is (its ids and host all-reduces travel
+# over the MPI communicator) and NCCL is found beside the toolkit or under
+# NCCL_ROOT; AMPC_HAVE_NCCL for the library's own sources, "nccl" in
+# AMPC_COMMS. Without it the MPI communicator serves GPUs (staging).
+set(NCCL_ROOT "$ENV{NCCL_ROOT}" CACHE PATH "An NCCL installation outside the CUDA toolkit (include/, lib/)")
+set(AMPC_HAVE_NCCL 0)
+set(AMPC_NCCL_SOURCE ${PROJECT_SOURCE_DIR}/src/dist/comm_nccl.c)
+function(_ampc_find_nccl)
+  find_path(AMPC_NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include
+    PATH_SUFFIXES include)
+  find_library(AMPC_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR}
+    PATH_SUFFIXES lib lib64)
+endfunction()
+if(AMPC_CUDA_ENABLED)
+  _ampc_find_nccl()
+  if(NOT AMPC_HAVE_MPI)
+    message(STATUS "ampc: NCCL communicator not built: it needs MPI")
+  elseif(NOT AMPC_NCCL_INCLUDE_DIR OR NOT AMPC_NCCL_LIBRARY)
+    message(STATUS "ampc: NCCL communicator not built: nccl.h or libnccl not found (set NCCL_ROOT)")
+  else()
+    set(AMPC_HAVE_NCCL 1)
+    message(STATUS "ampc: NCCL communicator: ${AMPC_NCCL_LIBRARY}")
+    target_sources(ampc_cuda PRIVATE ${AMPC_NCCL_SOURCE})
+    target_include_directories(ampc_cuda PRIVATE ${AMPC_NCCL_INCLUDE_DIR})
+    target_compile_definitions(ampc_cuda PRIVATE AMPC_HAVE_NCCL=1)
+    target_compile_definitions(ampc PRIVATE AMPC_HAVE_NCCL=1)
+    target_link_libraries(ampc PUBLIC ${AMPC_NCCL_LIBRARY})
+    get_filename_component(_dir ${AMPC_NCCL_LIBRARY} DIRECTORY)
+    list(APPEND CMAKE_BUILD_RPATH ${_dir})
+    list(APPEND CMAKE_INSTALL_RPATH ${_dir})
+  endif()
+endif()
+
 # --- the host emulation, for tests ---------------------------------------------
 # AMPC_CUDA_EMU (default: where the backend is built) makes `ampc_cuda_emu`, a
 # static libampc whose cuda backend runs on the host: its kernels compiled as
@@ -150,5 +184,13 @@ if(AMPC_CUDA_EMU)
   target_link_libraries(ampc_cuda_emu PUBLIC OpenMP::OpenMP_C ${OPENBLAS_LIB} ZLIB::ZLIB PkgConfig::JANSSON Threads::Threads m)
   if(AMPC_HAVE_MPI)
     target_link_libraries(ampc_cuda_emu PUBLIC MPI::MPI_C)
+    # the NCCL communicator over emu_nccl.c, NCCL's calls on MPI (headers only)
+    _ampc_find_nccl()
+    if(AMPC_NCCL_INCLUDE_DIR)
+      set(AMPC_CUDA_EMU_NCCL ON)
+      target_sources(ampc_cuda_emu PRIVATE ${AMPC_NCCL_SOURCE} ${PROJECT_SOURCE_DIR}/src/backend/cuda/emu/emu_nccl.c)
+      target_include_directories(ampc_cuda_emu PRIVATE ${AMPC_NCCL_INCLUDE_DIR})
+      target_compile_definitions(ampc_cuda_emu PRIVATE AMPC_HAVE_NCCL=1)
+    endif()
   endif()
 endif()

@@ -67,6 +67,17 @@ ampc_status ampc_comm_mpi_create(ampc_comm **out);
 /* The same over a communicator of the program's own: mpi_comm points at an
  * MPI_Comm (which is duplicated; MPI must be initialised). */
 ampc_status ampc_comm_mpi_create_from(ampc_comm **out, const void *mpi_comm);
+/* The same ranks over NCCL (the CUDA backend's GPUs): rank r's collectives
+ * on the amp's device memory run on that device's compute stream, ordered
+ * after backward's kernels with no wait on the host. Every rank of mpi (an
+ * MPI communicator, borrowed: it must outlive the result) calls it; rank 0's
+ * ncclUniqueId reaches the others through mpi, which also carries the host
+ * all-reduces (ampc_comm_allreduce_host) and ampc_comm_abort. The NCCL
+ * communicator proper is made at the first collective, on the GPU of the
+ * device that collective names; later ones must name the same GPU, and no
+ * two ranks may share one. Free it before mpi.
+ * AMPC_EUNSUPPORTED where libampc was built without NCCL (AMPC_HAVE_COMM_NCCL). */
+ampc_status ampc_comm_nccl_create(ampc_comm **out, ampc_comm *mpi);
 /* 1 if this process was started by an MPI launcher (mpirun, srun, ...),
  * from its environment: whether to create an MPI communicator at all. */
 int ampc_comm_mpi_launched(void);
@@ -77,7 +88,7 @@ int ampc_comm_size(const ampc_comm *c);
  * the ranks that share memory with it): how many threads each may take. */
 int ampc_comm_local_rank(const ampc_comm *c);
 int ampc_comm_local_size(const ampc_comm *c);
-/* "local", "mpi", ... */
+/* "local", "mpi", "nccl" */
 const char *ampc_comm_kind(const ampc_comm *c);
 /* n doubles of every rank reduced (summed, their maximum or minimum) in
  * place; every rank calls it. A program's own agreements (a stop request,

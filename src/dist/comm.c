@@ -45,6 +45,15 @@ ampc_status ampc_comm_mpi_create_from(ampc_comm **out, const void *mpi_comm) {
 }
 #endif
 
+#ifndef AMPC_HAVE_NCCL
+ampc_status ampc_comm_nccl_create(ampc_comm **out, ampc_comm *mpi) {
+  (void)mpi;
+  *out = NULL;
+  return ampc__error(AMPC_EUNSUPPORTED, "comm: this libampc was built without NCCL (it needs the CUDA backend, MPI, "
+                                        "and nccl.h / libnccl beside the CUDA toolkit)");
+}
+#endif
+
 /* ---- the generic collectives ---- */
 
 ampc_status ampc__comm_ireduce(ampc_comm *c, ampc__device *d, void *buf, ampc_dtype t, size_t n, const size_t *counts,

@@ -1,6 +1,7 @@
 #include "cli.h"
 
 #include "ampc/backend.h"
+#include "ampc/config.h"
 #include "dist.h"
 
 #include <errno.h>
@@ -183,6 +184,7 @@ void cli_common_defaults(cli_common *c) {
   c->conv = "auto";
   c->device = "cpu";
   c->allreduce_type = "auto";
+  c->comm = "auto";
   c->cuda_graphs = 1;
 }
 
@@ -235,6 +237,9 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
   out[n++] = (cli_opt){"--zero", OPT_INT, &c->zero, "0|1", "data-parallel: ZeRO stage 1 shards the f32 masters and optimizer state across the ranks (default 0)", 0, NULL};
   out[n++] = (cli_opt){"--sync-bn", OPT_FLAG, &c->sync_bn, NULL, "data-parallel: batch norm statistics over the global batch (SyncBatchNorm; default: each rank's own)", 0, NULL};
   out[n++] = (cli_opt){"--bucket-mb", OPT_FLOAT, &c->bucket_mb, "X", "data-parallel: gradient buckets of about X MB, 0.01..4096 (default 25)", 0.01, NULL};
+  out[n++] = (cli_opt){"--comm", OPT_STRING, &c->comm, "auto|mpi|nccl",
+                       "data-parallel: the gradients' collectives over NCCL (each rank on GPU = its local rank) or MPI; auto (the default): "
+                       "NCCL for --device cuda where ampc has it", 0, NULL};
   return n;
 }
 
@@ -320,7 +325,30 @@ int cli_common_check(const cli_common *c, ampc_amp_config *cfg) {
     cli_error("--bucket-mb: %g is more than 4096", c->bucket_mb);
     return -1;
   }
+  if (strcmp(c->comm, "auto") != 0 && strcmp(c->comm, "mpi") != 0 && strcmp(c->comm, "nccl") != 0) {
+    cli_error("--comm: expected auto, mpi or nccl, got '%s'", c->comm);
+    return -1;
+  }
+  if (strcmp(c->comm, "nccl") == 0 && strcmp(c->device, "cuda") != 0) {
+    cli_error("--comm nccl: NCCL serves --device cuda only, not %s", c->device);
+    return -1;
+  }
+#ifndef AMPC_HAVE_COMM_NCCL
+  if (strcmp(c->comm, "nccl") == 0) {
+    cli_error("--comm nccl: this ampc was built without NCCL (it needs the CUDA backend, MPI and NCCL)");
+    return -1;
+  }
+#endif
   return 0;
+}
+
+int cli_comm_nccl(const cli_common *c) {
+#ifdef AMPC_HAVE_COMM_NCCL
+  return c->comm && strcmp(c->comm, "mpi") != 0 && strcmp(c->device, "cuda") == 0;
+#else
+  (void)c;
+  return 0;
+#endif
 }
 
 int cli_max_threads(void) {

@@ -58,7 +58,12 @@ typedef struct {
   int zero;                   /* ZeRO stage: 0 or 1 */
   int sync_bn;                /* SyncBatchNorm */
   float bucket_mb;            /* gradient bucket size (0: the default, 25) */
+  const char *comm;           /* the gradients' collectives: "auto", "mpi" or "nccl" */
 } cli_common;
+
+/* 1 if the amp's collectives go over NCCL (--comm, --device): a cuda device
+ * and an ampc built with NCCL, unless --comm mpi. */
+int cli_comm_nccl(const cli_common *c);
 
 void cli_common_defaults(cli_common *c);
 /* The groups of shared options a command takes (--model, --threads, --conv

@@ -8,7 +8,7 @@
 
 #include "cli.h"
 
-static ampc_comm *comm;
+static ampc_comm *comm, *nccl;
 static cli_error_mode mode = CLI_ERRORS_ALL;
 static char held[8192];
 static size_t held_len;
@@ -27,11 +27,21 @@ int cli_dist_init(void) {
 }
 
 void cli_dist_finish(void) {
+  ampc_comm_free(nccl); /* (before the MPI communicator it borrows) */
+  nccl = NULL;
   ampc_comm_free(comm);
   comm = NULL;
 }
 
 ampc_comm *cli_dist_comm(void) { return comm && ampc_comm_size(comm) > 1 ? comm : NULL; }
+ampc_comm *cli_dist_nccl(void) {
+  if (!nccl && cli_dist_comm() && ampc_comm_nccl_create(&nccl, comm) < 0) {
+    cli_lib_error("--comm nccl");
+    return NULL;
+  }
+  return nccl;
+}
+const char *cli_dist_amp_kind(void) { return ampc_comm_kind(nccl ? nccl : comm); }
 int cli_dist_rank(void) { return ampc_comm_rank(comm); }
 int cli_dist_size(void) { return ampc_comm_size(comm); }
 int cli_dist_root(void) { return ampc_comm_rank(comm) == 0; }

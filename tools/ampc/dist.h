@@ -14,6 +14,13 @@ int cli_dist_init(void);
 /* MPI_Finalize (after the command, on every rank). */
 void cli_dist_finish(void);
 ampc_comm *cli_dist_comm(void); /* NULL for one process */
+/* The NCCL communicator over cli_dist_comm's ranks, made at the first call
+ * (every rank calls it; the error printed and NULL if that fails), freed by
+ * cli_dist_finish. */
+ampc_comm *cli_dist_nccl(void);
+/* The kind of the communicator the amp's collectives use: "nccl" once
+ * cli_dist_nccl made it, else cli_dist_comm's. */
+const char *cli_dist_amp_kind(void);
 int cli_dist_rank(void);
 int cli_dist_size(void);
 int cli_dist_root(void); /* 1 on rank 0 (and for one process) */

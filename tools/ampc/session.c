@@ -106,7 +106,20 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
     cli_error("--conv: unknown algorithm '%s' (expected auto, im2col, winograd or direct)", c->conv);
     return -1;
   }
-  if (ampc_graph_set_backend(s->g, c->device, &bo) < 0) {
+  ampc_comm *comm = cli_dist_comm(), *amp_comm = comm;
+  int use_nccl = comm && cli_comm_nccl(c);
+  if (use_nccl) {
+    /* one GPU a rank: the local rank's; NCCL runs no two ranks on one GPU */
+    bo.device = ampc_comm_local_rank(comm);
+    ampc_status set = ampc_graph_set_backend(s->g, c->device, &bo);
+    if (set == AMPC_EINVAL && bo.device > 0)
+      cli_error("--comm nccl: local rank %d of %d has no GPU of its own (%s): NCCL cannot run two ranks on one GPU; "
+                "start one rank per GPU, or use --comm mpi", bo.device, ampc_comm_local_size(comm), ampc_last_error());
+    else if (set < 0)
+      cli_lib_error("--device");
+    /* (every rank here, before the NCCL communicator's collective set-up) */
+    if (!cli_dist_agree(set == 0) || !(amp_comm = cli_dist_nccl())) return -1;
+  } else if (ampc_graph_set_backend(s->g, c->device, &bo) < 0) {
     cli_lib_error("--device");
     return -1;
   }
@@ -120,11 +133,10 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
   }
   ampc_amp_set_clip_grad_norm(s->amp, c->clip_grad_norm);
   ampc_amp_set_stochastic_rounding(s->amp, c->stochastic_rounding, c->seed);
-  ampc_comm *comm = cli_dist_comm();
   if (comm) {
     /* data-parallel: this rank's share of the step, before any state is
      * loaded (ZeRO keeps only its shard of what a checkpoint holds) */
-    ampc_amp_set_comm(s->amp, comm);
+    ampc_amp_set_comm(s->amp, amp_comm);
     ampc_amp_set_allreduce_f32(s->amp, c->allreduce_type && strcmp(c->allreduce_type, "f32") == 0);
     if ((c->bucket_mb > 0 && ampc_amp_set_bucket_bytes(s->amp, (size_t)((double)c->bucket_mb * 1048576.0)) < 0) ||
         (ocfg && ampc_amp_set_zero(s->amp, c->zero) < 0) || ampc_amp_set_sync_batchnorm(s->amp, c->sync_bn) < 0) {

@@ -213,7 +213,7 @@ int cmd_train(int argc, char **argv) {
             ampc_graph_backend_name(s.g), cuda ? (a.c.tf32 ? " (tf32 on)" : " (tf32 off)") : "");
     if (W > 1)
       fprintf(stderr, "ampc: data-parallel over %d ranks (%s, %d thread%s each): global batch %lld = %d x %lld, all-reduce %s%s%s%s\n",
-              W, ampc_comm_kind(comm), ampc_graph_threads(s.g), ampc_graph_threads(s.g) == 1 ? "" : "s", (long long)G, W,
+              W, cli_dist_amp_kind(), ampc_graph_threads(s.g), ampc_graph_threads(s.g) == 1 ? "" : "s", (long long)G, W,
               (long long)a.c.batch_size, strcmp(a.c.allreduce_type, "f32") == 0 ? "f32" : "in the gradients' type",
               a.c.zero ? ", ZeRO-1" : "", a.c.sync_bn ? ", SyncBatchNorm" : "", a.c.grad_accum > 1 ? " (after each step's last micro-batch)" : "");
     fprintf(stderr, "ampc: amp %s\n", desc);

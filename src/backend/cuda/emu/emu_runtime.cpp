@@ -238,6 +238,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; } /* (the work recorded before ran already) */
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
   *ms = std::chrono::duration<float, std::milli>(((emu_event *)(void *)b)->t - ((emu_event *)(void *)a)->t).count();
   return cudaSuccess;
