@@ -509,10 +509,14 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t, cons
   return CUDNN_STATUS_SUCCESS;
 }
 
-cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t, const void *alpha, const cudnnTensorDescriptor_t xd, const void *x,
-                                      const cudnnFilterDescriptor_t wd, const void *w, const cudnnConvolutionDescriptor_t cd,
-                                      cudnnConvolutionFwdAlgo_t, void *ws, size_t wsb, const void *beta,
-                                      const cudnnTensorDescriptor_t yd, void *y) {
+/* One of cuDNN's three convolution passes: the tensor `to` names (the
+ * output y forward, x for backward data, w for backward filter) = alpha x
+ * its sum over the taps of the product of the other two + beta x itself. */
+enum conv_to { TO_Y, TO_X, TO_W };
+static cudnnStatus_t emu_conv(conv_to to, const void *alpha, const void *beta, const cudnnTensorDescriptor_t xd,
+                              const void *x, const cudnnFilterDescriptor_t wd, const void *w,
+                              const cudnnConvolutionDescriptor_t cd, const cudnnTensorDescriptor_t yd, const void *y,
+                              void *ws, size_t wsb, void *out) {
   if (!shapes_ok(xd, wd, cd, yd) || wsb < EMU_CONV_WS) return CUDNN_STATUS_BAD_PARAM;
   double al = *(const float *)alpha, be = *(const float *)beta;
   cudnnTensorStruct xs = *xd, ys = *yd;
@@ -522,49 +526,35 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t, const void *alpha, const cu
     const cudnnTensorStruct *xd = &xs, *yd = &ys;
     const cudnnFilterStruct *wd = &wf;
     poison(ws, wsb);
-    std::vector<double> acc(count(yd), 0.0);
-    each_tap(xd, wd, &cs, yd, [&](size_t yi, size_t xi, size_t wi) { acc[yi] += ld(x, xd->t, xi) * ld(w, wd->t, wi); });
-    for (size_t i = 0; i < acc.size(); i++) st(y, yd->t, i, al * acc[i] + (be != 0.0 ? be * ld(y, yd->t, i) : 0.0));
+    int ot = to == TO_Y ? yd->t : to == TO_X ? xd->t : wd->t;
+    std::vector<double> acc(to == TO_Y ? count(yd) : to == TO_X ? count(xd) : count(wd), 0.0);
+    each_tap(xd, wd, &cs, yd, [&](size_t yi, size_t xi, size_t wi) {
+      if (to == TO_Y) acc[yi] += ld(x, xd->t, xi) * ld(w, wd->t, wi);
+      else if (to == TO_X) acc[xi] += ld(y, yd->t, yi) * ld(w, wd->t, wi);
+      else acc[wi] += ld(y, yd->t, yi) * ld(x, xd->t, xi);
+    });
+    for (size_t i = 0; i < acc.size(); i++) st(out, ot, i, al * acc[i] + (be != 0.0 ? be * ld(out, ot, i) : 0.0));
   });
   return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t, const void *alpha, const cudnnTensorDescriptor_t xd, const void *x,
+                                      const cudnnFilterDescriptor_t wd, const void *w, const cudnnConvolutionDescriptor_t cd,
+                                      cudnnConvolutionFwdAlgo_t, void *ws, size_t wsb, const void *beta,
+                                      const cudnnTensorDescriptor_t yd, void *y) {
+  return emu_conv(TO_Y, alpha, beta, xd, x, wd, w, cd, yd, NULL, ws, wsb, y);
 }
 cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t, const void *alpha, const cudnnFilterDescriptor_t wd, const void *w,
                                            const cudnnTensorDescriptor_t yd, const void *dy,
                                            const cudnnConvolutionDescriptor_t cd, cudnnConvolutionBwdDataAlgo_t, void *ws,
                                            size_t wsb, const void *beta, const cudnnTensorDescriptor_t xd, void *dx) {
-  if (!shapes_ok(xd, wd, cd, yd) || wsb < EMU_CONV_WS) return CUDNN_STATUS_BAD_PARAM;
-  double al = *(const float *)alpha, be = *(const float *)beta;
-  cudnnTensorStruct xs = *xd, ys = *yd;
-  cudnnFilterStruct wf = *wd;
-  cudnnConvolutionStruct cs = *cd;
-  ampc_emu::stream_work([=] {
-    const cudnnTensorStruct *xd = &xs, *yd = &ys;
-    const cudnnFilterStruct *wd = &wf;
-    poison(ws, wsb);
-    std::vector<double> acc(count(xd), 0.0);
-    each_tap(xd, wd, &cs, yd, [&](size_t yi, size_t xi, size_t wi) { acc[xi] += ld(dy, yd->t, yi) * ld(w, wd->t, wi); });
-    for (size_t i = 0; i < acc.size(); i++) st(dx, xd->t, i, al * acc[i] + (be != 0.0 ? be * ld(dx, xd->t, i) : 0.0));
-  });
-  return CUDNN_STATUS_SUCCESS;
+  return emu_conv(TO_X, alpha, beta, xd, NULL, wd, w, cd, yd, dy, ws, wsb, dx);
 }
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t, const void *alpha, const cudnnTensorDescriptor_t xd, const void *x,
                                              const cudnnTensorDescriptor_t yd, const void *dy,
                                              const cudnnConvolutionDescriptor_t cd, cudnnConvolutionBwdFilterAlgo_t, void *ws,
                                              size_t wsb, const void *beta, const cudnnFilterDescriptor_t wd, void *dw) {
-  if (!shapes_ok(xd, wd, cd, yd) || wsb < EMU_CONV_WS) return CUDNN_STATUS_BAD_PARAM;
-  double al = *(const float *)alpha, be = *(const float *)beta;
-  cudnnTensorStruct xs = *xd, ys = *yd;
-  cudnnFilterStruct wf = *wd;
-  cudnnConvolutionStruct cs = *cd;
-  ampc_emu::stream_work([=] {
-    const cudnnTensorStruct *xd = &xs, *yd = &ys;
-    const cudnnFilterStruct *wd = &wf;
-    poison(ws, wsb);
-    std::vector<double> acc(count(wd), 0.0);
-    each_tap(xd, wd, &cs, yd, [&](size_t yi, size_t xi, size_t wi) { acc[wi] += ld(dy, yd->t, yi) * ld(x, xd->t, xi); });
-    for (size_t i = 0; i < acc.size(); i++) st(dw, wd->t, i, al * acc[i] + (be != 0.0 ? be * ld(dw, wd->t, i) : 0.0));
-  });
-  return CUDNN_STATUS_SUCCESS;
+  return emu_conv(TO_W, alpha, beta, xd, x, wd, NULL, cd, yd, dy, ws, wsb, dw);
 }
 
 } // extern "C"
