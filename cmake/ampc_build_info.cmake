@@ -22,11 +22,15 @@ if(AMPC_HAVE_NCCL) # cmake/ampc_cuda.cmake
 endif()
 
 # The hot loops are built twice on x86-64 with GCC or clang (target clones
-# and target attributes: AVX2 + FMA, with F16C for the conversions) and once
-# elsewhere; see src/backend/cpu/cpu_internal.h and src/core/dtype_avx2.c.
+# and target attributes: AVX2 + FMA, with F16C for the conversions), a third
+# time for AVX-512 (x86-64-v4) with GCC, and once elsewhere; see
+# src/backend/cpu/cpu_internal.h and src/core/dtype_avx2.c.
 set(AMPC_CPU_PATHS baseline)
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND CMAKE_C_COMPILER_ID MATCHES "GNU|Clang")
   list(PREPEND AMPC_CPU_PATHS "avx2+fma+f16c")
+  if(CMAKE_C_COMPILER_ID STREQUAL "GNU")
+    list(PREPEND AMPC_CPU_PATHS "avx512")
+  endif()
 endif()
 
 # "avx2+fma+f16c" -> AVX2_FMA_F16C, "cpu-guarded" -> CPU_GUARDED

@@ -78,8 +78,9 @@ void ampc_store_f32(ampc_dtype dst_type, void *dst, const float *src, size_t n);
 /* Which bulk path is in use: "avx2+f16c" or "scalar". */
 const char *ampc_convert_path(void);
 /* Which build of the CPU kernels' vector code runs on this CPU (chosen when
- * the program loads, by the CPU's features): "avx2+fma+f16c" (the x86-64-v3
- * build), "avx2" (a clang build's, without FMA) or "baseline". */
+ * the program loads, by the CPU's features): "avx512" (the x86-64-v4 build,
+ * GCC only), "avx2+fma+f16c" (the x86-64-v3 build), "avx2" (a clang build's,
+ * without FMA) or "baseline". */
 const char *ampc_kernel_path(void);
 
 #ifdef __cplusplus

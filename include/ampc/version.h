@@ -10,7 +10,7 @@
  * shared library than the one it was compiled with.
  *
  *     printf("%s\n", ampc_version());
- *     // ampc 0.1.0 (Release; backends: cpu; communicators: local, mpi; cpu paths: avx2+fma+f16c, baseline; this cpu: avx2+fma+f16c)
+ *     // ampc 0.1.0 (Release; backends: cpu; communicators: local, mpi; cpu paths: avx512, avx2+fma+f16c, baseline; this cpu: avx2+fma+f16c)
  *
  *     const ampc_version_info *v = ampc_version_get();
  *     if (v->number < 100) ...;           // older than 0.1.0
@@ -31,7 +31,7 @@ typedef struct {
   const char *build_type; /* "Release", "Debug", ... ("none" when unset) */
   const char *backends;   /* comma-separated: "cpu" */
   const char *comms;      /* the communicators built, comma-separated: "local, mpi" */
-  const char *cpu_paths;  /* the CPU backend's paths built, preferred first: "avx2+fma+f16c, baseline" */
+  const char *cpu_paths;  /* the CPU backend's paths built, preferred first: "avx512, avx2+fma+f16c, baseline" */
   const char *cpu_path;   /* the path this machine's CPU takes: one of cpu_paths */
 } ampc_version_info;
 

@@ -190,6 +190,9 @@ static const op_case CASES[] = {
     {.name = "conv3x3_s1_p2", .k = K_CONV, .n = 2, .c = 3, .h = 4, .w = 5, .o = 2, .ks = 3, .stride = 1, .pad = 2},
     /* enough channels that the default algorithm is Winograd; odd planes */
     {.name = "conv3x3_24ch", .k = K_CONV, .n = 3, .c = 24, .h = 9, .w = 11, .o = 20, .ks = 3, .stride = 1, .pad = 1, .bias = 1},
+    /* 40 outputs from 32 inputs: Winograd's small products in every block of the 16-wide kernel (32 + 8 columns
+       forward, 32 in the weight gradient, 12-row blocks) */
+    {.name = "conv3x3_32to40", .k = K_CONV, .n = 2, .c = 32, .h = 8, .w = 10, .o = 40, .ks = 3, .stride = 1, .pad = 1, .bias = 1},
     {.name = "bn_train", .k = K_BN_TRAIN, .n = 3, .c = 3, .h = 5, .w = 5},
     {.name = "bn_train_odd", .k = K_BN_TRAIN, .n = 2, .c = 4, .h = 3, .w = 7},
     {.name = "bn_eval", .k = K_BN_EVAL, .n = 2, .c = 3, .h = 5, .w = 6},
@@ -277,6 +280,9 @@ extern int64_t ampc__cpu_wino_tile_target;
 /* Winograd's tile where everything is f32 (0: the library's choice, F(2x2);
  * 4: F(4x4), the tile of 16-bit storage), a hook of the CPU backend. */
 extern int ampc__cpu_wino_f32_tile;
+/* When set, Winograd's small products run the 16-wide (AVX-512) kernel on
+ * any CPU, a hook of the CPU backend. */
+extern int ampc__cpu_wino_wide;
 
 /* The backend graphs are built on. */
 static const char *test_backend = "cpu";

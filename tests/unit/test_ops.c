@@ -246,6 +246,41 @@ TEST(winograd_same_bits_any_threads) {
   test_conv_algo = AMPC_CONV_AUTO;
 }
 
+/* Winograd's small products give the same bits through the 16-wide kernel
+ * (AVX-512's; here forced, so it runs on any CPU) as through the 8-wide one:
+ * each output is the same in-order sum. Where the CPU has AVX-512 the default
+ * is its 16-wide build, and the forced run the portable build of the same. */
+TEST(winograd_wide_kernel_same_bits) {
+  static const char *names[] = {"conv3x3_16x16", "conv3x3_24ch", "conv3x3_32to40"};
+  static const int64_t targets[] = {0, 5};
+  test_conv_algo = AMPC_CONV_WINOGRAD;
+  for (int i = 0; i < 3; i++)
+    for (int t = 0; t < 2; t++)
+      for (int p = 0; p < NPRECS; p++) {
+        const op_case *cs = find_case(names[i]);
+        ctx_case = cs->name;
+        ctx_prec = PRECS[p].name;
+        ampc__cpu_wino_tile_target = targets[t];
+        net a = {0}, b = {0};
+        if (build(&a, cs, &PRECS[p].p, cs->n, 2) == 0 && build(&b, cs, &PRECS[p].p, cs->n, 2) == 0) {
+          for (int r = 0; r < 2; r++) {
+            net *q = r ? &b : &a;
+            ampc__cpu_wino_wide = r;
+            CHECK_OK(ampc_graph_forward(q->g, 1));
+            CHECK_OK(ampc_graph_backward(q->g, q->loss, 1.0f, 0));
+          }
+          ampc__cpu_wino_wide = 0;
+          snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&b, cs);
+          compare_snapshots(&sa, &sb, 0.0, "8-wide vs 16-wide kernel, bit for bit");
+        }
+        ampc_graph_free(a.g);
+        ampc_graph_free(b.g);
+        tmp_free_all();
+      }
+  ampc__cpu_wino_tile_target = 0;
+  test_conv_algo = AMPC_CONV_AUTO;
+}
+
 /* The 2x2 max-pool gradient goes to each window's first maximum, a NaN
  * beating any number (PyTorch's choice), in the vectorised path (8 windows at
  * a time) and its scalar tail alike: windows of ties, NaNs in every position,
@@ -315,7 +350,8 @@ TEST(maxpool_backward_ties_and_nan) {
 }
 
 TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(conv2d_direct),
-          TEST_ENTRY(winograd_same_bits_any_threads), TEST_ENTRY(maxpool_backward_ties_and_nan),
+          TEST_ENTRY(winograd_same_bits_any_threads), TEST_ENTRY(winograd_wide_kernel_same_bits),
+          TEST_ENTRY(maxpool_backward_ties_and_nan),
           TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu), TEST_ENTRY(maxpool2d),
           TEST_ENTRY(avgpool2d), TEST_ENTRY(global_avgpool), TEST_ENTRY(linear), TEST_ENTRY(add), TEST_ENTRY(flatten),
           TEST_ENTRY(softmax), TEST_ENTRY(log_softmax), TEST_ENTRY(cross_entropy), TEST_ENTRY(cast),

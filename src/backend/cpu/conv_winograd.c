@@ -201,10 +201,104 @@ static inline __attribute__((always_inline)) void wg_mk_all(int64_t m, int64_t n
   for (; j + 16 <= n; j += 16) wg_mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 2);
   if (j < n) wg_mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);
 }
-CPU_VECTOR static void wg_gemm_small(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B,
-                                     int64_t ldb, float *C, int64_t ldc, int add) {
+CPU_VECTOR static void wg_gemm_small8(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B,
+                                      int64_t ldb, float *C, int64_t ldc, int add) {
   if (ta) wg_mk_all(m, n, k, A, lda, B, ldb, C, ldc, add, 1);
   else wg_mk_all(m, n, k, A, lda, B, ldb, C, ldc, add, 0);
+}
+
+/* The same product 16 columns to a vector, for AVX-512's 32 registers of 16
+ * floats: blocks of 12 rows by 32 columns (24 accumulators, 2 of B and the
+ * broadcast), then 6 and 4 and single rows; 16 columns alone; a last 8 columns
+ * through the 8-wide blocks. Every C element is still one in-order sum over
+ * k of FMAs, so the bits are those of the 8-wide kernel. */
+typedef float cpu_v16 __attribute__((vector_size(64), aligned(4), may_alias));
+#define LD16(p) (*(const cpu_v16 *)(p))
+#define ST16(p, v) (*(cpu_v16 *)(p) = (v))
+static inline __attribute__((always_inline)) void wg_mk16(int64_t k, const float *A, int64_t lda, const float *B, int64_t ldb,
+                                                         float *C, int64_t ldc, int add, const int TA, const int R,
+                                                         const int NV) {
+  cpu_v16 acc[12][2];
+  for (int r = 0; r < R; r++)
+    for (int v = 0; v < NV; v++) acc[r][v] = add ? LD16(C + r * ldc + 16 * v) : (cpu_v16){0};
+  for (int64_t p = 0; p < k; p++) {
+    cpu_v16 b[2];
+    for (int v = 0; v < NV; v++) b[v] = LD16(B + p * ldb + 16 * v);
+    for (int r = 0; r < R; r++) {
+      float a = TA ? A[r + p * lda] : A[r * lda + p];
+      for (int v = 0; v < NV; v++) acc[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int v = 0; v < NV; v++) ST16(C + r * ldc + 16 * v, acc[r][v]);
+}
+static inline __attribute__((always_inline)) void wg_mk16_rows(int64_t m, int64_t k, const float *A, int64_t lda,
+                                                              const float *B, int64_t ldb, float *C, int64_t ldc, int add,
+                                                              const int TA, const int NV) {
+  int64_t i = 0;
+  for (; i + 12 <= m; i += 12) wg_mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 12, NV);
+  if (i + 6 <= m) {
+    wg_mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 6, NV);
+    i += 6;
+  }
+  if (i + 4 <= m) {
+    wg_mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 4, NV);
+    i += 4;
+  }
+  for (; i < m; i++) wg_mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 1, NV);
+}
+static inline __attribute__((always_inline)) void wg_mk16_all(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                                                             const float *B, int64_t ldb, float *C, int64_t ldc, int add,
+                                                             const int TA) {
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) wg_mk16_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 2);
+  if (j + 16 <= n) {
+    wg_mk16_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);
+    j += 16;
+  }
+  if (j < n) wg_mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);
+}
+#define WG_GEMM16_BODY                                         \
+  if (ta) wg_mk16_all(m, n, k, A, lda, B, ldb, C, ldc, add, 1); \
+  else wg_mk16_all(m, n, k, A, lda, B, ldb, C, ldc, add, 0);
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(AMPC_NO_CLONES)
+#define WG_HAVE_AVX512 1
+__attribute__((target("arch=x86-64-v4"))) static void wg_gemm_small16_avx512(int64_t m, int64_t n, int64_t k,
+                                                                            const float *A, int64_t lda, int ta,
+                                                                            const float *B, int64_t ldb, float *C,
+                                                                            int64_t ldc, int add) {
+  WG_GEMM16_BODY
+}
+#endif
+/* The 16-wide kernel built like the others (on a CPU without AVX-512 the
+ * compiler splits its vectors): what the tests run through the hook below,
+ * to check the 16-wide blocking on any machine. */
+CPU_VECTOR static void wg_gemm_small16(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B,
+                                       int64_t ldb, float *C, int64_t ldc, int add) {
+  WG_GEMM16_BODY
+}
+
+/* When set, the small products run the 16-wide kernel whatever the CPU: a
+ * hook for tests. */
+int ampc__cpu_wino_wide = 0;
+
+/* C (m x n) (+)= A (m x k) * B (k x n), n a multiple of 8: the 16-wide
+ * AVX-512 kernel where the CPU has it, else the 8-wide one. */
+static void wg_gemm_small(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B, int64_t ldb,
+                          float *C, int64_t ldc, int add) {
+  if (ampc__cpu_wino_wide) {
+    wg_gemm_small16(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
+    return;
+  }
+#ifdef WG_HAVE_AVX512
+  /* libgcc fills in the CPU's features before main (the clones' resolvers
+   * need them): this is a load and a bit test */
+  if (__builtin_cpu_supports("x86-64-v4")) {
+    wg_gemm_small16_avx512(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
+    return;
+  }
+#endif
+  wg_gemm_small8(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
 }
 
 /* UT[xi] (cols, up8(rows)) = U[xi] (rows, up8(cols))^T, zero past rows; the

@@ -222,12 +222,16 @@ static inline float *cpu_ws_slice(const ampc__op_call *c, int tid, size_t floats
   return (float *)c->ws + shared_floats + (size_t)tid * floats_per_thread;
 }
 
-/* Hot loops written to vectorise are built twice, for AVX2 with FMA (the
- * x86-64-v3 level; GCC picks it by the CPU's features) and for the baseline;
- * the loader picks one at run time. Files of kernels are compiled with
- * -ffp-contract=fast, so a * b + c becomes one FMA in the AVX2 build. */
+/* Hot loops written to vectorise are built three times with GCC: for
+ * AVX-512 (the x86-64-v4 level: F, BW, CD, DQ, VL, with 32 vector
+ * registers; the compiler's own loops may use 16-float vectors there), for
+ * AVX2 with FMA (x86-64-v3) and for the baseline; the loader picks one by the
+ * CPU's features (libgcc's check includes that the OS saves the AVX-512
+ * state). Files of kernels are compiled with -ffp-contract=fast, so a * b + c
+ * becomes one FMA in the AVX2 and AVX-512 builds. clang builds the AVX2 clone
+ * and the baseline. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(AMPC_NO_CLONES)
-#define CPU_VECTOR __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define CPU_VECTOR __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #elif defined(__x86_64__) && defined(__GNUC__) && !defined(AMPC_NO_CLONES)
 #define CPU_VECTOR __attribute__((target_clones("avx2", "default")))
 #else
@@ -238,6 +242,7 @@ static inline float *cpu_ws_slice(const ampc__op_call *c, int tid, size_t floats
 static inline const char *cpu_vector_path(void) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(AMPC_NO_CLONES)
   __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v4")) return "avx512";
   return __builtin_cpu_supports("x86-64-v3") ? "avx2+fma+f16c" : "baseline";
 #elif defined(__x86_64__) && defined(__GNUC__) && !defined(AMPC_NO_CLONES)
   __builtin_cpu_init();
