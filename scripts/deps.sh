@@ -2,13 +2,14 @@
 # Checks (and where possible installs) what building and testing ampc needs on
 # Debian: cmake, pkg-config, OpenBLAS (OpenMP build), zlib, jansson, Open MPI
 # (mpirun and its headers, for data-parallel training) and the Fashion-MNIST
-# dataset; for the tests of the report, the man pages and the
+# dataset; SIMDe (headers: the AVX-512 kernels' test on CPUs without
+# AVX-512); for the tests of the report, the man pages and the
 # API reference also chromium (headless), man-db and doxygen. Installs with
 # apt-get when run as root (or with passwordless sudo); otherwise prints the
 # exact command to run and fails.
 set -euo pipefail
 
-pkgs=(cmake make gcc clang pkg-config python3 valgrind libclang-rt-14-dev libopenblas-openmp-dev zlib1g-dev libjansson-dev openmpi-bin libopenmpi-dev dataset-fashion-mnist chromium man-db doxygen)
+pkgs=(cmake make gcc clang pkg-config python3 valgrind libclang-rt-14-dev libsimde-dev libopenblas-openmp-dev zlib1g-dev libjansson-dev openmpi-bin libopenmpi-dev dataset-fashion-mnist chromium man-db doxygen)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

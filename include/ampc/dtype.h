@@ -75,7 +75,7 @@ void ampc_f32_to_bf16_n(uint16_t *dst, const float *src, size_t n);
 void ampc_load_f32(float *dst, ampc_dtype src_type, const void *src, size_t n);
 void ampc_store_f32(ampc_dtype dst_type, void *dst, const float *src, size_t n);
 
-/* Which bulk path is in use: "avx2+f16c" or "scalar". */
+/* Which bulk path is in use: "avx512", "avx2+f16c" or "scalar". */
 const char *ampc_convert_path(void);
 /* Which build of the CPU kernels' vector code runs on this CPU (chosen when
  * the program loads, by the CPU's features): "avx512" (the x86-64-v4 build,

@@ -1,6 +1,6 @@
-/* Storage types: traits, conversions, and the choice between the scalar and
- * the F16C/AVX2 bulk path (made once, at run time). The conversion rules
- * (rounding, NaN) are in dtype_internal.h. */
+/* Storage types: traits, conversions, and the choice between the scalar, the
+ * F16C/AVX2 and the AVX-512 bulk path (made once, at run time). The
+ * conversion rules (rounding, NaN) are in dtype_internal.h. */
 #include <stdatomic.h>
 #include <string.h>
 #include <strings.h>
@@ -67,7 +67,9 @@ void ampc__f32_to_bf16_n_scalar(uint16_t *dst, const float *src, size_t n) {
 
 /* -1: not yet detected; 0: CPU lacks a feature; 1: AVX2+FMA+F16C usable. */
 static atomic_int cpu_features = -1;
-/* The path the bulk functions take: -1 not chosen yet, 0 scalar, 1 avx2. */
+/* The same for AVX-512 F/BW/VL (with AVX2+FMA+F16C). */
+static atomic_int cpu_features_avx512 = -1;
+/* The path the bulk functions take: -1 not chosen yet, else AMPC__CONVERT_*. */
 static atomic_int convert_mode = -1;
 
 int ampc__cpu_has_avx2_f16c(void) {
@@ -88,27 +90,65 @@ int ampc__cpu_has_avx2_f16c(void) {
   return has;
 }
 
-void ampc__convert_force_scalar(int force) {
-  atomic_store_explicit(&convert_mode, force ? 0 : ampc__cpu_has_avx2_f16c(), memory_order_relaxed);
+int ampc__cpu_has_avx512(void) {
+  int has = atomic_load_explicit(&cpu_features_avx512, memory_order_relaxed);
+  if (has >= 0) return has;
+  has = 0;
+#if AMPC__DTYPE_X86
+  __builtin_cpu_init();
+  /* GCC's and clang's runtimes report the avx512 features only where XGETBV
+   * says the OS saves the opmask and ZMM registers too. BW and VL (every
+   * AVX-512 CPU but the Xeon Phis) give the conversions their 16-bit masked
+   * loads and stores. */
+  has = ampc__cpu_has_avx2_f16c() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl");
+#endif
+  atomic_store_explicit(&cpu_features_avx512, has, memory_order_relaxed);
+  return has;
 }
 
-static inline int use_avx2(void) {
+static int best_path(void) {
+  if (ampc__cpu_has_avx512()) return AMPC__CONVERT_AVX512;
+  return ampc__cpu_has_avx2_f16c() ? AMPC__CONVERT_AVX2 : AMPC__CONVERT_SCALAR;
+}
+
+int ampc__convert_force_path(int path) {
+  int best = best_path(), mode = path < 0 || path > best ? best : path;
+  atomic_store_explicit(&convert_mode, mode, memory_order_relaxed);
+  return mode;
+}
+
+void ampc__convert_force_scalar(int force) { ampc__convert_force_path(force ? AMPC__CONVERT_SCALAR : -1); }
+
+static inline int convert_path(void) {
   int mode = atomic_load_explicit(&convert_mode, memory_order_relaxed);
   if (mode < 0) {
     /* a racing first call stores the same value */
-    mode = ampc__cpu_has_avx2_f16c();
+    mode = best_path();
     atomic_store_explicit(&convert_mode, mode, memory_order_relaxed);
   }
   return mode;
 }
 
-const char *ampc_convert_path(void) { return use_avx2() ? "avx2+f16c" : "scalar"; }
+const char *ampc_convert_path(void) {
+  switch (convert_path()) {
+    case AMPC__CONVERT_AVX512: return "avx512";
+    case AMPC__CONVERT_AVX2: return "avx2+f16c";
+    default: return "scalar";
+  }
+}
 
 #if AMPC__DTYPE_X86
 /* Fewer than 8 values (a kernel loading one element) go to the scalar code,
- * which is cheaper there than the vector tail; the bits are the same. */
-#define DISPATCH(fn, dst, src, n) \
-  (n >= 8 && use_avx2() ? ampc__##fn##_avx2(dst, src, n) : ampc__##fn##_scalar(dst, src, n))
+ * which is cheaper there than a vector tail; the bits are the same. The
+ * AVX-512 path takes every longer run, its tail in masked lanes. */
+#define DISPATCH(fn, dst, src, n)                                              \
+  do {                                                                         \
+    int mode_ = n >= 8 ? convert_path() : AMPC__CONVERT_SCALAR;                \
+    if (mode_ == AMPC__CONVERT_AVX512) ampc__##fn##_avx512(dst, src, n);       \
+    else if (mode_ == AMPC__CONVERT_AVX2) ampc__##fn##_avx2(dst, src, n);      \
+    else ampc__##fn##_scalar(dst, src, n);                                     \
+  } while (0)
 #else
 #define DISPATCH(fn, dst, src, n) ampc__##fn##_scalar(dst, src, n)
 #endif
@@ -143,7 +183,12 @@ void ampc_store_f32(ampc_dtype t, void *dst, const float *src, size_t n) {
 void ampc__round_f32(ampc_dtype t, float *p, size_t n) {
   if (t == AMPC_DTYPE_F32) return;
 #if AMPC__DTYPE_X86
-  if (t == AMPC_DTYPE_F16 && n >= 8 && use_avx2()) {
+  int mode = t == AMPC_DTYPE_F16 && n >= 8 ? convert_path() : AMPC__CONVERT_SCALAR;
+  if (mode == AMPC__CONVERT_AVX512) {
+    ampc__f16_round_n_avx512(p, n);
+    return;
+  }
+  if (mode == AMPC__CONVERT_AVX2) {
     ampc__f16_round_n_avx2(p, n);
     return;
   }

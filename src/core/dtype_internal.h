@@ -1,5 +1,6 @@
 /* Internal: the scalar conversions (inline, for kernels converting one value
- * at a time), the F16C/AVX2 bulk conversions, and path selection for tests.
+ * at a time), the F16C/AVX2 and AVX-512 bulk conversions, and path selection
+ * for tests.
  *
  * The conversion rules, defined here once and followed by every path:
  *
@@ -97,9 +98,17 @@ AMPC__HD uint16_t ampc__f32_to_bf16_inline(float f) {
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* Force the scalar bulk path (1) or restore run-time selection (0). For tests
- * and benchmarks. Safe to call while other threads convert (both paths give
- * the same bits), but which path those calls take is then unspecified. */
+/* The bulk paths, slowest first; run-time selection takes the last one the
+ * CPU can run. */
+enum { AMPC__CONVERT_SCALAR = 0, AMPC__CONVERT_AVX2 = 1, AMPC__CONVERT_AVX512 = 2 };
+
+/* Makes the bulk functions take the given path (AMPC__CONVERT_*), or the
+ * best the CPU can run when it cannot run that one or path < 0 (run-time
+ * selection); returns the path now taken. For tests and benchmarks. Safe to
+ * call while other threads convert (every path gives the same bits), but
+ * which path those calls take is then unspecified. */
+int ampc__convert_force_path(int path);
+/* Force the scalar bulk path (1) or restore run-time selection (0). */
 void ampc__convert_force_scalar(int force);
 
 /* Portable scalar bulk conversions (always available). */
@@ -110,6 +119,10 @@ void ampc__f32_to_bf16_n_scalar(uint16_t *dst, const float *src, size_t n);
 
 /* 1 if the CPU (and OS) support AVX2, FMA and F16C (checked once). */
 int ampc__cpu_has_avx2_f16c(void);
+/* 1 if the CPU (and OS: the opmask and ZMM state) support AVX-512 F, BW and
+ * VL, besides AVX2, FMA and F16C (checked once). The AVX-512 conversions and
+ * the cpu backend's AVX-512 kernels both need this. */
+int ampc__cpu_has_avx512(void);
 
 #if AMPC__DTYPE_X86
 /* F16C/AVX2 bulk conversions (dtype_avx2.c, compiled for those features by
@@ -120,6 +133,13 @@ void ampc__bf16_to_f32_n_avx2(float *dst, const uint16_t *src, size_t n);
 void ampc__f32_to_bf16_n_avx2(uint16_t *dst, const float *src, size_t n);
 /* p[i] = f16 -> f32 of f32 -> f16 of p[i], in registers */
 void ampc__f16_round_n_avx2(float *p, size_t n);
+/* The same five on 16 lanes (dtype_avx512.c, also compiled by function
+ * attributes only). Call them only if ampc__cpu_has_avx512(). */
+void ampc__f16_to_f32_n_avx512(float *dst, const uint16_t *src, size_t n);
+void ampc__f32_to_f16_n_avx512(uint16_t *dst, const float *src, size_t n);
+void ampc__bf16_to_f32_n_avx512(float *dst, const uint16_t *src, size_t n);
+void ampc__f32_to_bf16_n_avx512(uint16_t *dst, const float *src, size_t n);
+void ampc__f16_round_n_avx512(float *p, size_t n);
 #endif
 
 /* Rounds n f32 values in place to what storing them as t and loading them

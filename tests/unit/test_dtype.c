@@ -1,6 +1,6 @@
-/* dtype: traits, parsing, and the f16/bf16 conversions of both bulk paths
- * (scalar and F16C/AVX2) against references written independently of the
- * implementation:
+/* dtype: traits, parsing, and the f16/bf16 conversions of every bulk path
+ * this CPU runs (scalar, F16C/AVX2, AVX-512) against references written
+ * independently of the implementation:
  *
  * - widening: the value built with ldexp from the format's fields;
  * - narrowing, per value ("slow"): the two representable neighbours of x
@@ -11,7 +11,7 @@
  *   alongside the patterns, a merge rather than arithmetic on bits.
  *
  * Every f32 bit pattern (2^32) and every 16-bit pattern (2^16) is checked on
- * both paths. The NaN rule (dtype_internal.h): same sign, quiet bit set,
+ * every path. The NaN rule (dtype_internal.h): same sign, quiet bit set,
  * leading payload bits kept. */
 #include <math.h>
 #include <omp.h>
@@ -38,19 +38,21 @@ typedef struct {
   uint32_t inf;       /* code of +inf */
   float (*widen1)(uint16_t);
   uint16_t (*narrow1)(float);
-  widen_fn widen[2];  /* [0] scalar, [1] avx2 (NULL without the CPU features) */
-  narrow_fn narrow[2];
+  widen_fn widen[3];  /* [0] scalar, [1] avx2, [2] avx512 (NULL without the CPU features) */
+  narrow_fn narrow[3];
 } fmt16;
 
-static const char *path_name[2] = {"scalar", "avx2"};
+/* indexed as the AMPC__CONVERT_* paths */
+static const char *path_name[3] = {"scalar", "avx2", "avx512"};
 
 static fmt16 fmt_f16 = {"f16", 10, 5, 0x7c00, ampc_f16_to_f32, ampc_f32_to_f16,
-                        {ampc__f16_to_f32_n_scalar, NULL}, {ampc__f32_to_f16_n_scalar, NULL}};
+                        {ampc__f16_to_f32_n_scalar, NULL, NULL}, {ampc__f32_to_f16_n_scalar, NULL, NULL}};
 static fmt16 fmt_bf16 = {"bf16", 7, 8, 0x7f80, ampc_bf16_to_f32, ampc_f32_to_bf16,
-                         {ampc__bf16_to_f32_n_scalar, NULL}, {ampc__f32_to_bf16_n_scalar, NULL}};
+                         {ampc__bf16_to_f32_n_scalar, NULL, NULL}, {ampc__f32_to_bf16_n_scalar, NULL, NULL}};
 
-/* Fills in the AVX2 entries where the CPU has them; returns how many paths
- * there are to test. */
+/* Fills in the AVX2 and AVX-512 entries where the CPU has them (AVX-512
+ * CPUs have AVX2 too); returns how many paths there are to test. The
+ * AVX-512 kernels also run emulated, on every CPU, in test_avx512_emu. */
 static int npaths(void) {
 #if AMPC__DTYPE_X86
   if (ampc__cpu_has_avx2_f16c()) {
@@ -59,8 +61,14 @@ static int npaths(void) {
     fmt_bf16.widen[1] = ampc__bf16_to_f32_n_avx2;
     fmt_bf16.narrow[1] = ampc__f32_to_bf16_n_avx2;
   }
+  if (ampc__cpu_has_avx512()) {
+    fmt_f16.widen[2] = ampc__f16_to_f32_n_avx512;
+    fmt_f16.narrow[2] = ampc__f32_to_f16_n_avx512;
+    fmt_bf16.widen[2] = ampc__bf16_to_f32_n_avx512;
+    fmt_bf16.narrow[2] = ampc__f32_to_bf16_n_avx512;
+  }
 #endif
-  return fmt_f16.widen[1] ? 2 : 1;
+  return fmt_f16.widen[2] ? 3 : fmt_f16.widen[1] ? 2 : 1;
 }
 
 static uint32_t fbits(float f) {
@@ -337,7 +345,7 @@ static void check_narrow_slow(const fmt16 *f) {
 TEST(f32_to_f16_hard_cases) { check_narrow_slow(&fmt_f16); }
 TEST(f32_to_bf16_hard_cases) { check_narrow_slow(&fmt_bf16); }
 
-/* ---- narrowing: all 2^32 patterns, both paths ---- */
+/* ---- narrowing: all 2^32 patterns, every path ---- */
 
 #define BLOCK 65536u /* patterns per block; blocks never straddle the sign bit */
 
@@ -400,15 +408,15 @@ static void walk_block(const fmt16 *f, const walk_table *w, uint32_t base, uint1
 static void sweep_narrow(const fmt16 *f) {
   walk_table w;
   CHECK_MSG(walk_table_make(f, &w), "%s: a midpoint is not an f32", f->name);
-  long bad[2] = {0, 0};
-  uint32_t first_bad[2] = {0, 0};
-  double t_ref = 0, t_path[2] = {0, 0}, t0 = seconds(CLOCK_MONOTONIC);
+  long bad[3] = {0, 0, 0};
+  uint32_t first_bad[3] = {0, 0, 0};
+  double t_ref = 0, t_path[3] = {0, 0, 0}, t0 = seconds(CLOCK_MONOTONIC);
   int np = npaths(), threads = 1;
 #pragma omp parallel reduction(+ : t_ref)
   {
     float *in = malloc(BLOCK * sizeof *in);
     uint16_t *want = malloc(BLOCK * sizeof *want), *got = malloc(BLOCK * sizeof *got);
-    double tp[2] = {0, 0};
+    double tp[3] = {0, 0, 0};
 #pragma omp single
     threads = omp_get_num_threads();
 #pragma omp for schedule(dynamic, 16)
@@ -435,7 +443,7 @@ static void sweep_narrow(const fmt16 *f) {
       }
     }
 #pragma omp critical
-    for (int p = 0; p < 2; p++) t_path[p] += tp[p];
+    for (int p = 0; p < 3; p++) t_path[p] += tp[p];
     free(in);
     free(want);
     free(got);
@@ -510,7 +518,7 @@ TEST(bulk_tails) {
 }
 
 /* Rounding in place is storing and loading back, bit for bit, in each type,
- * on both paths, for every length (vector bodies and tails) and for special
+ * on every path, for every length (vector bodies and tails) and for special
  * values: NaN, infinities, subnormals, ties. */
 TEST(round_in_place) {
   enum { MAXN = 300 };
@@ -525,8 +533,8 @@ TEST(round_in_place) {
   src[7] = 1e-6f;                 /* f16 subnormal */
   src[8] = 70000.0f;              /* f16 overflow */
   int bad = 0;
-  for (int force = 0; force < 2; force++) {
-    ampc__convert_force_scalar(force);
+  for (int p = 0; p < npaths(); p++) {
+    CHECK(ampc__convert_force_path(p) == p);
     for (int t = 0; t < 3; t++)
       for (int n = 0; n <= MAXN; n += n < 40 ? 1 : 37) {
         memcpy(got, src, sizeof src);
@@ -538,27 +546,36 @@ TEST(round_in_place) {
         }
         for (int i = 0; i < MAXN; i++)
           if (fbits(got[i]) != fbits(want[i]) && bad++ < 5)
-            CHECK_MSG(0, "%s scalar=%d n=%d: [%d] = %08x, want %08x", ampc_dtype_name(types[t]), force, n, i, fbits(got[i]),
+            CHECK_MSG(0, "%s %s n=%d: [%d] = %08x, want %08x", ampc_dtype_name(types[t]), path_name[p], n, i, fbits(got[i]),
                       fbits(want[i]));
       }
   }
-  ampc__convert_force_scalar(0);
+  ampc__convert_force_path(-1);
   CHECK(bad == 0);
 }
 
 /* ---- path selection ---- */
 
 TEST(convert_path) {
-  const char *want = ampc__cpu_has_avx2_f16c() ? "avx2+f16c" : "scalar";
-  CHECK(strcmp(ampc_convert_path(), want) == 0);
+  static const char *names[3] = {"scalar", "avx2+f16c", "avx512"};
+  int best = npaths() - 1;
+  CHECK(best == (ampc__cpu_has_avx512() ? 2 : ampc__cpu_has_avx2_f16c() ? 1 : 0));
+  CHECK(strcmp(ampc_convert_path(), names[best]) == 0);
   ampc__convert_force_scalar(1);
   CHECK(strcmp(ampc_convert_path(), "scalar") == 0);
   ampc__convert_force_scalar(0);
-  CHECK(strcmp(ampc_convert_path(), want) == 0);
+  CHECK(strcmp(ampc_convert_path(), names[best]) == 0);
+  /* each path the CPU runs can be forced; one it cannot run gives the best */
+  for (int p = 0; p < 3; p++) {
+    CHECK(ampc__convert_force_path(p) == (p <= best ? p : best));
+    CHECK(strcmp(ampc_convert_path(), names[p <= best ? p : best]) == 0);
+  }
+  CHECK(ampc__convert_force_path(-1) == best);
+  CHECK(strcmp(ampc_convert_path(), names[best]) == 0);
   printf("     bulk conversion path: %s\n", ampc_convert_path());
 }
 
-/* ---- ampc_convert, load/store: every pair, both paths ---- */
+/* ---- ampc_convert, load/store: every pair, every path ---- */
 
 enum { NCONV = 1000 + 37 }; /* several of convert's 256-element blocks, and a tail */
 
@@ -600,8 +617,8 @@ TEST(convert_pairs) {
   fill_mixed(src32, src16, NCONV);
   const ampc_dtype types[3] = {AMPC_DTYPE_F32, AMPC_DTYPE_F16, AMPC_DTYPE_BF16};
   int bad = 0;
-  for (int force = 0; force < 2; force++) {
-    ampc__convert_force_scalar(force);
+  for (int p = 0; p < npaths(); p++) {
+    CHECK(ampc__convert_force_path(p) == p);
     for (int a = 0; a < 3; a++)
       for (int b = 0; b < 3; b++) {
         ampc_dtype st = types[a], dt = types[b];
@@ -625,7 +642,7 @@ TEST(convert_pairs) {
           }
         }
       }
-    /* the public bulk functions give the same bits on either path */
+    /* the public bulk functions give the same bits on every path */
     static float xf[NCONV];
     static uint16_t h[NCONV];
     memcpy(xf, src32, sizeof xf);

@@ -147,11 +147,14 @@ static int cpu_runs_avx2(void) {
 #endif
 }
 
-/* The kernel builds this machine can run: the baseline, and AVX2 where possible. */
+/* The kernel builds this machine can run, slowest first: the baseline, AVX2
+ * and AVX-512 where possible (the last is the one a device picks). */
+enum { MAX_BUILDS = 3 };
 static int kernel_builds(const ampc__cpu_isa **out) {
   int n = 0;
   out[n++] = &ampc__cpu_isa_baseline;
   if (cpu_runs_avx2()) out[n++] = ampc__cpu_isa_avx2;
+  if (ampc__cpu_isa_avx512 && ampc__cpu_has_avx512()) out[n++] = ampc__cpu_isa_avx512;
   return n;
 }
 
@@ -217,7 +220,7 @@ TEST(torch_parity_optim) {
     return;
   }
   int exact_ok = strcmp(fx.capability, "AVX2") == 0 || strncmp(fx.capability, "AVX512", 6) == 0;
-  const ampc__cpu_isa *builds[2];
+  const ampc__cpu_isa *builds[MAX_BUILDS];
   int nb = kernel_builds(builds);
   for (int b = 0; b < nb; b++) {
     printf("  torch %s fixture, %s kernels: max |w - w_torch| / max |w_torch| over steps\n", fx.capability,
@@ -327,13 +330,15 @@ TEST(fused_update_matches_step) {
   free(w0), free(wa), free(wb), free(g), free(gs), free(sa), free(sb);
 }
 
-/* The AVX2 build equals the portable one bit for bit, on awkward values
- * (zeros of both signs, subnormals, huge and NaN gradients) and lengths that
- * leave a tail; the update over a large array (many chunks) too. */
+/* The AVX2 and AVX-512 builds equal the portable one bit for bit, on
+ * awkward values (zeros of both signs, subnormals, huge and NaN gradients)
+ * and lengths that leave a tail; the update over a large array (many chunks)
+ * too. */
 TEST(kernel_builds_agree) {
-  const ampc__cpu_isa *builds[2];
+  const ampc__cpu_isa *builds[MAX_BUILDS];
   int nb = kernel_builds(builds);
   if (nb < 2) printf("  (no AVX2+FMA on this CPU: only the baseline build runs)\n");
+  else if (nb < MAX_BUILDS) printf("  (no AVX-512 on this CPU: test_avx512_emu runs that build emulated)\n");
   /* A new device picks the fastest build the CPU runs. */
   CHECK(ampc__cpu_isa_best() == builds[nb - 1]);
   enum { N = 70000 + 13, STEPS = 4 };

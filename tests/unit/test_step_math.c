@@ -166,9 +166,10 @@ TEST(adam_element_is_torchs_sequence) {
 TEST(cpu_kernels_give_the_element_functions_bits) {
   enum { N = 4099 };
   static float w[N], g[N], ws[N], b[N], bs[N], m[N], ms[N], v[N], vs[N], x[N], xs[N];
-  const ampc__cpu_isa *builds[2] = {&ampc__cpu_isa_baseline, NULL};
+  const ampc__cpu_isa *builds[3] = {&ampc__cpu_isa_baseline, NULL, NULL};
   if (ampc__cpu_isa_avx2 && ampc__cpu_has_avx2_f16c()) builds[1] = ampc__cpu_isa_avx2;
-  for (int bi = 0; bi < 2; bi++) {
+  if (ampc__cpu_isa_avx512 && ampc__cpu_has_avx512()) builds[2] = ampc__cpu_isa_avx512;
+  for (int bi = 0; bi < 3; bi++) {
     if (!builds[bi]) continue;
     for (int variant = 0; variant < 4; variant++) {
       for (int i = 0; i < N; i++) {

@@ -22,10 +22,11 @@ typedef struct {
 static inline const ampc__cpu_ctx *cpu_ctx(const ampc__op_call *c) { return (const ampc__cpu_ctx *)c->ctx; }
 
 /* The kernels of one instruction-set level, chosen once per device: the
- * AVX2+FMA+F16C build where the CPU has those, else the baseline. */
+ * AVX-512 build where the CPU has AVX-512 F/BW/VL (ampc__cpu_has_avx512),
+ * else the AVX2+FMA+F16C build where it has those, else the baseline. */
 typedef struct ampc__cpu_isa {
   const char *name;
-  int avx2;  /* 1: AVX2 + FMA + F16C code (the direct convolution's loops take it too) */
+  int avx2;  /* 1: AVX2 + FMA + F16C code (the direct convolution's loops take it too; the AVX-512 level has it) */
   /* buf: momentum buffer (NULL when momentum == 0) */
   void (*sgd)(const ampc__optim_consts *k, size_t n, float *w, const float *g, float gmul, float *buf);
   /* vmax: NULL unless amsgrad */
@@ -36,7 +37,19 @@ extern const ampc__cpu_isa ampc__cpu_isa_baseline;
 /* NULL where the AVX2 build is not compiled in (not x86-64); whether the CPU
  * can run it is for the caller to check. */
 extern const ampc__cpu_isa *const ampc__cpu_isa_avx2;
+/* NULL where the AVX-512 build is not compiled in; the caller checks
+ * ampc__cpu_has_avx512(). */
+extern const ampc__cpu_isa *const ampc__cpu_isa_avx512;
 const ampc__cpu_isa *ampc__cpu_isa_best(void);
+
+/* The AVX-512 build's element kernels (step_avx512.c, compiled for AVX512F
+ * by function attributes only), the fields of ampc__cpu_isa_avx512. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define AMPC__CPU_AVX512 1
+void ampc__cpu_sgd_avx512(const ampc__optim_consts *k, size_t n, float *w, const float *g, float gmul, float *buf);
+void ampc__cpu_adam_avx512(const ampc__optim_consts *k, size_t n, float *w, const float *g, float gmul, float *m,
+                           float *v, float *vmax);
+#endif
 
 /* A cpu device's own state. */
 typedef struct {

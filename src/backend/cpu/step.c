@@ -5,9 +5,10 @@
  * Work is cut into chunks of STEP_CHUNK elements of one span, handed to the
  * threads statically; sums are kept per chunk and added in chunk order, so
  * the results do not depend on the thread count. The optimizers' element
- * updates are step_math.h's, 8 lanes at a time in the AVX2 build: every
- * operation in both builds is a single IEEE-rounded f32 operation (mul, fma,
- * div, sqrt, add) in the same order, so they give the same bits. */
+ * updates are step_math.h's, 8 lanes at a time in the AVX2 build and 16 in
+ * the AVX-512 one (step_avx512.c): every operation in each build is a single
+ * IEEE-rounded f32 operation (mul, fma, div, sqrt, add) in the same order, so
+ * they give the same bits. */
 #include <float.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -111,7 +112,17 @@ const ampc__cpu_isa *const ampc__cpu_isa_avx2 = &isa_avx2;
 const ampc__cpu_isa *const ampc__cpu_isa_avx2 = NULL;
 #endif
 
+#ifdef AMPC__CPU_AVX512
+/* AVX-512 CPUs have AVX2, FMA and F16C (ampc__cpu_has_avx512 checks), so the
+ * kernels outside the step take their AVX2 code here too. */
+static const ampc__cpu_isa isa_avx512 = {"avx512", 1, ampc__cpu_sgd_avx512, ampc__cpu_adam_avx512};
+const ampc__cpu_isa *const ampc__cpu_isa_avx512 = &isa_avx512;
+#else
+const ampc__cpu_isa *const ampc__cpu_isa_avx512 = NULL;
+#endif
+
 const ampc__cpu_isa *ampc__cpu_isa_best(void) {
+  if (ampc__cpu_isa_avx512 && ampc__cpu_has_avx512()) return ampc__cpu_isa_avx512;
   if (ampc__cpu_isa_avx2 && ampc__cpu_has_avx2_f16c()) return ampc__cpu_isa_avx2;
   return &ampc__cpu_isa_baseline;
 }

@@ -1,0 +1,118 @@
+/* AVX-512 bulk conversions (AVX512F, with BW and VL for the 16-bit masked
+ * loads and stores). As in dtype_avx2.c, only these functions are compiled
+ * for the features (by attribute), so the rest of the library runs on any
+ * x86-64; dtype.c calls them only when ampc__cpu_has_avx512().
+ *
+ * f16 uses the EVEX forms of the F16C conversions, which give the same
+ * results as the VEX ones (the rule in dtype_internal.h: round to nearest
+ * even by an explicit rounding mode, subnormals kept, NaN quieted with its
+ * leading payload bits). bf16 is the scalar code's integer arithmetic on 16
+ * lanes, with the NaN lanes picked by a mask. A tail of fewer than 16 values
+ * takes masked loads and stores: the body's instructions on fewer lanes,
+ * touching no memory past the end of either array.
+ *
+ * Built with AMPC_AVX512_EMULATE (by tests/unit/test_avx512_emu.c, which
+ * first provides the intrinsics from an emulation and renames the
+ * functions), the same code runs on CPUs without AVX-512, so that the tests
+ * check it everywhere. */
+#include "core/dtype_internal.h"
+
+#if defined(AMPC_AVX512_EMULATE)
+#define AMPC__AVX512
+#define AMPC__DTYPE_AVX512 1
+#elif AMPC__DTYPE_X86
+#include <immintrin.h>
+#define AMPC__AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AMPC__DTYPE_AVX512 1
+#else
+#define AMPC__DTYPE_AVX512 0
+#endif
+
+#if AMPC__DTYPE_AVX512
+
+/* The first r lanes (0 < r < 16). */
+static inline __mmask16 tail_mask(size_t r) { return (__mmask16)((1u << r) - 1u); }
+
+AMPC__AVX512 void ampc__f16_to_f32_n_avx512(float *dst, const uint16_t *src, size_t n) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+    _mm512_storeu_ps(dst + i + 16, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i + 16))));
+  }
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+  if (i < n) {
+    __mmask16 k = tail_mask(n - i);
+    _mm512_mask_storeu_ps(dst + i, k, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, src + i)));
+  }
+}
+
+AMPC__AVX512 void ampc__f32_to_f16_n_avx512(uint16_t *dst, const float *src, size_t n) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    _mm256_storeu_si256((__m256i *)(dst + i + 16),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(src + i + 16), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  if (i < n) {
+    __mmask16 k = tail_mask(n - i);
+    _mm256_mask_storeu_epi16(dst + i, k, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, src + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+}
+
+AMPC__AVX512 void ampc__f16_round_n_avx512(float *p, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(p + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(p + i), _MM_FROUND_TO_NEAREST_INT)));
+  if (i < n) {
+    __mmask16 k = tail_mask(n - i);
+    _mm512_mask_storeu_ps(p + i, k,
+                          _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, p + i), _MM_FROUND_TO_NEAREST_INT)));
+  }
+}
+
+/* 16 bf16 -> 16 f32 bit patterns: widen, shift into the top half, quiet the
+ * NaNs (|x| > inf as signed 32-bit compares: both sides are non-negative). */
+AMPC__AVX512 static inline __m512i bf16_to_f32_16(__m256i h) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i quiet = _mm512_set1_epi32((int)AMPC__F32_QUIET);
+  __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+  __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs_mask), inf);
+  return _mm512_mask_or_epi32(u, nan, u, quiet);
+}
+
+AMPC__AVX512 void ampc__bf16_to_f32_n_avx512(float *dst, const uint16_t *src, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_si512(dst + i, bf16_to_f32_16(_mm256_loadu_si256((const __m256i *)(src + i))));
+  if (i < n) {
+    __mmask16 k = tail_mask(n - i);
+    _mm512_mask_storeu_ps(dst + i, k, _mm512_castsi512_ps(bf16_to_f32_16(_mm256_maskz_loadu_epi16(k, src + i))));
+  }
+}
+
+/* 16 f32 bit patterns -> 16 bf16: round at bit 16, ties to even (the
+ * largest finite values carry into inf); NaN lanes take the pattern with
+ * the quiet bit set instead; then each lane's top half, narrowed. */
+AMPC__AVX512 static inline __m256i f32_to_bf16_16(__m512i u) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i quiet = _mm512_set1_epi32((int)AMPC__F32_QUIET), bias = _mm512_set1_epi32(0x7fff);
+  const __m512i one = _mm512_set1_epi32(1);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+  __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(bias, lsb));
+  __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs_mask), inf);
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_mask_or_epi32(rounded, nan, u, quiet), 16));
+}
+
+AMPC__AVX512 void ampc__f32_to_bf16_n_avx512(uint16_t *dst, const float *src, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(dst + i), f32_to_bf16_16(_mm512_loadu_si512(src + i)));
+  if (i < n) {
+    __mmask16 k = tail_mask(n - i);
+    _mm256_mask_storeu_epi16(dst + i, k, f32_to_bf16_16(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, src + i))));
+  }
+}
+
+#endif
