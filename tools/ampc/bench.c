@@ -19,8 +19,8 @@
 /* The machine's arithmetic peak: every thread runs a loop of independent
  * vector multiply-adds on registers only (12 chains, more than the FMA
  * units' latency times their number on current x86 cores, so that no chain
- * waits for itself): 8-wide FMA where the CPU has AVX2 and FMA, else 4-wide
- * multiply and add. Returns the FLOPs done by one thread's call (2 per lane
+ * waits for itself): 16-wide FMA where the CPU has AVX-512, 8-wide where it
+ * has AVX2 and FMA, else 4-wide multiply and add. Returns the FLOPs done by one thread's call (2 per lane
  * of a multiply-add); *sink keeps the results alive. */
 enum { PEAK_CHAINS = 12 };
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -33,6 +33,16 @@ __attribute__((target("avx2,fma"))) static double peak_loop_fma(long iters, floa
   for (int i = 1; i < PEAK_CHAINS; i++) s = _mm256_add_ps(s, acc[i]);
   *sink = _mm256_cvtss_f32(s);
   return 2.0 * 8 * PEAK_CHAINS * (double)iters;
+}
+__attribute__((target("avx512f"))) static double peak_loop_fma16(long iters, float *sink) {
+  __m512 acc[PEAK_CHAINS], a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm512_set1_ps((float)i);
+  for (long it = 0; it < iters; it++)
+    for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  __m512 s = acc[0];
+  for (int i = 1; i < PEAK_CHAINS; i++) s = _mm512_add_ps(s, acc[i]);
+  *sink = _mm512_reduce_add_ps(s);
+  return 2.0 * 16 * PEAK_CHAINS * (double)iters;
 }
 static double peak_loop_base(long iters, float *sink) {
   __m128 acc[PEAK_CHAINS], a = _mm_set1_ps(0.999999f), b = _mm_set1_ps(1e-7f);
@@ -57,19 +67,22 @@ static double peak_loop_base(long iters, float *sink) {
 }
 #endif
 
-static int cpu_has_fma(void) {
+/* The widest loop above this CPU runs: 2 (16-wide FMA), 1 (8-wide FMA) or 0. */
+enum { PEAK_BASE, PEAK_FMA8, PEAK_FMA16 };
+static int cpu_peak_kind(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (__builtin_cpu_supports("avx512f")) return PEAK_FMA16;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? PEAK_FMA8 : PEAK_BASE;
 #else
-  return 0;
+  return PEAK_BASE;
 #endif
 }
 
 /* GFLOP/s of the loop above on `threads` threads together, all started
  * before the clock and waited for (best of 3 runs of about 0.07 s each on a
  * 3 GHz core). */
-static double fma_peak(int threads, int fma) {
+static double fma_peak(int threads, int kind) {
   const long iters = 32L << 20;
   double best = 0.0;
   float sink = 0.0f;
@@ -79,9 +92,11 @@ static double fma_peak(int threads, int fma) {
     {
       float s = 0.0f;
 #if defined(__x86_64__) && defined(__GNUC__)
-      flops += fma ? peak_loop_fma(iters, &s) : peak_loop_base(iters, &s);
+      flops += kind == PEAK_FMA16  ? peak_loop_fma16(iters, &s)
+               : kind == PEAK_FMA8 ? peak_loop_fma(iters, &s)
+                                   : peak_loop_base(iters, &s);
 #else
-      (void)fma;
+      (void)kind;
       flops += peak_loop_base(iters, &s);
 #endif
 #pragma omp atomic
@@ -292,8 +307,10 @@ int cmd_bench(int argc, char **argv) {
   const ampc_amp_config *ac = &s.amp_cfg;
   if (ac->autocast) snprintf(precision, sizeof precision, "%s autocast", ampc_dtype_name(ac->half_type));
   else snprintf(precision, sizeof precision, "%s", ampc_dtype_name(ac->cast_model_type));
-  int has_fma = cpu_has_fma();
-  double peak = fma_peak(threads, has_fma);
+  int peak_kind = cpu_peak_kind();
+  static const char *const kind_key[] = {"mul+add4", "fma8", "fma16"};
+  static const char *const kind_words[] = {"4-wide multiply-adds", "8-wide FMAs", "16-wide FMAs"};
+  double peak = fma_peak(threads, peak_kind);
   if (!root) {
     /* rank 0 reports */
   } else if (json) {
@@ -312,7 +329,7 @@ int cmd_bench(int argc, char **argv) {
     json_object_set_new(o, "sgemm_gflops_per_s", json_real(sgemm));
     json_object_set_new(o, "sgemm_fraction", json_real(sgemm > 0 ? gflops / sgemm : 0.0));
     json_object_set_new(o, "peak_gflops_per_s", json_real(peak));
-    json_object_set_new(o, "peak_kind", json_string(has_fma ? "fma8" : "mul+add4"));
+    json_object_set_new(o, "peak_kind", json_string(kind_key[peak_kind]));
     json_object_set_new(o, "peak_fraction", json_real(peak > 0 ? gflops / peak : 0.0));
     json_object_set_new(o, "kernel_path", json_string(ampc_kernel_path()));
     json_object_set_new(o, "convert_path", json_string(ampc_convert_path()));
@@ -354,7 +371,7 @@ int cmd_bench(int argc, char **argv) {
     printf("%.3f s/step, %.1f images/s, %.2f GFLOP/image, %.1f GFLOP/s = %.2f of this machine's sgemm (%.1f GFLOP/s at %d^3)\n",
            per_step, ips, flops / (double)c.batch_size / 1e9, gflops, sgemm > 0 ? gflops / sgemm : 0.0, sgemm, sgemm_n);
     printf("%.1f GFLOP/s = %.2f of this machine's peak (%.1f GFLOP/s: a register-only loop of %s on %d threads)\n",
-           gflops, peak > 0 ? gflops / peak : 0.0, peak, has_fma ? "8-wide FMAs" : "4-wide multiply-adds", threads);
+           gflops, peak > 0 ? gflops / peak : 0.0, peak, kind_words[peak_kind], threads);
     printf("vector code: kernels %s, conversions %s\n", ampc_kernel_path(), ampc_convert_path());
     printf("time share:");
     for (size_t i = 0; i < nshare; i++) printf(" %s %.1f%%", share[i].name, total > 0 ? 100.0 * share[i].t / total : 0.0);
