@@ -190,7 +190,7 @@ static ampc_status bn_fwd_sync(const ampc__op_call *c) {
   float mom = c->attr.momentum, eps = c->attr.eps;
   size_t per = bn_per_thread(c, &g), shared = bn_shared(&g);
   double *acc = bn_sync_sums(c, &g, per);
-#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared);
     double sum = 0.0, sq = 0.0;
@@ -209,7 +209,7 @@ static ampc_status bn_fwd_sync(const ampc__op_call *c) {
   AMPC_TRY(c->sync->sum(c->sync->ctx, acc, 2 * (size_t)g.C + 1));
   double count = acc[2 * g.C];
   if (count < 2) return ampc__error(AMPC_EINVAL, "batchnorm2d: training needs more than one value per channel over the ranks (got %.0f)", count);
-#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *ys = xs + 2 * g.HW;
     double md = acc[ch] / count, sq = acc[g.C + ch] - md * acc[ch];
@@ -241,7 +241,7 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
   if (c->training && count < 2) return ampc__error(AMPC_EINVAL, "batchnorm2d: training needs more than one value per channel (got %lld)", (long long)count);
   size_t per = bn_per_thread(c, &g);
   int cache = bn_cache(c, &g) && x->dtype != AMPC_DTYPE_F32;
-#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *ys = xs + 2 * g.HW, *xc = xs + 4 * g.HW;
     float mean, invstd;
@@ -292,7 +292,7 @@ static ampc_status bn_bwd_sync(const ampc__op_call *c) {
   float *dg = (float *)c->ws, *dbt = dg + g.C;
   size_t per = bn_per_thread(c, &g), shared = bn_shared(&g);
   double *acc = bn_sync_sums(c, &g, per);
-#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *dys = xs + g.HW, *ys = dys + 2 * g.HW;
     double sdy = 0.0, sdyx = 0.0;
@@ -316,7 +316,7 @@ static ampc_status bn_bwd_sync(const ampc__op_call *c) {
   AMPC_TRY(c->sync->sum(c->sync->ctx, acc, 2 * (size_t)g.C + 1));
   double count = acc[2 * g.C];
   if (dx->data) {
-#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static)
     for (int64_t ch = 0; ch < g.C; ch++) {
       float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *dys = xs + g.HW, *out = dys + g.HW, *ys = out + g.HW;
       float mean = mean_s[ch], invstd = invstd_s[ch];
@@ -356,7 +356,7 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
    * norm backward 7% faster than with both caches spilling) */
   int cache_x = cache && g.N * g.HW <= BN_CACHE_BOTH_FLOATS;
   int64_t NHW = g.N * g.HW;
-#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *dys = xs + g.HW, *out = dys + g.HW;
     float *ys = out + g.HW, *xc = ys + g.HW, *dc = xc + NHW;
