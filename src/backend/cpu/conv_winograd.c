@@ -154,28 +154,31 @@ static int64_t wg_chunks(const wg_geom *g);
 enum { WG_SMALL_K = 64, WG_SMALL_N = 128, WG_SMALL_WGRAD_K = 32 };
 static int wg_small(const wg_geom *g) { return g->ci <= WG_SMALL_K && g->co8 <= WG_SMALL_N; }
 
-/* C (m x n) = A (m x k, rows lda apart) * B (k x n, rows ldb apart), n a
- * multiple of 8, C rows ldc apart: blocks of 6 rows by 16 columns in
- * registers, B's block row broadcast against A's elements (FMA in the AVX2
- * build); the sum over k runs in order, so the result does not depend on how
- * the rows are shared out. */
-static inline __attribute__((always_inline)) void wg_mk(int64_t k, const float *A, int64_t lda, const float *B, int64_t ldb,
-                                                       float *C, int64_t ldc, int add, const int TA, const int R,
-                                                       const int NV) {
-  v8 acc[6][2];
-  for (int r = 0; r < R; r++)
-    for (int v = 0; v < NV; v++) acc[r][v] = add ? LD(C + r * ldc + 8 * v) : (v8){0};
-  for (int64_t p = 0; p < k; p++) {
-    v8 b[2];
-    for (int v = 0; v < NV; v++) b[v] = LD(B + p * ldb + 8 * v);
-    for (int r = 0; r < R; r++) {
-      float a = TA ? A[r + p * lda] : A[r * lda + p];
-      for (int v = 0; v < NV; v++) acc[r][v] += a * b[v];
-    }
+/* C (R x VW*NV) (+)= A (R x k, rows lda apart) * B (k x VW*NV, rows ldb
+ * apart), C rows ldc apart: a block of R rows (at most RMAX) by NV vectors of
+ * VW floats in registers, B's block row broadcast against A's elements (FMA
+ * in the AVX2 and AVX-512 builds); the sum over k runs in order, so the result
+ * does not depend on how the rows are shared out, nor on the vector width.
+ * wg_mk: 8-wide vectors, up to 6 rows by 16 columns. */
+#define WG_MK_DEF(name, vt, VW, RMAX)                                                                                  \
+  static inline __attribute__((always_inline)) void name(int64_t k, const float *A, int64_t lda, const float *B,          \
+                                                         int64_t ldb, float *C, int64_t ldc, int add, const int TA,       \
+                                                         const int R, const int NV) {                                     \
+    vt acc[RMAX][2];                                                                                                       \
+    for (int r = 0; r < R; r++)                                                                                            \
+      for (int v = 0; v < NV; v++) acc[r][v] = add ? *(const vt *)(C + r * ldc + VW * v) : (vt){0};                       \
+    for (int64_t p = 0; p < k; p++) {                                                                                      \
+      vt b[2];                                                                                                             \
+      for (int v = 0; v < NV; v++) b[v] = *(const vt *)(B + p * ldb + VW * v);                                             \
+      for (int r = 0; r < R; r++) {                                                                                        \
+        float a = TA ? A[r + p * lda] : A[r * lda + p];                                                                    \
+        for (int v = 0; v < NV; v++) acc[r][v] += a * b[v];                                                                \
+      }                                                                                                                    \
+    }                                                                                                                      \
+    for (int r = 0; r < R; r++)                                                                                            \
+      for (int v = 0; v < NV; v++) *(vt *)(C + r * ldc + VW * v) = acc[r][v];                                              \
   }
-  for (int r = 0; r < R; r++)
-    for (int v = 0; v < NV; v++) ST(C + r * ldc + 8 * v, acc[r][v]);
-}
+WG_MK_DEF(wg_mk, v8, 8, 6)
 
 /* One block of 8 * NV columns of C (m x n) (+)= A (m x k) * B (k x n), rows
  * 6 at a time, then 4, then one by one: see wg_gemm_small. */
@@ -213,25 +216,7 @@ CPU_VECTOR static void wg_gemm_small8(int64_t m, int64_t n, int64_t k, const flo
  * through the 8-wide blocks. Every C element is still one in-order sum over
  * k of FMAs, so the bits are those of the 8-wide kernel. */
 typedef float cpu_v16 __attribute__((vector_size(64), aligned(4), may_alias));
-#define LD16(p) (*(const cpu_v16 *)(p))
-#define ST16(p, v) (*(cpu_v16 *)(p) = (v))
-static inline __attribute__((always_inline)) void wg_mk16(int64_t k, const float *A, int64_t lda, const float *B, int64_t ldb,
-                                                         float *C, int64_t ldc, int add, const int TA, const int R,
-                                                         const int NV) {
-  cpu_v16 acc[12][2];
-  for (int r = 0; r < R; r++)
-    for (int v = 0; v < NV; v++) acc[r][v] = add ? LD16(C + r * ldc + 16 * v) : (cpu_v16){0};
-  for (int64_t p = 0; p < k; p++) {
-    cpu_v16 b[2];
-    for (int v = 0; v < NV; v++) b[v] = LD16(B + p * ldb + 16 * v);
-    for (int r = 0; r < R; r++) {
-      float a = TA ? A[r + p * lda] : A[r * lda + p];
-      for (int v = 0; v < NV; v++) acc[r][v] += a * b[v];
-    }
-  }
-  for (int r = 0; r < R; r++)
-    for (int v = 0; v < NV; v++) ST16(C + r * ldc + 16 * v, acc[r][v]);
-}
+WG_MK_DEF(wg_mk16, cpu_v16, 16, 12)
 static inline __attribute__((always_inline)) void wg_mk16_rows(int64_t m, int64_t k, const float *A, int64_t lda,
                                                               const float *B, int64_t ldb, float *C, int64_t ldc, int add,
                                                               const int TA, const int NV) {
