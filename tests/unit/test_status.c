@@ -17,4 +17,15 @@ TEST(error_message) {
   CHECK(ampc_last_error()[0] == '\0');
 }
 
-TEST_MAIN(TEST_ENTRY(status_names), TEST_ENTRY(error_message))
+/* A message is one line whatever it quotes: a key read from a file may hold
+ * a newline or a terminal escape, which become '?'. */
+TEST(error_message_one_line) {
+  ampc__error(AMPC_EFORMAT, "safetensors: %s: key '%s' is bad", "f.st", "a\nb\rc\x1b[31md\x7f");
+  CHECK(strcmp(ampc_last_error(), "safetensors: f.st: key 'a?b?c?[31md?' is bad") == 0);
+  ampc__error(AMPC_EFORMAT, "inner\tvalue");
+  ampc__error_prefix(AMPC_EFORMAT, "outer %s", "x\ny");
+  CHECK(strcmp(ampc_last_error(), "outer x?y: inner?value") == 0);
+  ampc_clear_error();
+}
+
+TEST_MAIN(TEST_ENTRY(status_names), TEST_ENTRY(error_message), TEST_ENTRY(error_message_one_line))
