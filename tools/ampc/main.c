@@ -50,6 +50,6 @@ int main(int argc, char **argv) {
     if (dist) cli_dist_finish();
     return rc;
   }
-  fprintf(stderr, "ampc: error: unknown command '%s' (expected train, eval, grad, summary, bench, report or export; see ampc --help)\n", argv[1]);
+  cli_error("unknown command '%s' (expected train, eval, grad, summary, bench, report or export; see ampc --help)", argv[1]);
   return 2;
 }
