@@ -32,9 +32,8 @@ const char *ampc_last_error(void) { return ampc__msg; }
 void ampc_clear_error(void) { ampc__msg[0] = '\0'; }
 
 /* Messages are one line, whatever the file or flag they quote (a name read
- * from a file may hold a newline or a terminal escape): control characters
- * become '?'. */
-static void one_line(char *m) {
+ * from a file may hold a newline or a terminal escape). */
+void ampc__one_line(char *m) {
   for (; *m; m++)
     if ((unsigned char)*m < 0x20 || *m == 0x7f) *m = '?';
 }
@@ -44,7 +43,7 @@ ampc_status ampc__error(ampc_status code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(ampc__msg, sizeof ampc__msg, fmt, ap);
   va_end(ap);
-  one_line(ampc__msg);
+  ampc__one_line(ampc__msg);
   return code;
 }
 
@@ -62,6 +61,6 @@ ampc_status ampc__error_prefix(ampc_status code, const char *fmt, ...) {
   size_t room = sizeof ampc__msg - np - 3, no = strnlen(old, room);
   memcpy(ampc__msg + np + 2, old, no);
   ampc__msg[np + 2 + no] = '\0';
-  one_line(ampc__msg);
+  ampc__one_line(ampc__msg);
   return code;
 }

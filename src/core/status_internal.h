@@ -16,6 +16,11 @@ ampc_status ampc__error(ampc_status code, const char *fmt, ...)
 ampc_status ampc__error_prefix(ampc_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Makes m one line: control characters (a newline or an escape quoted from
+ * a file or a flag) become '?'. Every message is passed through it; the CLI's
+ * own error lines too. */
+void ampc__one_line(char *m);
+
 /* Internal invariant: a violated one is a bug in libampc, not bad input. */
 #define AMPC_ASSERT(cond)                                                        \
   do {                                                                           \

@@ -2,6 +2,7 @@
 
 #include "ampc/backend.h"
 #include "ampc/config.h"
+#include "core/status_internal.h"
 #include "dist.h"
 
 #include <errno.h>
@@ -22,11 +23,9 @@ void openblas_set_num_threads(int num_threads);
 
 /* One error line; with several ranks it names the rank, or waits for the
  * ranks to agree which one reports (dist.h). A flag's value or a file's
- * content quoted in it stays on the line: control characters become '?', as
- * in the library's messages. */
+ * content quoted in it stays on the line, as in the library's messages. */
 static void error_line(char *line) {
-  for (char *p = line; *p; p++)
-    if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+  ampc__one_line(line);
   const char *pre;
   if (cli_dist_error_route(&pre, line)) fprintf(stderr, "ampc: error: %s%s\n", pre, line);
 }
