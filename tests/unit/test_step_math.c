@@ -289,6 +289,102 @@ TEST(inline_conversions_and_hash_are_the_public_ones) {
   CHECK_MSG(bad == 0, "%d differences", bad);
 }
 
-TEST_MAIN(TEST_ENTRY(sgd_element_is_torchs_sequence), TEST_ENTRY(adam_element_is_torchs_sequence),
+/* The cpu device's check, fold and overflow report (vector code, built per
+ * instruction set) against the same sums written out element by element:
+ * lengths around the 8-float vectors, the 16 partial sums and the 8192-value
+ * chunks, a non-finite value in a vector, in a tail and in a later chunk. */
+static double ref_sumsq(const float *g, size_t n, float gmul) {
+  /* element i of a chunk into partial sum i % 16, the quarters and their
+   * lanes added pairwise, the chunks in order */
+  double t = 0.0;
+  for (size_t c0 = 0; c0 < n; c0 += 8192) {
+    double p[16] = {0};
+    for (size_t i = 0; c0 + i < n && i < 8192; i++) {
+      float v = g[c0 + i] * gmul;
+      p[i % 16] += (double)v * v;
+    }
+    double q[4];
+    for (int l = 0; l < 4; l++) q[l] = (p[l] + p[4 + l]) + (p[8 + l] + p[12 + l]);
+    t += (q[0] + q[1]) + (q[2] + q[3]);
+  }
+  return t;
+}
+
+TEST(cpu_flat_passes_are_their_sums) {
+  ampc__device *d;
+  CHECK_OK(ampc__device_create(&d, "cpu", NULL));
+  static const size_t lens[] = {0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 100, 8191, 8192, 8193, 20011};
+  ampc_rng rng = ampc_rng_make(11, AMPC_RNG_STREAM_USER);
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+    for (int plant = -1; plant < 3; plant++) {
+      size_t n = lens[li];
+      size_t at = plant == 0 ? n / 2 : plant == 1 ? n - 1 : n > 8200 ? 8200 : n - 1; /* in a vector, the tail, a later chunk */
+      if (plant >= 0 && n == 0) continue;
+      float *g = d->be->alloc(d, (n + 1) * sizeof(float)), *o = d->be->alloc(d, (n + 1) * sizeof(float));
+      float *o2 = malloc((n + 1) * sizeof(float));
+      CHECK(g && o && o2);
+      for (size_t i = 0; i < n; i++) {
+        /* large and small magnitudes side by side: where a small square
+         * goes decides whether a partial sum's rounding drops it */
+        g[i] = ampc_rng_normal(&rng) * (i % 7 == 3 ? 4096.0f : i % 5 == 0 ? 1e-20f : 3.0517578125e-05f);
+        o[i] = o2[i] = ampc_rng_normal(&rng);
+      }
+      if (plant >= 0) g[at] = plant == 1 ? -INFINITY : NAN;
+      ampc__span sp = {0, n, AMPC_DTYPE_F32, NULL, AMPC_DTYPE_F32, g};
+      ampc__check ck;
+      CHECK_OK(d->be->check(d, &sp, 1, 0.75f, 1, NULL, 0, NULL, &ck));
+      float mx = 0.0f;
+      for (size_t i = 0; i < n; i++) {
+        float m = fabsf(g[i] * 0.75f);
+        mx = m > mx ? m : mx;
+      }
+      CHECK_MSG(ck.found_inf == (plant >= 0), "n %zu plant %d: found_inf %d", n, plant, ck.found_inf);
+      CHECK_MSG(ck.max_abs == mx, "n %zu plant %d: max %.9g vs %.9g", n, plant, (double)ck.max_abs, (double)mx);
+      if (plant < 0) {
+        double r = ref_sumsq(g, n, 0.75f);
+        CHECK_MSG(memcmp(&ck.sumsq, &r, sizeof r) == 0, "n %zu: sum of squares %.17g vs %.17g", n, ck.sumsq, r);
+      }
+      for (int acc = 0; acc < 2; acc++) {
+        float slot[2] = {0.0f, 0.0f};
+        CHECK_OK(d->be->fold(d, &sp, 1, o, 0.5f, acc, slot, 2.0f));
+        size_t diff = 0;
+        for (size_t i = 0; i < n; i++) {
+          float p = g[i] * 0.5f, want = acc ? o2[i] + p : p;
+          diff += memcmp(&o[i], &want, sizeof want) != 0;
+          o2[i] = want;
+        }
+        CHECK_MSG(diff == 0, "n %zu plant %d acc %d: %zu folded values differ", n, plant, acc, diff);
+        CHECK_MSG(slot[0] == (plant >= 0 ? 1.0f : 0.0f), "n %zu plant %d: fold's non-finite slot %g", n, plant, (double)slot[0]);
+      }
+      size_t ranges[4] = {0, n / 2, n / 2, n - n / 2};
+      unsigned char flags[2] = {7, 7};
+      CHECK_OK(d->be->nonfinite(d, &sp, 1, ranges, 2, 0.75f, flags));
+      for (int r = 0; r < 2; r++) {
+        int want = plant >= 0 && at >= ranges[2 * r] && at < ranges[2 * r] + ranges[2 * r + 1];
+        CHECK_MSG(flags[r] == want, "n %zu plant %d: range %d flag %d", n, plant, r, flags[r]);
+      }
+      d->be->free(d, g);
+      d->be->free(d, o);
+      free(o2);
+    }
+  /* a case where the lanes decide the bits: 4096^2 = 2^24 in lane 0 and
+   * three squares of 2^-30 in lane 4 (elements 4, 20 and the tail's 36):
+   * kept together they make 0.75 of an ulp of 2^24 and round it up; one of
+   * them in lane 0 would be lost there and the rest tie to even */
+  float *g = d->be->alloc(d, 40 * sizeof(float));
+  CHECK(g != NULL);
+  memset(g, 0, 40 * sizeof(float));
+  g[0] = 4096.0f;
+  g[4] = g[20] = g[36] = 3.0517578125e-05f; /* 2^-15 */
+  ampc__span sp = {0, 40, AMPC_DTYPE_F32, NULL, AMPC_DTYPE_F32, g};
+  ampc__check ck;
+  CHECK_OK(d->be->check(d, &sp, 1, 1.0f, 0, NULL, 0, NULL, &ck));
+  double want = ldexp(1.0, 24) + ldexp(1.0, -28), r = ref_sumsq(g, 40, 1.0f);
+  CHECK_MSG(ck.sumsq == want && r == want, "sum of squares %.17g (reference %.17g), want %.17g", ck.sumsq, r, want);
+  d->be->free(d, g);
+  ampc__device_unref(d);
+}
+
+TEST_MAIN(TEST_ENTRY(sgd_element_is_torchs_sequence), TEST_ENTRY(cpu_flat_passes_are_their_sums), TEST_ENTRY(adam_element_is_torchs_sequence),
           TEST_ENTRY(cpu_kernels_give_the_element_functions_bits), TEST_ENTRY(stochastic_rounding),
           TEST_ENTRY(inline_conversions_and_hash_are_the_public_ones))

@@ -173,6 +173,100 @@ static ampc_status need_partial(ampc__cpu_dev *cd, size_t n) {
   return AMPC_OK;
 }
 
+/* The chunk loops of the check, the fold and the overflow report, written
+ * with 8-float vectors and built for AVX-512, AVX2 and the baseline
+ * (CPU_VECTOR) like the other kernels. Every build does the same IEEE
+ * operations in the same order, so they give the same bits: the squares are
+ * exact in double (a contracted one is the same sum) and the fold's product
+ * and sum stay two roundings (contraction off there). */
+typedef float step_v8 __attribute__((vector_size(32), aligned(4), may_alias));
+typedef int step_v8i __attribute__((vector_size(32)));
+typedef float step_v4 __attribute__((vector_size(16)));
+typedef double step_v4d __attribute__((vector_size(32)));
+/* m > mx ? m : mx per lane (a NaN m never wins) */
+#define STEP_MAX8(mx, m) ((step_v8)(((step_v8i)(m) & ((m) > (mx))) | ((step_v8i)(mx) & ~((m) > (mx)))))
+
+/* Sums of squares in 16 partial sums (element i into sum i % 16, the four
+ * quarters added pairwise at the end) so that the adds pipeline, and the
+ * largest |v| (a NaN never wins); returns whether a value is not finite. */
+CPU_VECTOR static int check_chunk(const float *gv, size_t n, float gmul, double *sumsq, float *maxabs) {
+  step_v4d acc[4] = {{0}, {0}, {0}, {0}};
+  step_v8 mx = {0};
+  step_v8i bad = {0};
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int h = 0; h < 2; h++) {
+      step_v8 v = *(const step_v8 *)(gv + i + 8 * h) * gmul;
+      step_v8 m = (step_v8)((step_v8i)v & 0x7fffffff);
+      bad |= ~(m <= FLT_MAX);
+      mx = STEP_MAX8(mx, m);
+      step_v4d lo = __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), step_v4d);
+      step_v4d hi = __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), step_v4d);
+      acc[2 * h] += lo * lo;
+      acc[2 * h + 1] += hi * hi;
+    }
+  float mt = 0.0f;
+  int bt = 0;
+  for (; i < n; i++) {
+    float v = gv[i] * gmul, m = fabsf(v);
+    bt |= !(m <= FLT_MAX);
+    acc[(i % 16) / 4][i % 4] += (double)v * v;
+    mt = m > mt ? m : mt;
+  }
+  for (int k = 0; k < 8; k++) {
+    bt |= bad[k] != 0;
+    mt = mx[k] > mt ? mx[k] : mt;
+  }
+  step_v4d t = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  *sumsq = (t[0] + t[1]) + (t[2] + t[3]);
+  *maxabs = mt;
+  return bt;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#define STEP_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define STEP_NO_CONTRACT
+#endif
+/* o (+)= v * mul; returns whether a value is not finite, *maxabs the largest |v| */
+STEP_NO_CONTRACT CPU_VECTOR static int fold_chunk(const float *gv, size_t n, float mul, int accumulate, float *o,
+                                                  float *maxabs) {
+  step_v8 mx = {0};
+  step_v8i bad = {0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    step_v8 v = *(const step_v8 *)(gv + i), m = (step_v8)((step_v8i)v & 0x7fffffff), p = v * mul;
+    bad |= ~(m <= FLT_MAX);
+    mx = STEP_MAX8(mx, m);
+    if (accumulate) p = *(const step_v8 *)(o + i) + p;
+    *(step_v8 *)(o + i) = p;
+  }
+  float mt = 0.0f;
+  int bt = 0;
+  for (; i < n; i++) {
+    float v = gv[i], m = fabsf(v), p = v * mul;
+    bt |= !(m <= FLT_MAX);
+    mt = m > mt ? m : mt;
+    o[i] = accumulate ? o[i] + p : p;
+  }
+  for (int k = 0; k < 8; k++) {
+    bt |= bad[k] != 0;
+    mt = mx[k] > mt ? mx[k] : mt;
+  }
+  *maxabs = mt;
+  return bt;
+}
+
+CPU_VECTOR static int nonfinite_chunk(const float *gv, size_t n, float gmul) {
+  step_v8i bad = {0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) bad |= ~((step_v8)((step_v8i)(*(const step_v8 *)(gv + i) * gmul) & 0x7fffffff) <= FLT_MAX);
+  int bt = 0;
+  for (; i < n; i++) bt |= !(fabsf(gv[i] * gmul) <= FLT_MAX);
+  for (int k = 0; k < 8; k++) bt |= bad[k] != 0;
+  return bt;
+}
+
 ampc_status ampc__cpu_check(ampc__device *d, const ampc__span *s, int ns, float gmul, int want_max, const float *slots,
                             int nslots, float *slots_out, ampc__check *out) {
   ampc__cpu_dev *cd = d->impl;
@@ -186,28 +280,9 @@ ampc_status ampc__cpu_check(ampc__device *d, const ampc__span *s, int ns, float 
     size_t off, n;
     const ampc__span *sp = chunk_at(s, ns, ci, &off, &n);
     const float *gv = grad_f32(sp, off, n, thread_scratch(cd));
-    /* four partial sums (element i into sum i % 4, added in order at the
-     * end) and no branches, so that the pass pipelines */
-    double s4[4] = {0.0, 0.0, 0.0, 0.0};
-    float m4[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* the largest |v| (a NaN never wins) */
-    int bad = 0;
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4)
-      for (int k = 0; k < 4; k++) {
-        float v = gv[i + k] * gmul, m = fabsf(v);
-        bad |= !(m <= FLT_MAX);
-        s4[k] += (double)v * v;
-        m4[k] = m > m4[k] ? m : m4[k];
-      }
-    for (; i < n; i++) {
-      float v = gv[i] * gmul, m = fabsf(v);
-      bad |= !(m <= FLT_MAX);
-      s4[0] += (double)v * v;
-      m4[0] = m > m4[0] ? m : m4[0];
-    }
-    for (int k = 0; k < 4 && want_max; k++) mx = m4[k] > mx ? m4[k] : mx;
-    partial[ci] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
-    any_inf |= bad;
+    float m;
+    any_inf |= check_chunk(gv, n, gmul, &partial[ci], &m);
+    if (want_max) mx = m > mx ? m : mx;
   }
   double t = 0.0;
   for (size_t ci = 0; ci < nch; ci++) t += partial[ci]; /* fixed order */
@@ -229,16 +304,9 @@ ampc_status ampc__cpu_fold(ampc__device *d, const ampc__span *s, int ns, float *
     size_t off, n;
     const ampc__span *sp = chunk_at(s, ns, ci, &off, &n);
     const float *gv = grad_f32(sp, off, n, thread_scratch(cd));
-    float *o = dst + sp->start + off;
-    int bad = 0;
-    for (size_t i = 0; i < n; i++) {
-      float v = gv[i];
-      if (!isfinite(v)) bad = 1;
-      float m = fabsf(v);
-      if (m > mx) mx = m;
-      o[i] = accumulate ? o[i] + v * mul : v * mul;
-    }
-    any_inf |= bad;
+    float m;
+    any_inf |= fold_chunk(gv, n, mul, accumulate, dst + sp->start + off, &m);
+    mx = m > mx ? m : mx;
   }
   if (any_inf) slot[0] = 1.0f;
   if (isfinite(mx) && mx / max_div > slot[1]) slot[1] = mx / max_div;
@@ -258,8 +326,7 @@ ampc_status ampc__cpu_nonfinite(ampc__device *d, const ampc__span *s, int ns, co
       for (size_t o = 0; o < n && !flags[r]; o += STEP_CHUNK) {
         size_t len = n - o < STEP_CHUNK ? n - o : STEP_CHUNK;
         const float *gv = grad_f32(&s[i], start - s[i].start + o, len, tmp);
-        for (size_t e = 0; e < len; e++)
-          if (!(fabsf(gv[e] * gmul) <= FLT_MAX)) flags[r] = 1;
+        if (nonfinite_chunk(gv, len, gmul)) flags[r] = 1;
       }
       break;
     }
