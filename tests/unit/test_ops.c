@@ -281,6 +281,50 @@ TEST(winograd_wide_kernel_same_bits) {
   test_conv_algo = AMPC_CONV_AUTO;
 }
 
+/* The direct loop's 16-wide (AVX-512) code, forced (so it runs on any CPU:
+ * the portable build of it where the CPU has no AVX-512), against the f64
+ * reference like every path; and against the 8-wide loop: the forward is
+ * the same in-order sum (the same bits), the weight gradient sums in 16
+ * lanes instead of 8 (close). Shapes: planes of 1 to 37 columns (one or two
+ * 16-column vectors, whole and partial), 1 to 5 output channels (groups of
+ * 4 and their remainders). */
+TEST(conv2d_direct_wide) {
+  test_conv_algo = AMPC_CONV_DIRECT;
+  ampc__cpu_direct_wide = 1;
+  run_kind(K_CONV);
+  ampc__cpu_direct_wide = 0;
+  test_conv_algo = AMPC_CONV_AUTO;
+}
+
+TEST(direct_wide_kernel_same_forward) {
+  static const char *names[] = {"conv3x3_s1_p1_bias", "conv3x3_c1_wide", "conv3x3_c1_p0_w11", "conv3x3_s1_p2", "conv3x3_16x16"};
+  test_conv_algo = AMPC_CONV_DIRECT;
+  for (int i = 0; i < 5; i++)
+    for (int p = 0; p < NPRECS; p++) {
+      const op_case *cs = find_case(names[i]);
+      ctx_case = cs->name;
+      ctx_prec = PRECS[p].name;
+      net a = {0}, b = {0};
+      if (build(&a, cs, &PRECS[p].p, cs->n, 2) == 0 && build(&b, cs, &PRECS[p].p, cs->n, 2) == 0) {
+        for (int r = 0; r < 2; r++) {
+          net *q = r ? &b : &a;
+          ampc__cpu_direct_wide = r;
+          CHECK_OK(ampc_graph_forward(q->g, 1));
+          CHECK_OK(ampc_graph_backward(q->g, q->loss, 1.0f, 0));
+        }
+        ampc__cpu_direct_wide = 0;
+        snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&b, cs);
+        CHECK_MSG(sa.n[0] == sb.n[0] && memcmp(sa.v[0], sb.v[0], sa.n[0] * sizeof *sa.v[0]) == 0,
+                  "%s [%s]: the 16-wide forward differs from the 8-wide one", cs->name, PRECS[p].name);
+        compare_snapshots(&sa, &sb, prec_tol(&PRECS[p].p), "8-wide vs 16-wide loops");
+      }
+      ampc_graph_free(a.g);
+      ampc_graph_free(b.g);
+      tmp_free_all();
+    }
+  test_conv_algo = AMPC_CONV_AUTO;
+}
+
 /* The 2x2 max-pool gradient goes to each window's first maximum, a NaN
  * beating any number (PyTorch's choice), in the vectorised path (8 windows at
  * a time) and its scalar tail alike: windows of ties, NaNs in every position,
@@ -351,6 +395,7 @@ TEST(maxpool_backward_ties_and_nan) {
 
 TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(conv2d_direct),
           TEST_ENTRY(winograd_same_bits_any_threads), TEST_ENTRY(winograd_wide_kernel_same_bits),
+          TEST_ENTRY(conv2d_direct_wide), TEST_ENTRY(direct_wide_kernel_same_forward),
           TEST_ENTRY(maxpool_backward_ties_and_nan),
           TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu), TEST_ENTRY(maxpool2d),
           TEST_ENTRY(avgpool2d), TEST_ENTRY(global_avgpool), TEST_ENTRY(linear), TEST_ENTRY(add), TEST_ENTRY(flatten),

@@ -21,11 +21,12 @@ typedef struct {
   int64_t N, C, H, W, O, p, OH, OW, OHW;
   int64_t nv;        /* vectors of 8 columns per block: 1, 2 or 4 */
   int64_t OWv;       /* OW rounded up to whole blocks */
+  int64_t nv16, OWv16; /* the same for the 16-wide (AVX-512) loops: 1 or 2 vectors */
   int64_t Hp, Wp;    /* the padded sample's planes */
-  /* per thread, in floats: the padded sample, two output planes (with a
+  /* per thread, in floats: the padded sample, four output planes (with a
    * block's overrun), an output gradient plane (with 32 floats to spare), the
    * weight gradient partial, a plane of the input being staged */
-  size_t off_y0, off_y1, off_dys, off_part, off_xt, per_thread;
+  size_t off_y0, off_y1, off_y2, off_y3, off_dys, off_part, off_xt, per_thread;
   size_t shared; /* the f32 weight and bias */
 } dconv_geom;
 
@@ -43,12 +44,17 @@ static dconv_geom dconv_geometry(const ampc__op_call *c) {
   g.OH = y->d[2]; g.OW = y->d[3]; g.OHW = g.OH * g.OW;
   g.nv = g.OW <= 8 ? 1 : g.OW <= 16 ? 2 : 4;
   g.OWv = (g.OW + 8 * g.nv - 1) / (8 * g.nv) * (8 * g.nv);
+  g.nv16 = g.OW <= 16 ? 1 : 2;
+  g.OWv16 = (g.OW + 16 * g.nv16 - 1) / (16 * g.nv16) * (16 * g.nv16);
   g.Hp = g.H + 2 * g.p;
-  g.Wp = g.OWv + 2 > g.W + 2 * g.p ? g.OWv + 2 : g.W + 2 * g.p;
+  int64_t cols = g.OWv > g.OWv16 ? g.OWv : g.OWv16;
+  g.Wp = cols + 2 > g.W + 2 * g.p ? cols + 2 : g.W + 2 * g.p;
   g.Wp = (g.Wp + 7) & ~(int64_t)7;
   g.off_y0 = (size_t)(g.C * g.Hp * g.Wp);
   g.off_y1 = g.off_y0 + (size_t)g.OHW + 32;
-  g.off_dys = g.off_y1 + (size_t)g.OHW + 32;
+  g.off_y2 = g.off_y1 + (size_t)g.OHW + 32;
+  g.off_y3 = g.off_y2 + (size_t)g.OHW + 32;
+  g.off_dys = g.off_y3 + (size_t)g.OHW + 32;
   g.off_part = g.off_dys + (size_t)g.OHW + 32;
   g.off_xt = g.off_part + (size_t)(g.O * g.C * 9 + g.O);
   g.per_thread = g.off_xt + (size_t)(g.H * g.W) + 16;
@@ -76,7 +82,7 @@ static void stage_sample(const dconv_geom *g, const ampc_tensor *x, int64_t n, f
  * folds the load of an input vector into both channels' FMAs, loading it
  * twice, and the loop is then bound by loads rather than FMAs. No effect on
  * the arithmetic. */
-#if defined(__GNUC__) && defined(__x86_64__)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define DCONV_IN_REGISTER(v) __asm__("" : "+x"(v))
 #else
 #define DCONV_IN_REGISTER(v) ((void)0)
@@ -138,6 +144,128 @@ static inline __attribute__((always_inline)) void bwd_taps(const dconv_geom *g, 
   for (int t = 0; t < 9; t++) dw[t] += cpu_hsum8(acc[t]);
 }
 
+/* ---- the 16-wide loops (AVX-512's 32 registers of 16 floats) ----
+ *
+ * Forward: four output channels by up to 32 columns (8 accumulators), each
+ * output the same in-order sum of the same FMAs as the 8-wide loop's, so the
+ * same bits. The weight gradient: 16-lane partial sums, so its last bits
+ * differ from the 8-wide loop's. Built with target("arch=x86-64-v4") for
+ * CPUs with AVX-512 and, for the tests, like the other kernels (the
+ * compiler splits the vectors where the CPU has no AVX-512). */
+typedef float dconv_v16 __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int dconv_v16i __attribute__((vector_size(64), aligned(4), may_alias));
+#define DCONV_LD16(p) (*(const dconv_v16 *)(p))
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define DCONV_IN_ZMM(v) __asm__("" : "+v"(v))
+#else
+#define DCONV_IN_ZMM(v) ((void)0)
+#endif
+
+/* GCC's portable (split-vector) build of the splats below warns that they
+ * may be used uninitialised: they are all set before use. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+/* Output rows of channels o .. o + 3 (w[c], b[c], planes y[c]; a group of
+ * fewer channels repeats its last one into planes nobody stores) */
+static inline __attribute__((always_inline)) void fwd_quad16(const dconv_geom *g, const float *xp, const float *const w[4],
+                                                             const float b[4], float *const y[4], const int nv,
+                                                             const int reg) {
+  for (int64_t oy = 0; oy < g->OH; oy++)
+    for (int64_t cb = 0; cb < g->OWv16; cb += 16 * nv) {
+      dconv_v16 a[4][2];
+      for (int c = 0; c < 4; c++)
+        for (int v = 0; v < nv; v++) a[c][v] = (dconv_v16){0} + b[c];
+      for (int64_t ch = 0; ch < g->C; ch++)
+        for (int ky = 0; ky < 3; ky++) {
+          const float *row = xp + (ch * g->Hp + oy + ky) * g->Wp + cb;
+          for (int kx = 0; kx < 3; kx++) {
+            dconv_v16 s[4];
+            for (int c = 0; c < 4; c++) {
+              s[c] = (dconv_v16){0} + w[c][(ch * 3 + ky) * 3 + kx]; /* (a -0 weight becomes +0: the same sums) */
+              if (reg && nv > 1) DCONV_IN_ZMM(s[c]); /* one broadcast for both vectors */
+            }
+            for (int v = 0; v < nv; v++) {
+              dconv_v16 xv = DCONV_LD16(row + 16 * v + kx);
+              if (reg) DCONV_IN_ZMM(xv);
+              for (int c = 0; c < 4; c++) a[c][v] += s[c] * xv;
+            }
+          }
+        }
+      for (int c = 0; c < 4; c++)
+        for (int v = 0; v < nv; v++) *(dconv_v16 *)(y[c] + oy * g->OW + cb + 16 * v) = a[c][v];
+    }
+}
+
+static inline __attribute__((always_inline)) void bwd_taps16(const dconv_geom *g, const float *xp, const float *dyp,
+                                                             int64_t ch, float *dw, const int nv) {
+  dconv_v16 acc[9];
+  const dconv_v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  for (int t = 0; t < 9; t++) acc[t] = (dconv_v16){0};
+  for (int64_t oy = 0; oy < g->OH; oy++)
+    for (int64_t cb = 0; cb < g->OWv16; cb += 16 * nv)
+      for (int v = 0; v < nv; v++) {
+        dconv_v16i live = lane < (int)(g->OW - cb - 16 * v);
+        dconv_v16 d = (dconv_v16)((dconv_v16i)DCONV_LD16(dyp + oy * g->OW + cb + 16 * v) & live);
+        for (int ky = 0; ky < 3; ky++) {
+          const float *row = xp + (ch * g->Hp + oy + ky) * g->Wp + cb + 16 * v;
+          for (int kx = 0; kx < 3; kx++) acc[ky * 3 + kx] += d * DCONV_LD16(row + kx);
+        }
+      }
+  for (int t = 0; t < 9; t++) {
+    cpu_v8 h = (cpu_v8){acc[t][0], acc[t][1], acc[t][2], acc[t][3], acc[t][4], acc[t][5], acc[t][6], acc[t][7]} +
+               (cpu_v8){acc[t][8], acc[t][9], acc[t][10], acc[t][11], acc[t][12], acc[t][13], acc[t][14], acc[t][15]};
+    dw[t] += cpu_hsum8(h);
+  }
+}
+
+#define DCONV16_BODY(ATTR, REG, fwd_sample16, bwd_plane16)                                                              \
+  ATTR static void fwd_sample16(const dconv_geom *g, const float *xp, const float *wf, const float *bias, float *const yb[4], \
+                                const ampc_tensor *y, int64_t n) {                                                       \
+    for (int64_t o = 0; o < g->O; o += 4) {                                                                              \
+      int64_t rem = g->O - o < 4 ? g->O - o : 4;                                                                         \
+      const float *w[4];                                                                                                 \
+      float b[4];                                                                                                        \
+      for (int c = 0; c < 4; c++) {                                                                                      \
+        int64_t oc = o + (c < rem ? c : rem - 1);                                                                        \
+        w[c] = wf + oc * g->C * 9;                                                                                       \
+        b[c] = bias ? bias[oc] : 0.0f;                                                                                   \
+      }                                                                                                                  \
+      if (g->nv16 == 2) fwd_quad16(g, xp, w, b, yb, 2, REG);                                                             \
+      else fwd_quad16(g, xp, w, b, yb, 1, REG);                                                                          \
+      for (int64_t c = 0; c < rem; c++) cpu_store(y, (n * g->O + o + c) * g->OHW, yb[c], (size_t)g->OHW, 0, NULL);      \
+    }                                                                                                                    \
+  }                                                                                                                      \
+  ATTR static void bwd_plane16(const dconv_geom *g, const float *xp, const float *dyp, float *dw) {                      \
+    for (int64_t ch = 0; ch < g->C; ch++) {                                                                              \
+      if (g->nv16 == 2) bwd_taps16(g, xp, dyp, ch, dw + ch * 9, 2);                                                     \
+      else bwd_taps16(g, xp, dyp, ch, dw + ch * 9, 1);                                                                   \
+    }                                                                                                                    \
+  }
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(AMPC_NO_CLONES)
+#define DCONV_AVX512 1
+DCONV16_BODY(__attribute__((target("arch=x86-64-v4"))), 1, fwd_sample16_avx512, bwd_plane16_avx512)
+#else
+#define DCONV_AVX512 0
+#endif
+DCONV16_BODY(CPU_VECTOR, 0, fwd_sample16_any, bwd_plane16_any)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+/* When set, the direct loop runs its 16-wide code whatever the CPU (the
+ * portable build where the CPU has no AVX-512): a hook for tests. */
+int ampc__cpu_direct_wide = 0;
+
+/* 2: the AVX-512 build of the 16-wide loops, 1: their portable build (the
+ * hook), 0: the 8-wide loops. */
+static int dconv_wide(const ampc__op_call *c) {
+  if (DCONV_AVX512 && cpu_ctx(c)->isa->avx512) return 2;
+  return ampc__cpu_direct_wide ? 1 : 0;
+}
+
 /* Everything above in one function per instruction set, so that the vector
  * loops are compiled (and contracted to FMA) for it. */
 #define DCONV_BODY(ATTR, REG, fwd_sample, bwd_plane)                                                                           \
@@ -176,7 +304,7 @@ ampc_status ampc__cpu_direct_fwd(const ampc__op_call *c) {
   dconv_geom g = dconv_geometry(c);
   const ampc_tensor *x = &c->in[0], *y = &c->out;
   const ampc_tensor *b = c->n_in > 2 && c->in[2].data ? &c->in[2] : NULL;
-  int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads, avx2 = dconv_avx2(c);
+  int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads, avx2 = dconv_avx2(c), wide = dconv_wide(c);
   if (ampc__cpu_direct_ws(c, nt) > c->ws_size) return ampc__error(AMPC_ESTATE, "conv2d: direct workspace too small");
   float *shared = (float *)c->ws;
   const float *wf = cpu_load(&c->in[1], 0, (size_t)(g.O * g.C * 9), shared);
@@ -184,9 +312,20 @@ ampc_status ampc__cpu_direct_fwd(const ampc__op_call *c) {
 #pragma omp parallel num_threads(nt)
   {
     float *xp = cpu_ws_slice(c, omp_get_thread_num(), g.per_thread, g.shared), *y0 = xp + g.off_y0, *y1 = xp + g.off_y1;
+    float *const yb[4] = {y0, y1, xp + g.off_y2, xp + g.off_y3};
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t n = 0; n < g.N; n++) {
       stage_sample(&g, x, n, xp, xp + g.off_xt);
+#if DCONV_AVX512
+      if (wide == 2) {
+        fwd_sample16_avx512(&g, xp, wf, bias, yb, y, n);
+        continue;
+      }
+#endif
+      if (wide) {
+        fwd_sample16_any(&g, xp, wf, bias, yb, y, n);
+        continue;
+      }
 #if DCONV_X86
       if (avx2) {
         fwd_sample_avx2(&g, xp, wf, bias, y0, y1, y, n);
@@ -205,7 +344,7 @@ ampc_status ampc__cpu_direct_bwd_weights(const ampc__op_call *c) {
   dconv_geom g = dconv_geometry(c);
   const ampc_tensor *x = &c->in[0], *dy = &c->dout, *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 && c->din[2].data ? &c->din[2] : NULL;
-  int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads, avx2 = dconv_avx2(c), nth_used = 1;
+  int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads, avx2 = dconv_avx2(c), wide = dconv_wide(c), nth_used = 1;
   size_t nw = (size_t)(g.O * g.C * 9);
   if (ampc__cpu_direct_ws(c, nt) > c->ws_size) return ampc__error(AMPC_ESTATE, "conv2d: direct workspace too small");
 #pragma omp parallel num_threads(nt)
@@ -224,6 +363,16 @@ ampc_status ampc__cpu_direct_bwd_weights(const ampc__op_call *c) {
         ampc_load_f32(dys, dy->dtype, cpu_at(dy, (n * g.O + o) * g.OHW), (size_t)g.OHW);
         if (db) part[nw + o] += cpu_sum(dys, (size_t)g.OHW);
         if (!dw->data) continue;
+#if DCONV_AVX512
+        if (wide == 2) {
+          bwd_plane16_avx512(&g, xp, dys, part + o * g.C * 9);
+          continue;
+        }
+#endif
+        if (wide) {
+          bwd_plane16_any(&g, xp, dys, part + o * g.C * 9);
+          continue;
+        }
 #if DCONV_X86
         if (avx2) {
           bwd_plane_avx2(&g, xp, dys, part + o * g.C * 9);

@@ -32,6 +32,7 @@ typedef struct ampc__cpu_isa {
   /* vmax: NULL unless amsgrad */
   void (*adam)(const ampc__optim_consts *k, size_t n, float *w, const float *g, float gmul, float *m, float *v,
                float *vmax);
+  int avx512; /* 1: the AVX-512 level (the direct convolution's 16-wide loops take it) */
 } ampc__cpu_isa;
 extern const ampc__cpu_isa ampc__cpu_isa_baseline;
 /* NULL where the AVX2 build is not compiled in (not x86-64); whether the CPU
@@ -286,6 +287,9 @@ int ampc__cpu_direct_preferred(const ampc__op_call *c);
 size_t ampc__cpu_direct_ws(const ampc__op_call *c, int nthreads);
 ampc_status ampc__cpu_direct_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_direct_bwd_weights(const ampc__op_call *c);
+/* When set, the direct convolution runs its 16-wide (AVX-512) loops on any
+ * CPU, through their portable build: a hook for tests. */
+extern int ampc__cpu_direct_wide;
 ampc_status ampc__cpu_linear_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_linear_bwd(const ampc__op_call *c);
 size_t ampc__cpu_linear_ws(const ampc__op_call *c, int nthreads);

@@ -104,9 +104,9 @@ __attribute__((target("avx2,fma"))) static void adam_avx2(const ampc__optim_cons
 }
 #endif
 
-const ampc__cpu_isa ampc__cpu_isa_baseline = {"baseline", 0, sgd_scalar, adam_scalar};
+const ampc__cpu_isa ampc__cpu_isa_baseline = {"baseline", 0, sgd_scalar, adam_scalar, 0};
 #ifdef STEP_HAVE_AVX2
-static const ampc__cpu_isa isa_avx2 = {"avx2+fma+f16c", 1, sgd_avx2, adam_avx2};
+static const ampc__cpu_isa isa_avx2 = {"avx2+fma+f16c", 1, sgd_avx2, adam_avx2, 0};
 const ampc__cpu_isa *const ampc__cpu_isa_avx2 = &isa_avx2;
 #else
 const ampc__cpu_isa *const ampc__cpu_isa_avx2 = NULL;
@@ -115,7 +115,7 @@ const ampc__cpu_isa *const ampc__cpu_isa_avx2 = NULL;
 #ifdef AMPC__CPU_AVX512
 /* AVX-512 CPUs have AVX2, FMA and F16C (ampc__cpu_has_avx512 checks), so the
  * kernels outside the step take their AVX2 code here too. */
-static const ampc__cpu_isa isa_avx512 = {"avx512", 1, ampc__cpu_sgd_avx512, ampc__cpu_adam_avx512};
+static const ampc__cpu_isa isa_avx512 = {"avx512", 1, ampc__cpu_sgd_avx512, ampc__cpu_adam_avx512, 1};
 const ampc__cpu_isa *const ampc__cpu_isa_avx512 = &isa_avx512;
 #else
 const ampc__cpu_isa *const ampc__cpu_isa_avx512 = NULL;
