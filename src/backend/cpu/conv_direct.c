@@ -125,24 +125,28 @@ static inline __attribute__((always_inline)) void fwd_pair(const dconv_geom *g, 
 /* The 9 taps' gradient of output channel o over input channel ch, from one
  * sample's padded input and the output gradient plane dyp (rows OW apart,
  * readable 32 floats past its end; columns past OW are masked off), added to
- * dw[0..8]. */
-static inline __attribute__((always_inline)) void bwd_taps(const dconv_geom *g, const float *xp, const float *dyp,
-                                                           int64_t ch, float *dw, const int nv) {
-  cpu_v8 acc[9];
-  const cpu_v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
-  for (int t = 0; t < 9; t++) acc[t] = (cpu_v8){0};
-  for (int64_t oy = 0; oy < g->OH; oy++)
-    for (int64_t cb = 0; cb < g->OWv; cb += 8 * nv)
-      for (int v = 0; v < nv; v++) {
-        cpu_v8i live = lane < (int)(g->OW - cb - 8 * v);
-        cpu_v8 d = (cpu_v8)((cpu_v8i)CPU_LD8(dyp + oy * g->OW + cb + 8 * v) & live);
-        for (int ky = 0; ky < 3; ky++) {
-          const float *row = xp + (ch * g->Hp + oy + ky) * g->Wp + cb + 8 * v;
-          for (int kx = 0; kx < 3; kx++) acc[ky * 3 + kx] += d * CPU_LD8(row + kx);
-        }
-      }
-  for (int t = 0; t < 9; t++) dw[t] += cpu_hsum8(acc[t]);
-}
+ * dw[0..8]: in VW-lane partial sums over blocks of OWV columns. bwd_taps:
+ * 8-wide; bwd_taps16 (below): 16-wide. */
+#define DCONV_TAPS_DEF(name, vt, vti, VW, OWV, HSUM)                                                                   \
+  static inline __attribute__((always_inline)) void name(const dconv_geom *g, const float *xp, const float *dyp,         \
+                                                         int64_t ch, float *dw, const int nv) {                          \
+    vt acc[9];                                                                                                           \
+    vti lane;                                                                                                            \
+    for (int l = 0; l < VW; l++) lane[l] = l;                                                                            \
+    for (int t = 0; t < 9; t++) acc[t] = (vt){0};                                                                        \
+    for (int64_t oy = 0; oy < g->OH; oy++)                                                                               \
+      for (int64_t cb = 0; cb < g->OWV; cb += VW * nv)                                                                   \
+        for (int v = 0; v < nv; v++) {                                                                                   \
+          vti live = lane < (int)(g->OW - cb - VW * v);                                                                  \
+          vt d = (vt)((vti) * (const vt *)(dyp + oy * g->OW + cb + VW * v) & live);                                      \
+          for (int ky = 0; ky < 3; ky++) {                                                                               \
+            const float *row = xp + (ch * g->Hp + oy + ky) * g->Wp + cb + VW * v;                                        \
+            for (int kx = 0; kx < 3; kx++) acc[ky * 3 + kx] += d * *(const vt *)(row + kx);                              \
+          }                                                                                                              \
+        }                                                                                                                \
+    for (int t = 0; t < 9; t++) dw[t] += HSUM(acc[t]);                                                                   \
+  }
+DCONV_TAPS_DEF(bwd_taps, cpu_v8, cpu_v8i, 8, OWv, cpu_hsum8)
 
 /* ---- the 16-wide loops (AVX-512's 32 registers of 16 floats) ----
  *
@@ -198,27 +202,11 @@ static inline __attribute__((always_inline)) void fwd_quad16(const dconv_geom *g
     }
 }
 
-static inline __attribute__((always_inline)) void bwd_taps16(const dconv_geom *g, const float *xp, const float *dyp,
-                                                             int64_t ch, float *dw, const int nv) {
-  dconv_v16 acc[9];
-  const dconv_v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  for (int t = 0; t < 9; t++) acc[t] = (dconv_v16){0};
-  for (int64_t oy = 0; oy < g->OH; oy++)
-    for (int64_t cb = 0; cb < g->OWv16; cb += 16 * nv)
-      for (int v = 0; v < nv; v++) {
-        dconv_v16i live = lane < (int)(g->OW - cb - 16 * v);
-        dconv_v16 d = (dconv_v16)((dconv_v16i)DCONV_LD16(dyp + oy * g->OW + cb + 16 * v) & live);
-        for (int ky = 0; ky < 3; ky++) {
-          const float *row = xp + (ch * g->Hp + oy + ky) * g->Wp + cb + 16 * v;
-          for (int kx = 0; kx < 3; kx++) acc[ky * 3 + kx] += d * DCONV_LD16(row + kx);
-        }
-      }
-  for (int t = 0; t < 9; t++) {
-    cpu_v8 h = (cpu_v8){acc[t][0], acc[t][1], acc[t][2], acc[t][3], acc[t][4], acc[t][5], acc[t][6], acc[t][7]} +
-               (cpu_v8){acc[t][8], acc[t][9], acc[t][10], acc[t][11], acc[t][12], acc[t][13], acc[t][14], acc[t][15]};
-    dw[t] += cpu_hsum8(h);
-  }
-}
+/* the 16 lanes folded to 8, then as the 8-wide sums */
+#define dconv_hsum16(a)                                                                                                \
+  cpu_hsum8(((cpu_v8){(a)[0], (a)[1], (a)[2], (a)[3], (a)[4], (a)[5], (a)[6], (a)[7]} +                                \
+             (cpu_v8){(a)[8], (a)[9], (a)[10], (a)[11], (a)[12], (a)[13], (a)[14], (a)[15]}))
+DCONV_TAPS_DEF(bwd_taps16, dconv_v16, dconv_v16i, 16, OWv16, dconv_hsum16)
 
 #define DCONV16_BODY(ATTR, REG, fwd_sample16, bwd_plane16)                                                              \
   ATTR static void fwd_sample16(const dconv_geom *g, const float *xp, const float *wf, const float *bias, float *const yb[4], \
