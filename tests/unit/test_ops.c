@@ -21,6 +21,8 @@
  * test_graph.c's.
  */
 #include "op_harness.h"
+#include "backend/cpu/cpu_internal.h"
+#include "core/graph_internal.h"
 
 
 /* The second backend of the axis. */
@@ -281,13 +283,15 @@ TEST(winograd_wide_kernel_same_bits) {
   test_conv_algo = AMPC_CONV_AUTO;
 }
 
-/* The direct loop's 16-wide (AVX-512) code, forced (so it runs on any CPU:
- * the portable build of it where the CPU has no AVX-512), against the f64
- * reference like every path; and against the 8-wide loop: the forward is
- * the same in-order sum (the same bits), the weight gradient sums in 16
- * lanes instead of 8 (close). Shapes: planes of 1 to 37 columns (one or two
- * 16-column vectors, whole and partial), 1 to 5 output channels (groups of
- * 4 and their remainders). */
+/* The direct loop's 16-wide (AVX-512) code through its portable build,
+ * forced so that it runs on any CPU, against the f64 reference like every
+ * path; and against the 8-wide loop (on an AVX-512 CPU the device's level
+ * is set to AVX2 for that run): the forward is the same in-order sum (the
+ * same bits), the weight gradient sums in 16 lanes instead of 8 (close).
+ * Where the CPU has AVX-512, its own build of the 16-wide loops (the
+ * default there) gives the portable build's bits. Shapes: planes of 1 to 37
+ * columns (one or two 16-column vectors, whole and partial), 1 to 5 output
+ * channels (groups of 4 and their remainders). */
 TEST(conv2d_direct_wide) {
   test_conv_algo = AMPC_CONV_DIRECT;
   ampc__cpu_direct_wide = 1;
@@ -304,11 +308,14 @@ TEST(direct_wide_kernel_same_forward) {
       const op_case *cs = find_case(names[i]);
       ctx_case = cs->name;
       ctx_prec = PRECS[p].name;
-      net a = {0}, b = {0};
-      if (build(&a, cs, &PRECS[p].p, cs->n, 2) == 0 && build(&b, cs, &PRECS[p].p, cs->n, 2) == 0) {
-        for (int r = 0; r < 2; r++) {
-          net *q = r ? &b : &a;
-          ampc__cpu_direct_wide = r;
+      int avx512 = ampc__cpu_isa_avx512 && ampc__cpu_has_avx512();
+      net a = {0}, b = {0}, c = {0};
+      if (build(&a, cs, &PRECS[p].p, cs->n, 2) == 0 && build(&b, cs, &PRECS[p].p, cs->n, 2) == 0 &&
+          (!avx512 || build(&c, cs, &PRECS[p].p, cs->n, 2) == 0)) {
+        if (avx512) ampc__cpu_set_isa(ampc__graph_device(a.g), ampc__cpu_isa_avx2); /* a: the 8-wide loop */
+        for (int r = 0; r < 2 + avx512; r++) {
+          net *q = r == 0 ? &a : r == 1 ? &b : &c; /* b: the portable 16-wide build; c: AVX-512's */
+          ampc__cpu_direct_wide = r == 1;
           CHECK_OK(ampc_graph_forward(q->g, 1));
           CHECK_OK(ampc_graph_backward(q->g, q->loss, 1.0f, 0));
         }
@@ -317,9 +324,14 @@ TEST(direct_wide_kernel_same_forward) {
         CHECK_MSG(sa.n[0] == sb.n[0] && memcmp(sa.v[0], sb.v[0], sa.n[0] * sizeof *sa.v[0]) == 0,
                   "%s [%s]: the 16-wide forward differs from the 8-wide one", cs->name, PRECS[p].name);
         compare_snapshots(&sa, &sb, prec_tol(&PRECS[p].p), "8-wide vs 16-wide loops");
+        if (avx512) {
+          snapshot sc = take_snapshot(&c, cs);
+          compare_snapshots(&sb, &sc, 0.0, "the 16-wide loops' portable vs AVX-512 build, bit for bit");
+        }
       }
       ampc_graph_free(a.g);
       ampc_graph_free(b.g);
+      ampc_graph_free(c.g);
       tmp_free_all();
     }
   test_conv_algo = AMPC_CONV_AUTO;

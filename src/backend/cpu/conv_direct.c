@@ -247,11 +247,11 @@ DCONV16_BODY(CPU_VECTOR, 0, fwd_sample16_any, bwd_plane16_any)
  * portable build where the CPU has no AVX-512): a hook for tests. */
 int ampc__cpu_direct_wide = 0;
 
-/* 2: the AVX-512 build of the 16-wide loops, 1: their portable build (the
- * hook), 0: the 8-wide loops. */
+/* 1: the portable build of the 16-wide loops (the hook, on any CPU), 2:
+ * their AVX-512 build (the device's level is avx512), 0: the 8-wide loops. */
 static int dconv_wide(const ampc__op_call *c) {
-  if (DCONV_AVX512 && cpu_ctx(c)->isa->avx512) return 2;
-  return ampc__cpu_direct_wide ? 1 : 0;
+  if (ampc__cpu_direct_wide) return 1;
+  return DCONV_AVX512 && cpu_ctx(c)->isa->avx512 ? 2 : 0;
 }
 
 /* Everything above in one function per instruction set, so that the vector
