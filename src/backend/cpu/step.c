@@ -181,7 +181,6 @@ static ampc_status need_partial(ampc__cpu_dev *cd, size_t n) {
  * and sum stay two roundings (contraction off there). */
 typedef float step_v8 __attribute__((vector_size(32), aligned(4), may_alias));
 typedef int step_v8i __attribute__((vector_size(32)));
-typedef float step_v4 __attribute__((vector_size(16)));
 typedef double step_v4d __attribute__((vector_size(32)));
 /* m > mx ? m : mx per lane (a NaN m never wins) */
 #define STEP_MAX8(mx, m) ((step_v8)(((step_v8i)(m) & ((m) > (mx))) | ((step_v8i)(mx) & ~((m) > (mx)))))
