@@ -247,30 +247,24 @@ DCONV16_BODY(CPU_VECTOR, 0, fwd_sample16_any, bwd_plane16_any)
  * portable build where the CPU has no AVX-512): a hook for tests. */
 int ampc__cpu_direct_wide = 0;
 
-/* 1: the portable build of the 16-wide loops (the hook, on any CPU), 2:
- * their AVX-512 build (the device's level is avx512), 0: the 8-wide loops. */
-static int dconv_wide(const ampc__op_call *c) {
-  if (ampc__cpu_direct_wide) return 1;
-  return DCONV_AVX512 && cpu_ctx(c)->isa->avx512 ? 2 : 0;
-}
-
 /* Everything above in one function per instruction set, so that the vector
  * loops are compiled (and contracted to FMA) for it. */
-#define DCONV_BODY(ATTR, REG, fwd_sample, bwd_plane)                                                                           \
-  ATTR static void fwd_sample(const dconv_geom *g, const float *xp, const float *wf, const float *bias, float *y0, float *y1, \
-                         const ampc_tensor *y, int64_t n) {                                                              \
+#define DCONV_BODY(ATTR, REG, fwd_sample, bwd_plane)                                                                  \
+  ATTR static void fwd_sample(const dconv_geom *g, const float *xp, const float *wf, const float *bias,                  \
+                              float *const yb[4], const ampc_tensor *y, int64_t n) {                                     \
+    float *y0 = yb[0], *y1 = yb[1];                                                                                      \
     for (int64_t o = 0; o < g->O; o += 2) {                                                                              \
       int two = o + 1 < g->O;                                                                                            \
       const float *w0 = wf + o * g->C * 9, *w1 = two ? w0 + g->C * 9 : w0;                                               \
       float b0 = bias ? bias[o] : 0.0f, b1 = bias && two ? bias[o + 1] : 0.0f;                                           \
-      if (g->nv == 4) fwd_pair(g, xp, w0, w1, b0, b1, y0, y1, 4, REG);                                                        \
-      else if (g->nv == 2) fwd_pair(g, xp, w0, w1, b0, b1, y0, y1, 2, REG);                                                   \
-      else fwd_pair(g, xp, w0, w1, b0, b1, y0, y1, 1, REG);                                                                   \
+      if (g->nv == 4) fwd_pair(g, xp, w0, w1, b0, b1, y0, y1, 4, REG);                                                   \
+      else if (g->nv == 2) fwd_pair(g, xp, w0, w1, b0, b1, y0, y1, 2, REG);                                              \
+      else fwd_pair(g, xp, w0, w1, b0, b1, y0, y1, 1, REG);                                                              \
       cpu_store(y, (n * g->O + o) * g->OHW, y0, (size_t)g->OHW, 0, NULL);                                                \
       if (two) cpu_store(y, (n * g->O + o + 1) * g->OHW, y1, (size_t)g->OHW, 0, NULL);                                   \
     }                                                                                                                    \
   }                                                                                                                      \
-  ATTR static void bwd_plane(const dconv_geom *g, const float *xp, const float *dyp, float *dw) {                             \
+  ATTR static void bwd_plane(const dconv_geom *g, const float *xp, const float *dyp, float *dw) {                        \
     for (int64_t ch = 0; ch < g->C; ch++) {                                                                              \
       if (g->nv == 4) bwd_taps(g, xp, dyp, ch, dw + ch * 9, 4);                                                          \
       else if (g->nv == 2) bwd_taps(g, xp, dyp, ch, dw + ch * 9, 2);                                                     \
@@ -284,44 +278,51 @@ DCONV_BODY(__attribute__((target("avx2,fma"))), 1, fwd_sample_avx2, bwd_plane_av
 #else
 #define DCONV_X86 0
 #endif
-/* the device's instruction-set level decides (chosen once, with the rest) */
-static int dconv_avx2(const ampc__op_call *c) { return DCONV_X86 && cpu_ctx(c)->isa->avx2; }
 DCONV_BODY(, 0, fwd_sample, bwd_plane)
+
+/* One sample's output planes (yb: the thread's four planes) and one output
+ * channel's weight gradient, in one build of the loops. */
+typedef struct {
+  void (*fwd)(const dconv_geom *g, const float *xp, const float *wf, const float *bias, float *const yb[4],
+              const ampc_tensor *y, int64_t n);
+  void (*bwd)(const dconv_geom *g, const float *xp, const float *dyp, float *dw);
+} dconv_kernels;
+
+/* The build, chosen once per call: the 16-wide loops' portable build where
+ * the test hook asks for it (any CPU), their AVX-512 build where the
+ * device's level is avx512, else the 8-wide loops of the AVX2 level or the
+ * baseline (the device's level is chosen once, with the rest). */
+static dconv_kernels dconv_pick(const ampc__op_call *c) {
+  const ampc__cpu_isa *isa = cpu_ctx(c)->isa;
+  if (ampc__cpu_direct_wide) return (dconv_kernels){fwd_sample16_any, bwd_plane16_any};
+#if DCONV_AVX512
+  if (isa->avx512) return (dconv_kernels){fwd_sample16_avx512, bwd_plane16_avx512};
+#endif
+#if DCONV_X86
+  if (isa->avx2) return (dconv_kernels){fwd_sample_avx2, bwd_plane_avx2};
+#endif
+  (void)isa;
+  return (dconv_kernels){fwd_sample, bwd_plane};
+}
 
 ampc_status ampc__cpu_direct_fwd(const ampc__op_call *c) {
   dconv_geom g = dconv_geometry(c);
   const ampc_tensor *x = &c->in[0], *y = &c->out;
   const ampc_tensor *b = c->n_in > 2 && c->in[2].data ? &c->in[2] : NULL;
-  int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads, avx2 = dconv_avx2(c), wide = dconv_wide(c);
+  int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads;
   if (ampc__cpu_direct_ws(c, nt) > c->ws_size) return ampc__error(AMPC_ESTATE, "conv2d: direct workspace too small");
+  dconv_kernels k = dconv_pick(c);
   float *shared = (float *)c->ws;
   const float *wf = cpu_load(&c->in[1], 0, (size_t)(g.O * g.C * 9), shared);
   const float *bias = b ? cpu_load(b, 0, (size_t)g.O, shared + g.O * g.C * 9) : NULL;
 #pragma omp parallel num_threads(nt)
   {
-    float *xp = cpu_ws_slice(c, omp_get_thread_num(), g.per_thread, g.shared), *y0 = xp + g.off_y0, *y1 = xp + g.off_y1;
-    float *const yb[4] = {y0, y1, xp + g.off_y2, xp + g.off_y3};
+    float *xp = cpu_ws_slice(c, omp_get_thread_num(), g.per_thread, g.shared);
+    float *const yb[4] = {xp + g.off_y0, xp + g.off_y1, xp + g.off_y2, xp + g.off_y3};
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t n = 0; n < g.N; n++) {
       stage_sample(&g, x, n, xp, xp + g.off_xt);
-#if DCONV_AVX512
-      if (wide == 2) {
-        fwd_sample16_avx512(&g, xp, wf, bias, yb, y, n);
-        continue;
-      }
-#endif
-      if (wide) {
-        fwd_sample16_any(&g, xp, wf, bias, yb, y, n);
-        continue;
-      }
-#if DCONV_X86
-      if (avx2) {
-        fwd_sample_avx2(&g, xp, wf, bias, y0, y1, y, n);
-        continue;
-      }
-#endif
-      (void)avx2;
-      fwd_sample(&g, xp, wf, bias, y0, y1, y, n);
+      k.fwd(&g, xp, wf, bias, yb, y, n);
     }
   }
   return AMPC_OK;
@@ -332,9 +333,10 @@ ampc_status ampc__cpu_direct_bwd_weights(const ampc__op_call *c) {
   dconv_geom g = dconv_geometry(c);
   const ampc_tensor *x = &c->in[0], *dy = &c->dout, *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 && c->din[2].data ? &c->din[2] : NULL;
-  int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads, avx2 = dconv_avx2(c), wide = dconv_wide(c), nth_used = 1;
+  int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads, nth_used = 1;
   size_t nw = (size_t)(g.O * g.C * 9);
   if (ampc__cpu_direct_ws(c, nt) > c->ws_size) return ampc__error(AMPC_ESTATE, "conv2d: direct workspace too small");
+  dconv_kernels k = dconv_pick(c);
 #pragma omp parallel num_threads(nt)
   {
     int tid = omp_get_thread_num(), nth = omp_get_num_threads();
@@ -350,25 +352,7 @@ ampc_status ampc__cpu_direct_bwd_weights(const ampc__op_call *c) {
         /* staged even from f32: the taps read a little past the plane */
         ampc_load_f32(dys, dy->dtype, cpu_at(dy, (n * g.O + o) * g.OHW), (size_t)g.OHW);
         if (db) part[nw + o] += cpu_sum(dys, (size_t)g.OHW);
-        if (!dw->data) continue;
-#if DCONV_AVX512
-        if (wide == 2) {
-          bwd_plane16_avx512(&g, xp, dys, part + o * g.C * 9);
-          continue;
-        }
-#endif
-        if (wide) {
-          bwd_plane16_any(&g, xp, dys, part + o * g.C * 9);
-          continue;
-        }
-#if DCONV_X86
-        if (avx2) {
-          bwd_plane_avx2(&g, xp, dys, part + o * g.C * 9);
-          continue;
-        }
-#endif
-        (void)avx2;
-        bwd_plane(&g, xp, dys, part + o * g.C * 9);
+        if (dw->data) k.bwd(&g, xp, dys, part + o * g.C * 9);
       }
     }
   }
