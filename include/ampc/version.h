@@ -42,6 +42,23 @@ const char *ampc_version(void);
 /* The same facts one by one. A static struct; never NULL. */
 const ampc_version_info *ampc_version_get(void);
 
+/* The BLAS library the CPU backend's products run on, and the kernel set it
+ * chose for this CPU: ampc_blas_name() "OpenBLAS 0.3.21", ampc_blas_core()
+ * "SkylakeX", "Haswell", "Zen", ... (static strings; never NULL).
+ *
+ * OpenBLAS chooses its kernels as it is loaded, by the CPU's model number,
+ * and falls back to its SSE3 kernels ("Prescott") on a CPU it does not know
+ * (0.3.21 on Intel's model 207 Xeons): sgemm then runs at a fifth of the
+ * speed. ampc_blas_better_core() names the kernel set that fits this CPU
+ * ("SkylakeX" with AVX-512, "Haswell" with AVX2 and FMA) when OpenBLAS chose
+ * one without AVX2, else NULL. The environment variable OPENBLAS_CORETYPE set
+ * to that name before OpenBLAS is loaded overrides its choice: the ampc
+ * program re-executes itself with it; a program of your own sets it in the
+ * environment it is started from. */
+const char *ampc_blas_name(void);
+const char *ampc_blas_core(void);
+const char *ampc_blas_better_core(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -123,6 +123,10 @@ int ampc__cpu_has_avx2_f16c(void);
  * VL, besides AVX2, FMA and F16C (checked once). The AVX-512 conversions and
  * the cpu backend's AVX-512 kernels both need this. */
 int ampc__cpu_has_avx512(void);
+/* The OpenBLAS kernel set (OPENBLAS_CORETYPE) that fits a CPU with these
+ * features where OpenBLAS chose core (one without AVX2), or NULL: the rule
+ * behind ampc_blas_better_core(), separate for the tests. */
+const char *ampc__blas_better_core(const char *core, int avx2_fma, int avx512);
 
 #if AMPC__DTYPE_X86
 /* F16C/AVX2 bulk conversions (dtype_avx2.c, compiled for those features by

@@ -137,6 +137,17 @@ printf 'not a safetensors file' > "$dir/junk.safetensors"
 check 1 "$dir/junk.safetensors" "$ampc" eval --test-limit 64 --weights "$dir/junk.safetensors"
 
 # --- bench and summary ----------------------------------------------------------------------
+# OpenBLAS's kernels fit the CPU: where it has AVX2 and FMA, the program runs
+# on a kernel set with them even where OpenBLAS does not know the CPU's model
+# (it then re-executes itself with OPENBLAS_CORETYPE); a value the user set
+# is kept.
+core=$(env -u OPENBLAS_CORETYPE "$ampc" --version | sed -n 's/^blas: .*, core \([A-Za-z0-9_]*\).*/\1/p')
+forced=$(OPENBLAS_CORETYPE=Prescott "$ampc" --version | sed -n 's/^blas: .*, core \([A-Za-z0-9_]*\).*/\1/p')
+pre_avx2=" Unknown Katmai Coppermine Northwood Prescott Banias Atom Core2 Penryn Dunnington Nehalem Athlon Opteron Opteron_SSE3 Barcelona Nano Sandybridge Bobcat Bulldozer Piledriver Steamroller "
+if [ -z "$core" ] || [ "$forced" != Prescott ]; then bad "ampc --version's blas core: '$core', with OPENBLAS_CORETYPE=Prescott '$forced'"
+elif grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && [[ "$pre_avx2" == *" $core "* ]]; then
+  bad "OpenBLAS runs its $core kernels on a CPU with AVX2 and FMA"
+else ok "OpenBLAS core $core on this CPU, the user's OPENBLAS_CORETYPE kept"; fi
 if "$ampc" bench --model mlp --steps 1 --opt-level O0 | head -1 | grep -q "O0 (f32)" &&
    "$ampc" bench --model mlp --steps 1 --opt-level O2 --half bf16 | head -1 | grep -q "O2 (bf16)"; then
   ok "bench labels O0 f32 and O2 bf16"

@@ -17,9 +17,11 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "ampc/dtype.h"
+#include "ampc/version.h"
 #include "core/dtype_internal.h"
 #include "test.h"
 
@@ -575,6 +577,28 @@ TEST(convert_path) {
   printf("     bulk conversion path: %s\n", ampc_convert_path());
 }
 
+/* The OpenBLAS kernel set ampc asks for: only where OpenBLAS chose one
+ * without AVX2 on a CPU that has it (model numbers it does not know), the
+ * AVX-512 set where the CPU has AVX-512; its own choice kept otherwise. */
+TEST(blas_core_rule) {
+  CHECK(strcmp(ampc__blas_better_core("Prescott", 1, 1), "SkylakeX") == 0);
+  CHECK(strcmp(ampc__blas_better_core("prescott", 1, 0), "Haswell") == 0);
+  CHECK(strcmp(ampc__blas_better_core("Sandybridge", 1, 0), "Haswell") == 0);
+  CHECK(strcmp(ampc__blas_better_core("Nehalem", 1, 1), "SkylakeX") == 0);
+  CHECK(ampc__blas_better_core("Prescott", 0, 0) == NULL); /* the CPU has no better */
+  static const char *const fine[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Excavator", "NewCore"};
+  for (size_t i = 0; i < sizeof fine / sizeof *fine; i++) {
+    CHECK(ampc__blas_better_core(fine[i], 1, 1) == NULL);
+    CHECK(ampc__blas_better_core(fine[i], 1, 0) == NULL);
+  }
+  CHECK(ampc__blas_better_core(NULL, 1, 1) == NULL);
+  /* the library's answer for this process: the linked OpenBLAS's core */
+  const char *core = ampc_blas_core(), *better = ampc_blas_better_core();
+  CHECK(core && *core && strncmp(ampc_blas_name(), "OpenBLAS", 8) == 0);
+  CHECK(better == ampc__blas_better_core(core, ampc__cpu_has_avx2_f16c(), ampc__cpu_has_avx512()));
+  printf("     %s, core %s%s%s\n", ampc_blas_name(), core, better ? "; fits this cpu better: " : "", better ? better : "");
+}
+
 /* ---- ampc_convert, load/store: every pair, every path ---- */
 
 enum { NCONV = 1000 + 37 }; /* several of convert's 256-element blocks, and a tail */
@@ -716,7 +740,7 @@ TEST(fp_environment) {
 #endif
 }
 
-TEST_MAIN(TEST_ENTRY(dtype_traits), TEST_ENTRY(round_in_place), TEST_ENTRY(dtype_parse), TEST_ENTRY(convert_path),
+TEST_MAIN(TEST_ENTRY(dtype_traits), TEST_ENTRY(round_in_place), TEST_ENTRY(dtype_parse), TEST_ENTRY(convert_path), TEST_ENTRY(blas_core_rule),
           TEST_ENTRY(known_values), TEST_ENTRY(f16_to_f32_all), TEST_ENTRY(bf16_to_f32_all),
           TEST_ENTRY(roundtrip_f16), TEST_ENTRY(roundtrip_bf16), TEST_ENTRY(f32_to_f16_hard_cases),
           TEST_ENTRY(f32_to_bf16_hard_cases), TEST_ENTRY(bulk_tails), TEST_ENTRY(convert_pairs),

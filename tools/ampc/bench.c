@@ -13,6 +13,7 @@
 
 #include "ampc/dtype.h"
 #include "ampc/rng.h"
+#include "ampc/version.h"
 #include "dist.h"
 #include "session.h"
 
@@ -332,6 +333,8 @@ int cmd_bench(int argc, char **argv) {
     json_object_set_new(o, "peak_kind", json_string(kind_key[peak_kind]));
     json_object_set_new(o, "peak_fraction", json_real(peak > 0 ? gflops / peak : 0.0));
     json_object_set_new(o, "kernel_path", json_string(ampc_kernel_path()));
+    json_object_set_new(o, "blas", json_string(ampc_blas_name()));
+    json_object_set_new(o, "blas_core", json_string(ampc_blas_core()));
     json_object_set_new(o, "convert_path", json_string(ampc_convert_path()));
     json_object_set_new(o, "peak_rss_bytes", json_integer(rss));
     json_object_set_new(o, "device", json_string(ampc_graph_backend_name(s.g)));
@@ -372,7 +375,8 @@ int cmd_bench(int argc, char **argv) {
            per_step, ips, flops / (double)c.batch_size / 1e9, gflops, sgemm > 0 ? gflops / sgemm : 0.0, sgemm, sgemm_n);
     printf("%.1f GFLOP/s = %.2f of this machine's peak (%.1f GFLOP/s: a register-only loop of %s on %d threads)\n",
            gflops, peak > 0 ? gflops / peak : 0.0, peak, kind_words[peak_kind], threads);
-    printf("vector code: kernels %s, conversions %s\n", ampc_kernel_path(), ampc_convert_path());
+    printf("vector code: kernels %s, conversions %s; blas: %s, core %s\n", ampc_kernel_path(), ampc_convert_path(),
+           ampc_blas_name(), ampc_blas_core());
     printf("time share:");
     for (size_t i = 0; i < nshare; i++) printf(" %s %.1f%%", share[i].name, total > 0 ? 100.0 * share[i].t / total : 0.0);
     printf(" other %.1f%%\n", total > 0 ? 100.0 * (total - accounted) / total : 0.0);

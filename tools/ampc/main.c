@@ -1,6 +1,8 @@
 /* ampc: train, evaluate and inspect mixed-precision models. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ampc/version.h"
 #include "cli.h"
@@ -26,7 +28,21 @@ static void usage(FILE *f) {
   fprintf(f, "\nampc <command> --help shows a command's options; ampc --version the build.\n");
 }
 
+/* Where OpenBLAS chose kernels older than this CPU (it does not know every
+ * new model: see ampc_blas_better_core()), run again with OPENBLAS_CORETYPE
+ * naming the ones that fit, which OpenBLAS reads only as it is loaded. A
+ * variable the user set is left alone, and the second run finds it set. If
+ * the program cannot be run again, it goes on with OpenBLAS's choice. */
+static void blas_fit(char **argv) {
+  if (getenv("OPENBLAS_CORETYPE")) return;
+  const char *core = ampc_blas_better_core();
+  if (!core || setenv("OPENBLAS_CORETYPE", core, 1) != 0) return;
+  execv("/proc/self/exe", argv);
+  unsetenv("OPENBLAS_CORETYPE");
+}
+
 int main(int argc, char **argv) {
+  blas_fit(argv);
   if (argc < 2) {
     usage(stderr);
     return 2;
@@ -39,6 +55,9 @@ int main(int argc, char **argv) {
     const ampc_version_info *v = ampc_version_get();
     printf("ampc %s\nbuild type: %s\nbackends: %s\ncommunicators: %s (MPI: %s)\ncpu paths: %s (this cpu: %s)\n", v->version,
            v->build_type, v->backends, v->comms, strstr(v->comms, "mpi") ? "built" : "not built", v->cpu_paths, v->cpu_path);
+    const char *ct = getenv("OPENBLAS_CORETYPE");
+    printf("blas: %s, core %s%s%s%s\n", ampc_blas_name(), ampc_blas_core(), ct ? " (OPENBLAS_CORETYPE=" : "", ct ? ct : "",
+           ct ? ")" : "");
     return 0;
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {

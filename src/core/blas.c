@@ -1,0 +1,59 @@
+/* Which kernels OpenBLAS chose for this CPU, and whether they fit it.
+ *
+ * OpenBLAS (the DYNAMIC_ARCH builds distributions ship) picks its kernels
+ * once, as it is loaded, from the CPU's family and model numbers. A CPU newer
+ * than the OpenBLAS build gets no match and falls back to the SSE3 kernels
+ * ("Prescott"): OpenBLAS 0.3.21 (Debian 12's) does so on Xeons of model 207
+ * (Emerald Rapids), where its sgemm then runs at a fifth of the speed of the
+ * AVX-512 kernels ("SkylakeX"). The environment variable OPENBLAS_CORETYPE
+ * overrides the choice, but only if it is set before the library is loaded:
+ * the ampc program re-executes itself with it (tools/ampc/main.c). */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "ampc/version.h"
+#include "core/dtype_internal.h"
+
+/* OpenBLAS's own queries (its cblas.h declares them). */
+char *openblas_get_corename(void);
+char *openblas_get_config(void);
+
+/* OpenBLAS's x86 kernel sets without AVX2 and FMA in their sgemm. */
+static const char *const pre_avx2[] = {"Unknown",  "Katmai",     "Coppermine",   "Northwood", "Prescott",    "Banias",
+                                       "Atom",     "Core2",      "Penryn",       "Dunnington", "Nehalem",    "Athlon",
+                                       "Opteron",  "Opteron_SSE3", "Barcelona",  "Nano",      "Sandybridge", "Bobcat",
+                                       "Bulldozer", "Piledriver", "Steamroller"};
+static int in_list(const char *core, const char *const *list, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (strcasecmp(core, list[i]) == 0) return 1;
+  return 0;
+}
+
+const char *ampc__blas_better_core(const char *core, int avx2_fma, int avx512) {
+  if (!core || !in_list(core, pre_avx2, sizeof pre_avx2 / sizeof *pre_avx2)) return NULL;
+  return avx512 ? "SkylakeX" : avx2_fma ? "Haswell" : NULL;
+}
+
+const char *ampc_blas_core(void) {
+  const char *c = openblas_get_corename();
+  return c ? c : "unknown";
+}
+
+const char *ampc_blas_better_core(void) {
+  return ampc__blas_better_core(ampc_blas_core(), ampc__cpu_has_avx2_f16c(), ampc__cpu_has_avx512());
+}
+
+const char *ampc_blas_name(void) {
+  /* "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...": its first two words */
+  static _Thread_local char buf[64];
+  const char *cfg = openblas_get_config();
+  if (!cfg) return "OpenBLAS";
+  const char *sp = strchr(cfg, ' ');
+  if (sp) sp = strchr(sp + 1, ' ');
+  size_t n = sp ? (size_t)(sp - cfg) : strlen(cfg);
+  if (n >= sizeof buf) n = sizeof buf - 1;
+  memcpy(buf, cfg, n);
+  buf[n] = '\0';
+  return buf;
+}
