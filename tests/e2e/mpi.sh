@@ -56,9 +56,18 @@ for cfg in "mlp O0" "mlp O2" "cnn O0" "cnn O2"; do
   t=${m}_$lvl
   "$ampc" train "${E[@]}" "${X[@]}" --batch-size 128 --threads 1 --save "$dir/one_$t.st" > /dev/null 2>&1 || bad "$t: 1 rank"
   "$ampc" train "${E[@]}" "${X[@]}" --batch-size 128 --threads 2 --conv im2col --save "$dir/order_$t.st" > /dev/null 2>&1 || bad "$t: 1 rank, 2 threads"
+  [ "$m" = mlp ] && { "$ampc" train "${E[@]}" "${X[@]}" --batch-size 64 --grad-accum 2 --threads 1 --save "$dir/accum_$t.st" > /dev/null 2>&1 || bad "$t: 1 rank, 2 micro-batches"; }
   AMPC_TEST_STEP_LOG=1 "${MPI[@]}" "$ampc" train "${E[@]}" "${X[@]}" "${S[@]}" --batch-size 64 --threads 1 --save "$dir/two_$t.st" \
     --metrics "$dir/two_$t.jsonl" > /dev/null 2> "$dir/two_$t.err" || { bad "$t: 2 ranks"; cat "$dir/two_$t.err"; }
-  base=$(stcmp "$dir/one_$t.st" "$dir/order_$t.st" | err)
+  # the noise of summing the same batch in another order in one process: with
+  # 2 threads and other convolution kernels, and for the mlp (no batch norm,
+  # whose statistics a micro-batch changes) in two micro-batches of 64: at O2
+  # each half's gradient then rounds to f16 before the sum, as a rank's does
+  # before the all-reduce (with a BLAS whose sums do not depend on the thread
+  # count that is the only difference)
+  b1=$(stcmp "$dir/one_$t.st" "$dir/order_$t.st" | err); b2=0
+  [ "$m" = mlp ] && b2=$(stcmp "$dir/one_$t.st" "$dir/accum_$t.st" | err)
+  base=$(python3 -c "print(max(float('${b1:-nan}'), float('${b2:-nan}')))")
   e2=$(stcmp "$dir/one_$t.st" "$dir/two_$t.st" | err)
   tol=$(python3 -c "print(max(4 * float('$base'), 1e-6))")
   if [ -n "$e2" ] && le "$e2" "$tol"; then
