@@ -40,6 +40,7 @@
 #include "ampc/amp.h"
 #include "ampc/data.h"
 #include "ampc/nn.h"
+#include "ampc/version.h"
 #include "ampc/optim.h"
 #include "ampc/status.h"
 
@@ -245,6 +246,12 @@ int main(int argc, char **argv) {
   ampc_amp_memory(amp, &mem);
   size_t mem_total = 0;
   for (int c = 0; c < AMPC_MEM_COUNT; c++) mem_total += ampc_mem_total(&mem, (ampc_mem_category)c);
+  /* OpenBLAS chooses its kernels as it is loaded; on a CPU model it does not
+   * know it runs its SSE3 ones, and only the environment can change that */
+  const char *core = ampc_blas_better_core();
+  if (core)
+    fprintf(stderr, "note: OpenBLAS runs its %s kernels on this CPU; OPENBLAS_CORETYPE=%s makes the products faster\n",
+            ampc_blas_core(), core);
   printf("resnet18: %lld parameters, %zu train / %zu test images, batch %lld, %lld steps, Adam lr %g\n",
          (long long)ampc_model_param_count(model), ampc_dataset_count(train), ampc_dataset_count(test), a.batch,
          (long long)steps, (double)ocfg.lr);
