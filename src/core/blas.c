@@ -8,7 +8,6 @@
  * AVX-512 kernels ("SkylakeX"). The environment variable OPENBLAS_CORETYPE
  * overrides the choice, but only if it is set before the library is loaded:
  * the ampc program re-executes itself with it (tools/ampc/main.c). */
-#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
