@@ -78,12 +78,13 @@ static void stage_sample(const dconv_geom *g, const ampc_tensor *x, int64_t n, f
   }
 }
 
-/* Keeps a vector in a register (the AVX2 build: reg = 1): without it GCC
- * folds the load of an input vector into both channels' FMAs, loading it
- * twice, and the loop is then bound by loads rather than FMAs. No effect on
- * the arithmetic. */
+/* Keeps a vector in a register (the AVX2 and AVX-512 builds: reg = 1):
+ * without it GCC folds the load of an input vector into every channel's FMA,
+ * loading it again each time, and the loop is then bound by loads rather than
+ * FMAs. "v": any vector register the build can encode (16 without AVX-512,
+ * 32 with it). No effect on the arithmetic. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define DCONV_IN_REGISTER(v) __asm__("" : "+x"(v))
+#define DCONV_IN_REGISTER(v) __asm__("" : "+v"(v))
 #else
 #define DCONV_IN_REGISTER(v) ((void)0)
 #endif
@@ -159,11 +160,6 @@ DCONV_TAPS_DEF(bwd_taps, cpu_v8, cpu_v8i, 8, OWv, cpu_hsum8)
 typedef float dconv_v16 __attribute__((vector_size(64), aligned(4), may_alias));
 typedef int dconv_v16i __attribute__((vector_size(64), aligned(4), may_alias));
 #define DCONV_LD16(p) (*(const dconv_v16 *)(p))
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define DCONV_IN_ZMM(v) __asm__("" : "+v"(v))
-#else
-#define DCONV_IN_ZMM(v) ((void)0)
-#endif
 
 /* GCC's portable (split-vector) build of the splats below warns that they
  * may be used uninitialised: they are all set before use. */
@@ -188,11 +184,11 @@ static inline __attribute__((always_inline)) void fwd_quad16(const dconv_geom *g
             dconv_v16 s[4];
             for (int c = 0; c < 4; c++) {
               s[c] = (dconv_v16){0} + w[c][(ch * 3 + ky) * 3 + kx]; /* (a -0 weight becomes +0: the same sums) */
-              if (reg && nv > 1) DCONV_IN_ZMM(s[c]); /* one broadcast for both vectors */
+              if (reg && nv > 1) DCONV_IN_REGISTER(s[c]); /* one broadcast for both vectors */
             }
             for (int v = 0; v < nv; v++) {
               dconv_v16 xv = DCONV_LD16(row + 16 * v + kx);
-              if (reg) DCONV_IN_ZMM(xv);
+              if (reg) DCONV_IN_REGISTER(xv);
               for (int c = 0; c < 4; c++) a[c][v] += s[c] * xv;
             }
           }
