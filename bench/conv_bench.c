@@ -3,8 +3,9 @@
  * Winograd, the direct loop), so that the ratio between them survives a noisy
  * machine.
  *
- * usage: conv-bench N C O H [REPS] [f32|f16|bf16]
- *   N samples of C x H x H into O channels; REPS timed steps after one warm-up.
+ * usage: conv-bench N C O H [REPS] [f32|f16|bf16] [im2col|winograd|direct|all]
+ *   N samples of C x H x H into O channels; REPS timed steps after one warm-up;
+ *   the last argument runs one algorithm alone (for a profiler), default all.
  * The backward is the weight gradient and the input gradient. */
 #include <omp.h>
 #include <stdio.h>
@@ -56,30 +57,35 @@ int main(int argc, char **argv) {
   const char *core = getenv("OPENBLAS_CORETYPE") ? NULL : ampc_blas_better_core();
   if (core && setenv("OPENBLAS_CORETYPE", core, 1) == 0) execv("/proc/self/exe", argv);
   if (argc < 5 || strcmp(argv[1], "--help") == 0) {
-    fprintf(argc < 5 ? stderr : stdout, "usage: conv-bench N C O H [REPS] [f32|f16|bf16]\n");
+    fprintf(argc < 5 ? stderr : stdout, "usage: conv-bench N C O H [REPS] [f32|f16|bf16] [im2col|winograd|direct|all]\n");
     return argc < 5 ? 2 : 0;
   }
   int64_t N = atoll(argv[1]), C = atoll(argv[2]), O = atoll(argv[3]), H = atoll(argv[4]);
   int reps = argc > 5 ? atoi(argv[5]) : 3;
-  const char *ty = argc > 6 ? argv[6] : "f32";
+  const char *ty = argc > 6 ? argv[6] : "f32", *only = argc > 7 ? argv[7] : "all";
   ampc_dtype dt = strcmp(ty, "f16") == 0 ? AMPC_DTYPE_F16 : strcmp(ty, "bf16") == 0 ? AMPC_DTYPE_BF16 : AMPC_DTYPE_F32;
-  if (N < 1 || C < 1 || O < 1 || H < 1 || reps < 1 || (dt == AMPC_DTYPE_F32 && strcmp(ty, "f32") != 0)) {
-    fprintf(stderr, "conv-bench: N, C, O, H and REPS must be positive integers and the type f32, f16 or bf16\n");
+  if (N < 1 || C < 1 || O < 1 || H < 1 || reps < 1 || (dt == AMPC_DTYPE_F32 && strcmp(ty, "f32") != 0) ||
+      (strcmp(only, "all") != 0 && strcmp(only, "im2col") != 0 && strcmp(only, "winograd") != 0 && strcmp(only, "direct") != 0)) {
+    fprintf(stderr, "conv-bench: N, C, O, H and REPS must be positive integers, the type f32, f16 or bf16, the algorithm "
+                    "im2col, winograd, direct or all\n");
     return 2;
   }
   double flops = 2.0 * (double)N * (double)O * (double)C * 9.0 * (double)(H * H), base_f = 0, base_b = 0;
   static const struct { ampc_conv_algo a; const char *name; } algos[] = {{AMPC_CONV_IM2COL, "im2col"}, {AMPC_CONV_WINOGRAD, "winograd"}, {AMPC_CONV_DIRECT, "direct"}};
   printf("conv 3x3 N=%lld C=%lld O=%lld %lldx%lld %s, %d threads\n", (long long)N, (long long)C, (long long)O,
          (long long)H, (long long)H, ty, omp_get_max_threads());
+  const char *base_name = NULL; /* the first algorithm run: the others' ratios are against it */
   for (int i = 0; i < 3; i++) {
     double tf, tb, tbd, tbw;
+    if (strcmp(only, "all") != 0 && strcmp(only, algos[i].name) != 0) continue;
     if (run(algos[i].a, N, C, O, H, reps, dt, &tf, &tb, &tbd, &tbw) < 0) return 1;
-    if (i == 0) {
+    if (!base_name) {
+      base_name = algos[i].name;
       base_f = tf;
       base_b = tb;
     }
-    printf("%-9s forward %7.1f ms (%5.0f GFLOP/s direct-equivalent)  backward %7.1f ms (%5.0f; data %.1f, weights %.1f)  vs im2col %.2fx / %.2fx\n",
-           algos[i].name, tf * 1e3, flops / tf * 1e-9, tb * 1e3, 2 * flops / tb * 1e-9, tbd * 1e3, tbw * 1e3, base_f / tf, base_b / tb);
+    printf("%-9s forward %7.1f ms (%5.0f GFLOP/s direct-equivalent)  backward %7.1f ms (%5.0f; data %.1f, weights %.1f)  vs %s %.2fx / %.2fx\n",
+           algos[i].name, tf * 1e3, flops / tf * 1e-9, tb * 1e3, 2 * flops / tb * 1e-9, tbd * 1e3, tbw * 1e3, base_name, base_f / tf, base_b / tb);
   }
   return 0;
 }

@@ -283,6 +283,8 @@ extern int ampc__cpu_wino_f32_tile;
 /* When set, Winograd's small products run the 16-wide (AVX-512) kernel on
  * any CPU, a hook of the CPU backend. */
 extern int ampc__cpu_wino_wide;
+/* 1: every Winograd product on the library's sgemm, as past 512 channels */
+extern int ampc__cpu_wino_blas;
 /* the direct loop's 16-wide code on any CPU (conv_direct.c) */
 extern int ampc__cpu_direct_wide;
 

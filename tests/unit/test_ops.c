@@ -149,7 +149,8 @@ TEST(conv2d) { run_kind(K_CONV); }
  * forced wherever it applies (stride 1, 3x3): with the default chunks, with
  * chunks that cut a sample into bands of tile rows, and with chunks of
  * several samples; in f32 with both tiles, F(2x2) (the default there) and
- * F(4x4) (the one of 16-bit storage). */
+ * F(4x4) (the one of 16-bit storage); and with every product on the
+ * library's sgemm (the path past 512 channels). */
 TEST(conv2d_im2col) {
   test_conv_algo = AMPC_CONV_IM2COL;
   run_kind(K_CONV);
@@ -167,6 +168,9 @@ TEST(conv2d_winograd) {
   }
   ampc__cpu_wino_tile_target = 0;
   ampc__cpu_wino_f32_tile = 0;
+  ampc__cpu_wino_blas = 1;
+  run_kind(K_CONV);
+  ampc__cpu_wino_blas = 0;
   test_conv_algo = AMPC_CONV_AUTO;
 }
 /* and the direct loop forced wherever it applies (stride 1, 3x3) */

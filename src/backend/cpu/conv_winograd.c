@@ -11,7 +11,8 @@
  *
  *   M[xi] (tiles, co) = V[xi] (tiles, ci) * U[xi]^T (ci, co)
  *
- * done by sgemm. The matrices are Lavin and Gray's (points 0, +-1, +-2, inf
+ * done by a register-blocked kernel of ours (or sgemm, past 512 channels).
+ * The matrices are Lavin and Gray's (points 0, +-1, +-2, inf
  * for F(4x4); 0, +-1, inf for F(2x2)).
  *
  * Which tile: F(4x4) costs fewer products, but it is the less accurate: its
@@ -131,7 +132,6 @@ typedef struct {
   size_t off_v, off_m, off_wf, off_db, shared, per_thread; /* floats */
   size_t vm;                                               /* a V and M pair; one per thread from off_v */
   size_t off_du, du;                                       /* backward weights by slots: WG_SLOTS partial dU of du */
-  size_t off_ut;                                           /* U transposed for the small products; 0: none */
   size_t off_st, off_band, off_tmp, off_w;                 /* within a thread's slice */
 } wg_layout;
 
@@ -146,13 +146,22 @@ static size_t zmax(size_t x, size_t y) { return x > y ? x : y; }
 
 static int64_t wg_chunks(const wg_geom *g);
 
-/* Products with at most WG_SMALL_K input and WG_SMALL_N output channels
- * (the cnn's second layer, ResNet-18's first stage) run on the kernel below:
- * there a library sgemm spends much of its time packing and clearing for so
- * short a sum; so does the weight gradient's product over the tiles where it
- * makes at most WG_SMALL_WGRAD_K columns (measured: beyond, sgemm wins). */
-enum { WG_SMALL_K = 64, WG_SMALL_N = 128, WG_SMALL_WGRAD_K = 32 };
-static int wg_small(const wg_geom *g) { return g->ci <= WG_SMALL_K && g->co8 <= WG_SMALL_N; }
+/* The products run on the register-blocked kernel below where both channel
+ * counts are at most WG_OWN_MAX, the library's sgemm beyond. For few
+ * channels (the cnn, ResNet-18's first stage) a library sgemm spends much of
+ * its time packing and clearing for so short a sum. For ResNet-18's deeper
+ * layers (128 to 512 channels, batch 128, f16 storage, 2 threads) the kernel
+ * was measured as fast as OpenBLAS 0.3.21's AVX-512 kernels (its
+ * "Cooperlake"/"SkylakeX" sets) and 1.2-1.9x faster than its AVX2 ones
+ * ("Haswell", which OPENBLAS_CORETYPE may name on an AVX-512 CPU), and it
+ * needs no packing: U is stored as its right-hand side (wg_weights). Past
+ * 512 channels a panel of U outgrows the L2 cache, where the library's
+ * packed, cache-blocked product is the safer choice (not measured). */
+enum { WG_OWN_MAX = 512 };
+/* When set, every product runs on the library's sgemm: a hook for tests,
+ * whose cases have too few channels to reach it otherwise. */
+int ampc__cpu_wino_blas = 0;
+static int wg_own(int64_t k, int64_t n) { return !ampc__cpu_wino_blas && k <= WG_OWN_MAX && n <= WG_OWN_MAX; }
 
 /* C (R x VW*NV) (+)= A (R x k, rows lda apart) * B (k x VW*NV, rows ldb
  * apart), C rows ldc apart: a block of R rows (at most RMAX) by NV vectors of
@@ -286,18 +295,6 @@ static void wg_gemm_small(int64_t m, int64_t n, int64_t k, const float *A, int64
   wg_gemm_small8(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
 }
 
-/* UT[xi] (cols, up8(rows)) = U[xi] (rows, up8(cols))^T, zero past rows; the
- * transform points from xi0 in steps of step. */
-static void wg_transpose_u(const float *U, int64_t np, int64_t rows, int64_t cols, float *UT, int64_t xi0, int64_t step) {
-  int64_t ldu = up8(cols), ldt = up8(rows);
-  for (int64_t xi = xi0; xi < np; xi += step) {
-    const float *u = U + (size_t)xi * rows * ldu;
-    float *t = UT + (size_t)xi * cols * ldt;
-    for (int64_t c = 0; c < cols; c++)
-      for (int64_t r = 0; r < ldt; r++) t[c * ldt + r] = r < rows ? u[r * ldu + c] : 0.0f;
-  }
-}
-
 /* The tile of forward and backward data: F(2x2) where input, weight and
  * output are all stored in f32, else F(4x4) (see the top of the file). */
 static int64_t wg_tile(const ampc__op_call *c) {
@@ -332,13 +329,6 @@ static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
   int slots = wg_chunks(&L.w) >= WG_PRIVATE_CHUNKS * 2 && WG_SLOTS * L.du * sizeof(float) <= WG_SLOT_BYTES;
   if (!slots) L.du = 0;
   L.shared = L.off_du + WG_SLOTS * L.du;
-  /* forward and backward data with few channels multiply by U^T with the
-   * register-blocked product below: U^T (xi, ci, co8) has its own space */
-  L.off_ut = 0;
-  if (wg_small(&L.f) || wg_small(&L.d)) {
-    L.off_ut = L.shared;
-    L.shared += (size_t)(WG_NP * c8 * c8);
-  }
   /* staging: the forward input, backward data's output gradient and backward
    * weights' input (rows of srow x scol positions), or backward weights'
    * output gradient (4 * rb x 4 * tw, fewer) */
@@ -633,7 +623,6 @@ typedef struct {
   const wg_geom *g;
   const ampc_tensor *in, *out;
   const float *bias; /* f32, co8 long, or NULL */
-  const float *ut;   /* U^T for wg_gemm_small, or NULL: sgemm with U */
   int grad, acc;     /* store as a gradient (counted, added when acc) */
 } wg_conv;
 
@@ -678,12 +667,12 @@ static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V,
     wg_input_tiles(g, st, nty, V + s * bt * g->ci8 + c0, vstride, g->ci8);
   })
   WG_ITEMS(xi, g->np, {
-    if (a->ut)
-      wg_gemm_small(tb, g->co8, g->ci, V + (size_t)xi * vstride, g->ci8, 0, a->ut + (size_t)xi * g->ci * g->co8, g->co8,
-                    M + (size_t)xi * mstride, g->co8, 0);
+    const float *u = U + (size_t)xi * g->ci * g->co8;
+    if (wg_own(g->ci, g->co8))
+      wg_gemm_small(tb, g->co8, g->ci, V + (size_t)xi * vstride, g->ci8, 0, u, g->co8, M + (size_t)xi * mstride, g->co8, 0);
     else
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tb, (int)g->co, (int)g->ci, 1.0f, V + (size_t)xi * vstride,
-                  (int)g->ci8, U + (size_t)xi * g->co * g->ci8, (int)g->ci8, 0.0f, M + (size_t)xi * mstride, (int)g->co8);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)tb, (int)g->co, (int)g->ci, 1.0f, V + (size_t)xi * vstride,
+                  (int)g->ci8, u, (int)g->co8, 0.0f, M + (size_t)xi * mstride, (int)g->co8);
   })
   int64_t oy0 = g->m * ty0, oy1 = g->m * ty1 < g->oh ? g->m * ty1 : g->oh, nrow = oy1 - oy0;
   WG_ITEMS(it, nbe * cob, {
@@ -704,7 +693,7 @@ static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V,
 }
 
 /* Runs inside a parallel region, on every thread; U holds the transformed
- * weights, (xi, co, ci8). */
+ * weights, (xi, ci, co8). */
 static void wg_conv_run(const wg_conv *a, const float *U, int tid, int nth) {
   const wg_layout *L = a->L;
   float *ws = (float *)a->c->ws, *me = cpu_ws_slice(a->c, tid, L->per_thread, L->shared);
@@ -718,21 +707,24 @@ static void wg_conv_run(const wg_conv *a, const float *U, int tid, int nth) {
   for (int64_t k = 0; k < nchunks; k++) wg_conv_chunk(a, U, k, ws + L->off_v, ws + L->off_m, me, nth);
 }
 
-/* U[xi][row][col], rows co8 ... (row-major, ci8 columns), from the f32 weight
- * wf (O, C, 3, 3): the forward weights (rot = 0: row o, column c) or the
- * rotated, transposed ones backward data uses (rot = 1: row c, column o);
- * for tiles of M x M outputs. */
-WG_INLINE void wg_weights_rows_m(const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t row0, int64_t row1,
-                                 int64_t step, const int M) {
+/* U[xi][col][row] (xi, cols, up8(rows)), from the f32 weight wf (O, C, 3, 3):
+ * the forward weights (rot = 0: row o, column c) or the rotated, transposed
+ * ones backward data uses (rot = 1: row c, column o), for tiles of M x M
+ * outputs. A row is an output channel of the product M = V U, a column one
+ * of the channels it sums over: each U[xi] is the product's right-hand side
+ * as it is read, output channels innermost (8 to a vector here). The columns
+ * from col0 in steps of step. */
+WG_INLINE void wg_weights_m(const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t col0, int64_t step,
+                            const int M) {
   const int A = M + 2;
-  int64_t rows = rot ? C : O, cols = rot ? O : C, ld = up8(cols);
-  size_t stride = (size_t)(rows * ld);
-  for (int64_t row = row0; row < row1; row += step)
-    for (int64_t c0 = 0; c0 < cols; c0 += WG_VL) {
+  int64_t rows = rot ? C : O, cols = rot ? O : C, ld = up8(rows);
+  size_t stride = (size_t)(cols * ld);
+  for (int64_t col = col0; col < cols; col += step)
+    for (int64_t r0 = 0; r0 < rows; r0 += WG_VL) {
       float k[9][WG_VL];
       for (int64_t q = 0; q < WG_VL; q++) {
-        int64_t col = c0 + q;
-        const float *src = col < cols ? wf + (rot ? col * C + row : row * C + col) * 9 : NULL;
+        int64_t row = r0 + q;
+        const float *src = row < rows ? wf + (rot ? col * C + row : row * C + col) * 9 : NULL;
         for (int i = 0; i < 9; i++) k[i][q] = src ? src[rot ? 8 - i : i] : 0.0f;
       }
       v8 t[6][3], g3[3], u6[6];
@@ -741,25 +733,23 @@ WG_INLINE void wg_weights_rows_m(const float *wf, int64_t O, int64_t C, int rot,
         wg_w1(g3, u6, M);
         for (int i = 0; i < A; i++) t[i][j] = u6[i];
       }
-      float *ut = U + row * ld + c0;
+      float *ut = U + col * ld + r0;
       for (int i = 0; i < A; i++) {
         wg_w1(t[i], u6, M);
         for (int j = 0; j < A; j++) ST(ut + (size_t)(i * A + j) * stride, u6[j]);
       }
     }
 }
-WG_VECTOR static void wg_weights_rows4(const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t row0, int64_t row1,
-                                       int64_t step) {
-  wg_weights_rows_m(wf, O, C, rot, U, row0, row1, step, 4);
+WG_VECTOR static void wg_weights4(const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t col0, int64_t step) {
+  wg_weights_m(wf, O, C, rot, U, col0, step, 4);
 }
-WG_VECTOR static void wg_weights_rows2(const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t row0, int64_t row1,
-                                       int64_t step) {
-  wg_weights_rows_m(wf, O, C, rot, U, row0, row1, step, 2);
+WG_VECTOR static void wg_weights2(const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t col0, int64_t step) {
+  wg_weights_m(wf, O, C, rot, U, col0, step, 2);
 }
-static void wg_weights_rows(const wg_geom *g, const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t row0,
-                            int64_t row1, int64_t step) {
-  if (g->m == 4) wg_weights_rows4(wf, O, C, rot, U, row0, row1, step);
-  else wg_weights_rows2(wf, O, C, rot, U, row0, row1, step);
+static void wg_weights(const wg_geom *g, const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t col0,
+                       int64_t step) {
+  if (g->m == 4) wg_weights4(wf, O, C, rot, U, col0, step);
+  else wg_weights2(wf, O, C, rot, U, col0, step);
 }
 
 /* dg = G^T dU G for output channel o: dU (xi, O, ci8) -> dw (C, 3, 3) f32. */
@@ -799,17 +789,12 @@ ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
     ampc_load_f32(bias, b->dtype, b->data, (size_t)L.f.co);
   }
   const float *wf = wg_weight_f32(c, &L);
-  float *ut = wg_small(&L.f) ? (float *)c->ws + L.off_ut : NULL;
-  wg_conv a = {.c = c, .L = &L, .g = &L.f, .in = &c->in[0], .out = &c->out, .bias = bias, .ut = ut, .grad = 0, .acc = 0};
+  wg_conv a = {.c = c, .L = &L, .g = &L.f, .in = &c->in[0], .out = &c->out, .bias = bias, .grad = 0, .acc = 0};
 #pragma omp parallel num_threads(cpu_ctx(c)->nthreads)
   {
     int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-    wg_weights_rows(&L.f, wf, L.f.co, L.f.ci, 0, U, tid, L.f.co, nth);
+    wg_weights(&L.f, wf, L.f.co, L.f.ci, 0, U, tid, nth);
 #pragma omp barrier
-    if (ut) {
-      wg_transpose_u(U, L.f.np, L.f.co, L.f.ci, ut, tid, nth);
-#pragma omp barrier
-    }
     wg_conv_run(&a, U, tid, nth);
   }
   return AMPC_OK;
@@ -839,7 +824,7 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
     }
   })
   WG_ITEMS(xi, WG_NP, {
-    if (g->ci <= WG_SMALL_WGRAD_K && g->co8 <= WG_SMALL_N)
+    if (wg_own(g->ci8, O))
       wg_gemm_small(O, g->ci8, tb, M + (size_t)xi * mstride, g->co8, 1, V + (size_t)xi * vstride, g->ci8,
                     dU + (size_t)xi * O * g->ci8, g->ci8, acc);
     else
@@ -919,17 +904,12 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
   }
   if (need_dx) {
     const float *wf = wg_weight_f32(c, &L);
-    float *ut = wg_small(&L.d) ? ws + L.off_ut : NULL;
-    wg_conv a = {.c = c, .L = &L, .g = &L.d, .in = dy, .out = dx, .bias = NULL, .ut = ut, .grad = 1, .acc = c->din_acc[0]};
+    wg_conv a = {.c = c, .L = &L, .g = &L.d, .in = dy, .out = dx, .bias = NULL, .grad = 1, .acc = c->din_acc[0]};
 #pragma omp parallel num_threads(cpu_ctx(c)->nthreads)
     {
       int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-      wg_weights_rows(&L.d, wf, O, C, 1, U, tid, C, nth);
+      wg_weights(&L.d, wf, O, C, 1, U, tid, nth);
 #pragma omp barrier
-      if (ut) {
-        wg_transpose_u(U, L.d.np, C, O, ut, tid, nth);
-#pragma omp barrier
-      }
       wg_conv_run(&a, U, tid, nth);
     }
   }
