@@ -50,11 +50,13 @@ const ampc_version_info *ampc_version_get(void);
  * and falls back to its SSE3 kernels ("Prescott") on a CPU it does not know
  * (0.3.21 on Intel's model 207 Xeons): sgemm then runs at a fifth of the
  * speed. ampc_blas_better_core() names the kernel set that fits this CPU
- * ("SkylakeX" with AVX-512, "Haswell" with AVX2 and FMA) when OpenBLAS chose
- * one without AVX2, else NULL. The environment variable OPENBLAS_CORETYPE set
- * to that name before OpenBLAS is loaded overrides its choice: the ampc
- * program re-executes itself with it; a program of your own sets it in the
- * environment it is started from. */
+ * ("SkylakeX" with AVX-512, "Haswell" with AVX2 and FMA) when OpenBLAS runs
+ * one without AVX2, or one without AVX-512 on an AVX-512 CPU, else NULL. The
+ * environment variable OPENBLAS_CORETYPE set to that name before OpenBLAS is
+ * loaded overrides its choice: the ampc program re-executes itself with it
+ * where OPENBLAS_CORETYPE is not set, and where it is set keeps it and says
+ * so (--version, bench); a program of your own sets it in the environment it
+ * is started from. */
 const char *ampc_blas_name(void);
 const char *ampc_blas_core(void);
 const char *ampc_blas_better_core(void);

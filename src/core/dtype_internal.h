@@ -124,8 +124,9 @@ int ampc__cpu_has_avx2_f16c(void);
  * the cpu backend's AVX-512 kernels both need this. */
 int ampc__cpu_has_avx512(void);
 /* The OpenBLAS kernel set (OPENBLAS_CORETYPE) that fits a CPU with these
- * features where OpenBLAS chose core (one without AVX2), or NULL: the rule
- * behind ampc_blas_better_core(), separate for the tests. */
+ * features where OpenBLAS runs core (one without AVX2, or without AVX-512 on
+ * an AVX-512 CPU), or NULL: the rule behind ampc_blas_better_core(), separate
+ * for the tests. */
 const char *ampc__blas_better_core(const char *core, int avx2_fma, int avx512);
 
 #if AMPC__DTYPE_X86

@@ -149,6 +149,14 @@ if [ -z "$core" ] || [ "$forced" != Prescott ]; then bad "ampc --version's blas 
 elif grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && [[ "$pre_avx2" == *" $core "* ]]; then
   bad "OpenBLAS runs its $core kernels on a CPU with AVX2 and FMA"
 else ok "OpenBLAS core $core on this CPU, the user's OPENBLAS_CORETYPE kept"; fi
+# a value that holds OpenBLAS back is kept and named, with the set that fits
+if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  v=$(OPENBLAS_CORETYPE=Prescott "$ampc" --version | grep '^blas:')
+  b=$(OPENBLAS_CORETYPE=Prescott "$ampc" bench --model mlp --steps 1 | grep '^note: OpenBLAS runs its Prescott kernels')
+  if [[ "$v" == *"(OPENBLAS_CORETYPE=Prescott); this cpu fits its "*" kernels (unset OPENBLAS_CORETYPE and kernels that fit are chosen)" ]] &&
+     [ -n "$b" ]; then ok "an OPENBLAS_CORETYPE older than the CPU: --version and bench say so ($b)"
+  else bad "no note on OPENBLAS_CORETYPE=Prescott: '$v' '$b'"; fi
+fi
 if "$ampc" bench --model mlp --steps 1 --opt-level O0 | head -1 | grep -q "O0 (f32)" &&
    "$ampc" bench --model mlp --steps 1 --opt-level O2 --half bf16 | head -1 | grep -q "O2 (bf16)"; then
   ok "bench labels O0 f32 and O2 bf16"

@@ -586,7 +586,13 @@ TEST(blas_core_rule) {
   CHECK(strcmp(ampc__blas_better_core("Sandybridge", 1, 0), "Haswell") == 0);
   CHECK(strcmp(ampc__blas_better_core("Nehalem", 1, 1), "SkylakeX") == 0);
   CHECK(ampc__blas_better_core("Prescott", 0, 0) == NULL); /* the CPU has no better */
-  static const char *const fine[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Excavator", "NewCore"};
+  /* AVX2 kernels: right for an AVX2 CPU, narrow for an AVX-512 one */
+  static const char *const avx2[] = {"Haswell", "zen", "Excavator"};
+  for (size_t i = 0; i < sizeof avx2 / sizeof *avx2; i++) {
+    CHECK(ampc__blas_better_core(avx2[i], 1, 0) == NULL);
+    CHECK(strcmp(ampc__blas_better_core(avx2[i], 1, 1), "SkylakeX") == 0);
+  }
+  static const char *const fine[] = {"SkylakeX", "Cooperlake", "SapphireRapids", "NewCore"};
   for (size_t i = 0; i < sizeof fine / sizeof *fine; i++) {
     CHECK(ampc__blas_better_core(fine[i], 1, 1) == NULL);
     CHECK(ampc__blas_better_core(fine[i], 1, 0) == NULL);

@@ -335,6 +335,7 @@ int cmd_bench(int argc, char **argv) {
     json_object_set_new(o, "kernel_path", json_string(ampc_kernel_path()));
     json_object_set_new(o, "blas", json_string(ampc_blas_name()));
     json_object_set_new(o, "blas_core", json_string(ampc_blas_core()));
+    json_object_set_new(o, "blas_better_core", ampc_blas_better_core() ? json_string(ampc_blas_better_core()) : json_null());
     json_object_set_new(o, "convert_path", json_string(ampc_convert_path()));
     json_object_set_new(o, "peak_rss_bytes", json_integer(rss));
     json_object_set_new(o, "device", json_string(ampc_graph_backend_name(s.g)));
@@ -377,6 +378,11 @@ int cmd_bench(int argc, char **argv) {
            gflops, peak > 0 ? gflops / peak : 0.0, peak, kind_words[peak_kind], threads);
     printf("vector code: kernels %s, conversions %s; blas: %s, core %s\n", ampc_kernel_path(), ampc_convert_path(),
            ampc_blas_name(), ampc_blas_core());
+    if (ampc_blas_better_core())
+      printf("note: OpenBLAS runs its %s kernels (OPENBLAS_CORETYPE=%s), without vector instructions this CPU has; its %s "
+             "kernels use them (unset OPENBLAS_CORETYPE and kernels that fit are chosen)\n",
+             ampc_blas_core(), getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "not set",
+             ampc_blas_better_core());
     printf("time share:");
     for (size_t i = 0; i < nshare; i++) printf(" %s %.1f%%", share[i].name, total > 0 ? 100.0 * share[i].t / total : 0.0);
     printf(" other %.1f%%\n", total > 0 ? 100.0 * (total - accounted) / total : 0.0);

@@ -31,8 +31,9 @@ static void usage(FILE *f) {
 /* Where OpenBLAS chose kernels older than this CPU (it does not know every
  * new model: see ampc_blas_better_core()), run again with OPENBLAS_CORETYPE
  * naming the ones that fit, which OpenBLAS reads only as it is loaded. A
- * variable the user set is left alone, and the second run finds it set. If
- * the program cannot be run again, it goes on with OpenBLAS's choice. */
+ * variable the user (or the environment) set is left alone, and --version
+ * and bench say where it holds OpenBLAS back; the second run finds it set.
+ * If the program cannot be run again, it goes on with OpenBLAS's choice. */
 static void blas_fit(char **argv) {
   if (getenv("OPENBLAS_CORETYPE")) return;
   const char *core = ampc_blas_better_core();
@@ -56,8 +57,11 @@ int main(int argc, char **argv) {
     printf("ampc %s\nbuild type: %s\nbackends: %s\ncommunicators: %s (MPI: %s)\ncpu paths: %s (this cpu: %s)\n", v->version,
            v->build_type, v->backends, v->comms, strstr(v->comms, "mpi") ? "built" : "not built", v->cpu_paths, v->cpu_path);
     const char *ct = getenv("OPENBLAS_CORETYPE");
-    printf("blas: %s, core %s%s%s%s\n", ampc_blas_name(), ampc_blas_core(), ct ? " (OPENBLAS_CORETYPE=" : "", ct ? ct : "",
+    const char *better = ampc_blas_better_core();
+    printf("blas: %s, core %s%s%s%s", ampc_blas_name(), ampc_blas_core(), ct ? " (OPENBLAS_CORETYPE=" : "", ct ? ct : "",
            ct ? ")" : "");
+    if (better) printf("; this cpu fits its %s kernels (unset OPENBLAS_CORETYPE and kernels that fit are chosen)", better);
+    printf("\n");
     return 0;
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
