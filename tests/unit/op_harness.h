@@ -193,6 +193,10 @@ static const op_case CASES[] = {
     /* 40 outputs from 32 inputs: Winograd's small products in every block of the 16-wide kernel (32 + 8 columns
        forward, 32 in the weight gradient, 12-row blocks) */
     {.name = "conv3x3_32to40", .k = K_CONV, .n = 2, .c = 32, .h = 8, .w = 10, .o = 40, .ks = 3, .stride = 1, .pad = 1, .bias = 1},
+    /* ResNet-18's downsampling shapes in small: im2col's products on ampc's kernel where it runs 16 wide
+       (planes of 4x4 outputs; 288 rows of columns, past one slice of the kernel's sum over k) */
+    {.name = "conv3x3_s2_32ch", .k = K_CONV, .n = 2, .c = 32, .h = 8, .w = 8, .o = 16, .ks = 3, .stride = 2, .pad = 1},
+    {.name = "conv1x1_s2_8ch", .k = K_CONV, .n = 2, .c = 8, .h = 8, .w = 8, .o = 16, .ks = 1, .stride = 2},
     {.name = "bn_train", .k = K_BN_TRAIN, .n = 3, .c = 3, .h = 5, .w = 5},
     {.name = "bn_train_odd", .k = K_BN_TRAIN, .n = 2, .c = 4, .h = 3, .w = 7},
     {.name = "bn_eval", .k = K_BN_EVAL, .n = 2, .c = 3, .h = 5, .w = 6},
@@ -285,6 +289,8 @@ extern int ampc__cpu_wino_f32_tile;
 extern int ampc__cpu_wino_wide;
 /* 1: every Winograd product on the library's sgemm, as past 512 channels */
 extern int ampc__cpu_wino_blas;
+/* 1: every im2col product on the library's sgemm, as on a CPU without AVX-512 */
+extern int ampc__cpu_conv_blas;
 /* the direct loop's 16-wide code on any CPU (conv_direct.c) */
 extern int ampc__cpu_direct_wide;
 

@@ -145,7 +145,8 @@ static void run_kind(kind k) {
 }
 
 TEST(conv2d) { run_kind(K_CONV); }
-/* Every case again with the plain im2col path forced, and with Winograd
+/* Every case again with the plain im2col path forced (its products on
+ * sgemm and on ampc's kernel), and with Winograd
  * forced wherever it applies (stride 1, 3x3): with the default chunks, with
  * chunks that cut a sample into bands of tile rows, and with chunks of
  * several samples; in f32 with both tiles, F(2x2) (the default there) and
@@ -154,6 +155,15 @@ TEST(conv2d) { run_kind(K_CONV); }
 TEST(conv2d_im2col) {
   test_conv_algo = AMPC_CONV_IM2COL;
   run_kind(K_CONV);
+  /* its products on sgemm, and on ampc's 16-wide kernel (forced: the
+   * portable build of it where the CPU has no AVX-512), whichever the CPU
+   * gives by default */
+  ampc__cpu_conv_blas = 1;
+  run_kind(K_CONV);
+  ampc__cpu_conv_blas = 0;
+  ampc__cpu_wino_wide = 1;
+  run_kind(K_CONV);
+  ampc__cpu_wino_wide = 0;
   test_conv_algo = AMPC_CONV_AUTO;
 }
 TEST(conv2d_winograd) {

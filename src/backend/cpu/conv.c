@@ -7,9 +7,11 @@
  * that streaming the weight matrix and building the columns cost about the
  * same. Each thread takes whole samples (or groups: forward and backward data
  * as threads come free, the weight gradient's in a fixed share, whose partial
- * sums are added in thread order) and runs single-threaded sgemm on its blocks: the OpenMP build of OpenBLAS runs on the calling thread
- * inside a parallel region, so there is one pool of threads and no
- * oversubscription. Half storage is converted to f32 while a sample is staged
+ * sums are added in thread order) and runs its blocks' products on the
+ * calling thread: ampc's kernel where it runs 16 wide (conv_gemm), else
+ * single-threaded sgemm (the OpenMP build of OpenBLAS runs on the calling
+ * thread inside a parallel region, so there is one pool of threads and no
+ * oversubscription). Half storage is converted to f32 while a sample is staged
  * for im2col, and the f32 product is rounded to the output type as it is
  * stored, so 16-bit storage adds no separate pass over memory.
  *
@@ -50,7 +52,7 @@ static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
   size_t nc = (size_t)g.ncmax;
   g.off_y = (size_t)g.K * nc;
   g.off_dcols = g.off_y + (size_t)g.O * nc;
-  g.off_dw = g.off_dcols + (size_t)g.K * nc;
+  g.off_dw = g.off_dcols + (size_t)g.K * nc; /* dcols: backward data's columns, or backward weights' transposed */
   g.off_db = g.off_dw + (size_t)(g.O * g.K);
   g.off_xs = g.off_db + (size_t)g.O;
   g.off_dxs = g.off_xs + (size_t)g.CHW;
@@ -177,6 +179,36 @@ static const float *weight_f32(const ampc__op_call *c, const conv_geom *g) {
   return cpu_load(&c->in[1], 0, (size_t)(g->O * g->K), wf);
 }
 
+/* The products run on ampc's kernel where it runs 16 wide (AVX-512; see
+ * ampc__cpu_gemm_wide) and the product's width is a multiple of 8 (forward
+ * and backward data: the block's columns, which for ResNet-18's strided and
+ * 1x1 convolutions are planes of 16x16, 8x8 or 4x4; the weight gradient: K),
+ * else on sgemm. On an AMD EPYC of family 26 with OpenBLAS's AVX2 kernels
+ * (OPENBLAS_CORETYPE=Haswell) that took ResNet-18 O2's step from 725 to 610
+ * ms; with its AVX-512 ones it was level or a little faster. When
+ * ampc__cpu_conv_blas is set (a hook for tests), always sgemm. */
+int ampc__cpu_conv_blas = 0;
+static int conv_own(int64_t n) { return n % 8 == 0 && !ampc__cpu_conv_blas && ampc__cpu_gemm_wide(); }
+static void conv_gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B, int64_t ldb,
+                      float *C, int64_t ldc) {
+  if (conv_own(n)) {
+    ampc__cpu_gemm(m, n, k, A, lda, ta, B, ldb, C, ldc, 0);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, A, (int)lda, B,
+              (int)ldb, 0.0f, C, (int)ldc);
+}
+
+/* dst (cols x rows) = src (rows x cols)^T, in 8 x 8 blocks. */
+CPU_VECTOR static void transpose(const float *src, int64_t rows, int64_t cols, float *dst) {
+  for (int64_t i0 = 0; i0 < rows; i0 += 8)
+    for (int64_t j0 = 0; j0 < cols; j0 += 8) {
+      int64_t i1 = i0 + 8 < rows ? i0 + 8 : rows, j1 = j0 + 8 < cols ? j0 + 8 : cols;
+      for (int64_t j = j0; j < j1; j++)
+        for (int64_t i = i0; i < i1; i++) dst[j * rows + i] = src[i * cols + j];
+    }
+}
+
 /* Groups of samples [n0, n0 + nbe), numbered 0..ngroups-1. */
 static int64_t ngroups(const conv_geom *g) { return (g->N + g->nb - 1) / g->nb; }
 static void group_of(const conv_geom *g, int64_t gi, int64_t *n0, int64_t *nbe) {
@@ -228,15 +260,13 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
         if (nbe == 1 && y->dtype == AMPC_DTYPE_F32) {
           /* one sample into f32: the product lands in place, rows OHW apart */
           float *yp = (float *)y->data + n0 * g.O * g.OHW + oy0 * g.OW;
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g.O, (int)band, (int)g.K, 1.0f, wf, (int)g.K,
-                      cols, (int)band, 0.0f, yp, (int)g.OHW);
+          conv_gemm(g.O, band, g.K, wf, g.K, 0, cols, band, yp, g.OHW);
           if (b)
             for (int64_t m = 0; m < g.O; m++)
               for (int64_t i = 0; i < band; i++) yp[m * g.OHW + i] += bias[m];
           continue;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g.O, (int)ld, (int)g.K, 1.0f, wf, (int)g.K, cols,
-                    (int)ld, 0.0f, yc, (int)ld);
+        conv_gemm(g.O, ld, g.K, wf, g.K, 0, cols, ld, yc, ld);
         for (int64_t m = 0; m < g.O; m++)
           for (int64_t s = 0; s < nbe; s++) {
             float *row = yc + m * ld + s * band;
@@ -281,8 +311,16 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
           const float *dyp = gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc, &ldd);
           if (need_dw) {
             block_cols(&g, x, n0, nbe, oy0, oy1, xs, cols);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.O, (int)g.K, (int)ld, 1.0f, dyp, (int)ldd, cols,
-                        (int)ld, 1.0f, dwt, (int)g.K);
+            if (conv_own(g.K)) {
+              /* dW += dY * cols^T on ampc's kernel, which wants B's rows
+               * contiguous: the columns transposed (ld x K) first */
+              float *colst = ws + g.off_dcols;
+              transpose(cols, g.K, ld, colst);
+              ampc__cpu_gemm(g.O, g.K, ld, dyp, ldd, 0, colst, g.K, dwt, g.K, 1);
+            } else {
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.O, (int)g.K, (int)ld, 1.0f, dyp, (int)ldd, cols,
+                          (int)ld, 1.0f, dwt, (int)g.K);
+            }
           }
           if (need_db)
             for (int64_t m = 0; m < g.O; m++) dbt[m] += cpu_sum(dyp + m * ldd, (size_t)ld);
@@ -315,8 +353,7 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
           int64_t oy1 = oy0 + g.rb < g.OH ? oy0 + g.rb : g.OH, band = (oy1 - oy0) * g.OW, ld = nbe * band;
           int64_t ldd;
           const float *dyp = gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc, &ldd);
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)g.K, (int)ld, (int)g.O, 1.0f, wf, (int)g.K, dyp,
-                      (int)ldd, 0.0f, dcols, (int)ld);
+          conv_gemm(g.K, ld, g.O, wf, g.K, 1, dyp, ldd, dcols, ld);
           if (nbe == 1) {
             /* one sample in row bands: accumulate all bands, store after the last */
             if (oy0 == 0) memset(dxs, 0, (size_t)g.CHW * sizeof(float));

@@ -146,153 +146,29 @@ static size_t zmax(size_t x, size_t y) { return x > y ? x : y; }
 
 static int64_t wg_chunks(const wg_geom *g);
 
-/* The products run on the register-blocked kernel below where both channel
- * counts are at most WG_OWN_MAX, the library's sgemm beyond. For few
- * channels (the cnn, ResNet-18's first stage) a library sgemm spends much of
- * its time packing and clearing for so short a sum. For ResNet-18's deeper
- * layers (128 to 512 channels, batch 128, f16 storage, 2 threads) the kernel
- * was measured as fast as OpenBLAS 0.3.21's AVX-512 kernels (its
- * "Cooperlake"/"SkylakeX" sets) and 1.2-1.9x faster than its AVX2 ones
- * ("Haswell", which OPENBLAS_CORETYPE may name on an AVX-512 CPU), and it
- * needs no packing: U is stored as its right-hand side (wg_weights). Past
- * 512 channels a panel of U outgrows the L2 cache, where the library's
- * packed, cache-blocked product is the safer choice (not measured). */
-enum { WG_OWN_MAX = 512 };
+/* Which products run on ampc's kernel (ampc__cpu_gemm) rather than the
+ * library's sgemm. Those of few channels always (at most WG_SMALL_K summed,
+ * WG_SMALL_N out: the cnn, ResNet-18's first stage), where a library sgemm
+ * spends much of its time packing and clearing for so short a sum; so the
+ * weight gradient's up to WG_SMALL_WGRAD_K columns. Where the kernel runs 16
+ * wide (AVX-512), every product up to WG_OWN_MAX channels: for ResNet-18's
+ * deeper layers (128 to 512 channels, batch 128, f16 storage, 2 threads, an
+ * AMD EPYC of family 26) it was as fast as OpenBLAS 0.3.21's AVX-512 kernels
+ * (its Cooperlake set) and 1.2-1.9x faster than its AVX2 ones (Haswell,
+ * which OPENBLAS_CORETYPE may name on an AVX-512 CPU), with no packing: U is
+ * stored as its right-hand side (wg_weights). Past 512 channels a panel of U
+ * outgrows the L2 cache, where the library's packed, cache-blocked product is
+ * the safer choice (not measured). */
+enum { WG_SMALL_K = 64, WG_SMALL_N = 128, WG_SMALL_WGRAD_K = 32, WG_OWN_MAX = 512 };
 /* When set, every product runs on the library's sgemm: a hook for tests,
  * whose cases have too few channels to reach it otherwise. */
 int ampc__cpu_wino_blas = 0;
-static int wg_own(int64_t k, int64_t n) { return !ampc__cpu_wino_blas && k <= WG_OWN_MAX && n <= WG_OWN_MAX; }
-
-/* C (R x VW*NV) (+)= A (R x k, rows lda apart) * B (k x VW*NV, rows ldb
- * apart), C rows ldc apart: a block of R rows (at most RMAX) by NV vectors of
- * VW floats in registers, B's block row broadcast against A's elements (FMA
- * in the AVX2 and AVX-512 builds); the sum over k runs in order, so the result
- * does not depend on how the rows are shared out, nor on the vector width.
- * wg_mk: 8-wide vectors, up to 6 rows by 16 columns. */
-#define WG_MK_DEF(name, vt, VW, RMAX)                                                                                  \
-  static inline __attribute__((always_inline)) void name(int64_t k, const float *A, int64_t lda, const float *B,          \
-                                                         int64_t ldb, float *C, int64_t ldc, int add, const int TA,       \
-                                                         const int R, const int NV) {                                     \
-    vt acc[RMAX][2];                                                                                                       \
-    for (int r = 0; r < R; r++)                                                                                            \
-      for (int v = 0; v < NV; v++) acc[r][v] = add ? *(const vt *)(C + r * ldc + VW * v) : (vt){0};                       \
-    for (int64_t p = 0; p < k; p++) {                                                                                      \
-      vt b[2];                                                                                                             \
-      for (int v = 0; v < NV; v++) b[v] = *(const vt *)(B + p * ldb + VW * v);                                             \
-      for (int r = 0; r < R; r++) {                                                                                        \
-        float a = TA ? A[r + p * lda] : A[r * lda + p];                                                                    \
-        for (int v = 0; v < NV; v++) acc[r][v] += a * b[v];                                                                \
-      }                                                                                                                    \
-    }                                                                                                                      \
-    for (int r = 0; r < R; r++)                                                                                            \
-      for (int v = 0; v < NV; v++) *(vt *)(C + r * ldc + VW * v) = acc[r][v];                                              \
-  }
-WG_MK_DEF(wg_mk, v8, 8, 6)
-
-/* One block of 8 * NV columns of C (m x n) (+)= A (m x k) * B (k x n), rows
- * 6 at a time, then 4, then one by one: see wg_gemm_small. */
-static inline __attribute__((always_inline)) void wg_mk_rows(int64_t m, int64_t k, const float *A, int64_t lda, const float *B,
-                                                            int64_t ldb, float *C, int64_t ldc, int add, const int TA,
-                                                            const int NV) {
-  int64_t i = 0;
-  for (; i + 6 <= m; i += 6) wg_mk(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 6, NV);
-  if (i + 4 <= m) {
-    wg_mk(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 4, NV);
-    i += 4;
-  }
-  for (; i < m; i++) wg_mk(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 1, NV);
-}
-
-/* C (m x n) (+)= A (m x k) * B (k x n): A row-major with rows lda apart, or
- * (ta) stored transposed (k x m, rows lda apart); B's rows ldb apart, n a
- * multiple of 8, C's rows ldc apart; added to C when add. */
-static inline __attribute__((always_inline)) void wg_mk_all(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
-                                                           const float *B, int64_t ldb, float *C, int64_t ldc, int add,
-                                                           const int TA) {
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) wg_mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 2);
-  if (j < n) wg_mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);
-}
-CPU_VECTOR static void wg_gemm_small8(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B,
-                                      int64_t ldb, float *C, int64_t ldc, int add) {
-  if (ta) wg_mk_all(m, n, k, A, lda, B, ldb, C, ldc, add, 1);
-  else wg_mk_all(m, n, k, A, lda, B, ldb, C, ldc, add, 0);
-}
-
-/* The same product 16 columns to a vector, for AVX-512's 32 registers of 16
- * floats: blocks of 12 rows by 32 columns (24 accumulators, 2 of B and the
- * broadcast), then 6 and 4 and single rows; 16 columns alone; a last 8 columns
- * through the 8-wide blocks. Every C element is still one in-order sum over
- * k of FMAs, so the bits are those of the 8-wide kernel. */
-typedef float cpu_v16 __attribute__((vector_size(64), aligned(4), may_alias));
-WG_MK_DEF(wg_mk16, cpu_v16, 16, 12)
-static inline __attribute__((always_inline)) void wg_mk16_rows(int64_t m, int64_t k, const float *A, int64_t lda,
-                                                              const float *B, int64_t ldb, float *C, int64_t ldc, int add,
-                                                              const int TA, const int NV) {
-  int64_t i = 0;
-  for (; i + 12 <= m; i += 12) wg_mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 12, NV);
-  if (i + 6 <= m) {
-    wg_mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 6, NV);
-    i += 6;
-  }
-  if (i + 4 <= m) {
-    wg_mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 4, NV);
-    i += 4;
-  }
-  for (; i < m; i++) wg_mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 1, NV);
-}
-static inline __attribute__((always_inline)) void wg_mk16_all(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
-                                                             const float *B, int64_t ldb, float *C, int64_t ldc, int add,
-                                                             const int TA) {
-  int64_t j = 0;
-  for (; j + 32 <= n; j += 32) wg_mk16_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 2);
-  if (j + 16 <= n) {
-    wg_mk16_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);
-    j += 16;
-  }
-  if (j < n) wg_mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);
-}
-#define WG_GEMM16_BODY                                         \
-  if (ta) wg_mk16_all(m, n, k, A, lda, B, ldb, C, ldc, add, 1); \
-  else wg_mk16_all(m, n, k, A, lda, B, ldb, C, ldc, add, 0);
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(AMPC_NO_CLONES)
-#define WG_HAVE_AVX512 1
-__attribute__((target("arch=x86-64-v4"))) static void wg_gemm_small16_avx512(int64_t m, int64_t n, int64_t k,
-                                                                            const float *A, int64_t lda, int ta,
-                                                                            const float *B, int64_t ldb, float *C,
-                                                                            int64_t ldc, int add) {
-  WG_GEMM16_BODY
-}
-#endif
-/* The 16-wide kernel built like the others (on a CPU without AVX-512 the
- * compiler splits its vectors): what the tests run through the hook below,
- * to check the 16-wide blocking on any machine. */
-CPU_VECTOR static void wg_gemm_small16(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B,
-                                       int64_t ldb, float *C, int64_t ldc, int add) {
-  WG_GEMM16_BODY
-}
-
-/* When set, the small products run the 16-wide kernel whatever the CPU: a
- * hook for tests. */
-int ampc__cpu_wino_wide = 0;
-
-/* C (m x n) (+)= A (m x k) * B (k x n), n a multiple of 8: the 16-wide
- * AVX-512 kernel where the CPU has it, else the 8-wide one. */
-static void wg_gemm_small(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B, int64_t ldb,
-                          float *C, int64_t ldc, int add) {
-  if (ampc__cpu_wino_wide) {
-    wg_gemm_small16(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
-    return;
-  }
-#ifdef WG_HAVE_AVX512
-  /* libgcc fills in the CPU's features before main (the clones' resolvers
-   * need them): this is a load and a bit test */
-  if (__builtin_cpu_supports("x86-64-v4")) {
-    wg_gemm_small16_avx512(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
-    return;
-  }
-#endif
-  wg_gemm_small8(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
+/* k channels summed, n out (for the weight gradient: k its columns, n its
+ * rows), small_k the bound of k for the few-channel rule */
+static int wg_own(int64_t k, int64_t n, int64_t small_k) {
+  if (ampc__cpu_wino_blas) return 0;
+  if (k <= small_k && n <= WG_SMALL_N) return 1;
+  return ampc__cpu_gemm_wide() && k <= WG_OWN_MAX && n <= WG_OWN_MAX;
 }
 
 /* The tile of forward and backward data: F(2x2) where input, weight and
@@ -668,8 +544,8 @@ static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V,
   })
   WG_ITEMS(xi, g->np, {
     const float *u = U + (size_t)xi * g->ci * g->co8;
-    if (wg_own(g->ci, g->co8))
-      wg_gemm_small(tb, g->co8, g->ci, V + (size_t)xi * vstride, g->ci8, 0, u, g->co8, M + (size_t)xi * mstride, g->co8, 0);
+    if (wg_own(g->ci, g->co8, WG_SMALL_K))
+      ampc__cpu_gemm(tb, g->co8, g->ci, V + (size_t)xi * vstride, g->ci8, 0, u, g->co8, M + (size_t)xi * mstride, g->co8, 0);
     else
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)tb, (int)g->co, (int)g->ci, 1.0f, V + (size_t)xi * vstride,
                   (int)g->ci8, u, (int)g->co8, 0.0f, M + (size_t)xi * mstride, (int)g->co8);
@@ -824,8 +700,8 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
     }
   })
   WG_ITEMS(xi, WG_NP, {
-    if (wg_own(g->ci8, O))
-      wg_gemm_small(O, g->ci8, tb, M + (size_t)xi * mstride, g->co8, 1, V + (size_t)xi * vstride, g->ci8,
+    if (wg_own(g->ci8, O, WG_SMALL_WGRAD_K))
+      ampc__cpu_gemm(O, g->ci8, tb, M + (size_t)xi * mstride, g->co8, 1, V + (size_t)xi * vstride, g->ci8,
                     dU + (size_t)xi * O * g->ci8, g->ci8, acc);
     else
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)O, (int)C, (int)tb, 1.0f, M + (size_t)xi * mstride,

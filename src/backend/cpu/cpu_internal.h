@@ -280,6 +280,18 @@ typedef int cpu_v8i __attribute__((vector_size(32), aligned(4), may_alias));
 ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c);
 size_t ampc__cpu_conv2d_ws(const ampc__op_call *c, int nthreads);
+/* C (m x n) (+)= A (m x k) * B (k x n) in f32 (gemm.c): A row-major with
+ * rows lda apart, or (ta) stored transposed (k x m, rows lda apart); B's rows
+ * ldb apart; n a multiple of 8; C's rows ldc apart, added to when add. Runs on
+ * the calling thread; each element of C is one in-order sum over k. */
+void ampc__cpu_gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B, int64_t ldb,
+                    float *C, int64_t ldc, int add);
+/* 1 where ampc__cpu_gemm runs 16 floats to a vector (AVX-512, or forced by
+ * the test hook ampc__cpu_wino_wide). Only then does it take the large
+ * products from the BLAS: there it was measured as fast as OpenBLAS 0.3.21's
+ * AVX-512 kernels and faster than its AVX2 ones, which OPENBLAS_CORETYPE can
+ * hold it to; 8 wide it was level with OpenBLAS's AVX2 kernels at best. */
+int ampc__cpu_gemm_wide(void);
 size_t ampc__cpu_wino_ws(const ampc__op_call *c, int nthreads);
 ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c);

@@ -1,0 +1,168 @@
+/* The register-blocked f32 matrix product of the CPU backend (see
+ * cpu_internal.h, ampc__cpu_gemm): Winograd's products per transform point
+ * and the im2col convolutions' products run on it instead of the BLAS's
+ * sgemm. Blocks of C stay in registers while the sum over k streams A's
+ * elements (broadcast) and B's rows; no packing, so it costs nothing to set
+ * up for the short sums of small layers, and for the long ones the sum is cut
+ * into slices of GEMM_KB so that a block column of B stays in the L1 cache.
+ * The sum over k for each element of C runs in order, one FMA at a time, so
+ * the result has the same bits whatever the vector width, the blocking and
+ * the way rows are shared out between threads. */
+#include "backend/cpu/cpu_internal.h"
+
+typedef cpu_v8 v8;
+
+/* C (R x VW*NV) (+)= A (R x k, rows lda apart) * B (k x VW*NV, rows ldb
+ * apart), C rows ldc apart: a block of R rows (at most RMAX) by NV vectors of
+ * VW floats in registers, B's block row broadcast against A's elements (FMA
+ * in the AVX2 and AVX-512 builds); the sum over k runs in order, so the result
+ * does not depend on how the rows are shared out, nor on the vector width.
+ * mk: 8-wide vectors, up to 6 rows by 16 columns. */
+#define GEMM_MK_DEF(name, vt, VW, RMAX)                                                                                  \
+  static inline __attribute__((always_inline)) void name(int64_t k, const float *A, int64_t lda, const float *B,          \
+                                                         int64_t ldb, float *C, int64_t ldc, int add, const int TA,       \
+                                                         const int R, const int NV) {                                     \
+    vt acc[RMAX][2];                                                                                                       \
+    for (int r = 0; r < R; r++)                                                                                            \
+      for (int v = 0; v < NV; v++) acc[r][v] = add ? *(const vt *)(C + r * ldc + VW * v) : (vt){0};                       \
+    for (int64_t p = 0; p < k; p++) {                                                                                      \
+      vt b[2];                                                                                                             \
+      for (int v = 0; v < NV; v++) b[v] = *(const vt *)(B + p * ldb + VW * v);                                             \
+      for (int r = 0; r < R; r++) {                                                                                        \
+        float a = TA ? A[r + p * lda] : A[r * lda + p];                                                                    \
+        for (int v = 0; v < NV; v++) acc[r][v] += a * b[v];                                                                \
+      }                                                                                                                    \
+    }                                                                                                                      \
+    for (int r = 0; r < R; r++)                                                                                            \
+      for (int v = 0; v < NV; v++) *(vt *)(C + r * ldc + VW * v) = acc[r][v];                                              \
+  }
+GEMM_MK_DEF(mk, v8, 8, 6)
+
+/* One block of 8 * NV columns of C (m x n) (+)= A (m x k) * B (k x n), rows
+ * 6 at a time, then 4, then one by one: see ampc__cpu_gemm. */
+static inline __attribute__((always_inline)) void mk_rows(int64_t m, int64_t k, const float *A, int64_t lda, const float *B,
+                                                            int64_t ldb, float *C, int64_t ldc, int add, const int TA,
+                                                            const int NV) {
+  int64_t i = 0;
+  for (; i + 6 <= m; i += 6) mk(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 6, NV);
+  if (i + 4 <= m) {
+    mk(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 4, NV);
+    i += 4;
+  }
+  for (; i < m; i++) mk(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 1, NV);
+}
+
+/* C (m x n) (+)= A (m x k) * B (k x n): A row-major with rows lda apart, or
+ * (ta) stored transposed (k x m, rows lda apart); B's rows ldb apart, n a
+ * multiple of 8, C's rows ldc apart; added to C when add. */
+static inline __attribute__((always_inline)) void mk_all(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                                                           const float *B, int64_t ldb, float *C, int64_t ldc, int add,
+                                                           const int TA) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 2);
+  if (j < n) mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);
+}
+CPU_VECTOR static void gemm8(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B,
+                                      int64_t ldb, float *C, int64_t ldc, int add) {
+  if (ta) mk_all(m, n, k, A, lda, B, ldb, C, ldc, add, 1);
+  else mk_all(m, n, k, A, lda, B, ldb, C, ldc, add, 0);
+}
+
+/* The same product 16 columns to a vector, for AVX-512's 32 registers of 16
+ * floats: blocks of 12 rows by 32 columns (24 accumulators, 2 of B and the
+ * broadcast), then 6 and 4 and single rows; 16 columns alone; a last 8 columns
+ * through the 8-wide blocks. Every C element is still one in-order sum over
+ * k of FMAs, so the bits are those of the 8-wide kernel. */
+typedef float cpu_v16 __attribute__((vector_size(64), aligned(4), may_alias));
+GEMM_MK_DEF(mk16, cpu_v16, 16, 12)
+static inline __attribute__((always_inline)) void mk16_rows(int64_t m, int64_t k, const float *A, int64_t lda,
+                                                              const float *B, int64_t ldb, float *C, int64_t ldc, int add,
+                                                              const int TA, const int NV) {
+  int64_t i = 0;
+  for (; i + 12 <= m; i += 12) mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 12, NV);
+  if (i + 6 <= m) {
+    mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 6, NV);
+    i += 6;
+  }
+  if (i + 4 <= m) {
+    mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 4, NV);
+    i += 4;
+  }
+  for (; i < m; i++) mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 1, NV);
+}
+static inline __attribute__((always_inline)) void mk16_all(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                                                             const float *B, int64_t ldb, float *C, int64_t ldc, int add,
+                                                             const int TA) {
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) mk16_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 2);
+  if (j + 16 <= n) {
+    mk16_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);
+    j += 16;
+  }
+  if (j < n) mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);
+}
+#define GEMM16_BODY                                         \
+  if (ta) mk16_all(m, n, k, A, lda, B, ldb, C, ldc, add, 1); \
+  else mk16_all(m, n, k, A, lda, B, ldb, C, ldc, add, 0);
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(AMPC_NO_CLONES)
+#define GEMM_HAVE_AVX512 1
+__attribute__((target("arch=x86-64-v4"))) static void gemm16_avx512(int64_t m, int64_t n, int64_t k,
+                                                                            const float *A, int64_t lda, int ta,
+                                                                            const float *B, int64_t ldb, float *C,
+                                                                            int64_t ldc, int add) {
+  GEMM16_BODY
+}
+#endif
+/* The 16-wide kernel built like the others (on a CPU without AVX-512 the
+ * compiler splits its vectors): what the tests run through the hook below,
+ * to check the 16-wide blocking on any machine. */
+CPU_VECTOR static void gemm16(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B,
+                                       int64_t ldb, float *C, int64_t ldc, int add) {
+  GEMM16_BODY
+}
+
+/* When set, the products run the 16-wide kernel whatever the CPU: a hook
+ * for tests. */
+int ampc__cpu_wino_wide = 0;
+
+int ampc__cpu_gemm_wide(void) {
+  if (ampc__cpu_wino_wide) return 1;
+#ifdef GEMM_HAVE_AVX512
+  return __builtin_cpu_supports("x86-64-v4") != 0;
+#else
+  return 0;
+#endif
+}
+
+/* The sum over k in slices of GEMM_KB: B's block column (GEMM_KB x 32
+ * floats, 32 KB) and A's block row (12 x GEMM_KB) fit a 48 KB L1 cache. */
+enum { GEMM_KB = 256 };
+
+static void gemm_slice(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B, int64_t ldb,
+                       float *C, int64_t ldc, int add) {
+  if (ampc__cpu_wino_wide) {
+    gemm16(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
+    return;
+  }
+#ifdef GEMM_HAVE_AVX512
+  /* libgcc fills in the CPU's features before main (the clones' resolvers
+   * need them): this is a load and a bit test */
+  if (__builtin_cpu_supports("x86-64-v4")) {
+    gemm16_avx512(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
+    return;
+  }
+#endif
+  gemm8(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
+}
+
+void ampc__cpu_gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B, int64_t ldb,
+                    float *C, int64_t ldc, int add) {
+  if (k <= GEMM_KB) {
+    gemm_slice(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
+    return;
+  }
+  for (int64_t k0 = 0; k0 < k; k0 += GEMM_KB) {
+    int64_t kb = k - k0 < GEMM_KB ? k - k0 : GEMM_KB;
+    gemm_slice(m, n, kb, A + (ta ? k0 * lda : k0), lda, ta, B + k0 * ldb, ldb, C, ldc, add || k0 > 0);
+  }
+}
