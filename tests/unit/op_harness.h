@@ -219,6 +219,9 @@ static const op_case CASES[] = {
     {.name = "global_avgpool", .k = K_GAP, .n = 3, .c = 4, .h = 5, .w = 5},
     {.name = "linear_bias", .k = K_LINEAR, .n = 3, .c = 7, .o = 5, .bias = 1},
     {.name = "linear", .k = K_LINEAR, .n = 2, .c = 6, .o = 4},
+    /* widths of whole vectors of 8, products big enough to split over the threads (by rows forward, by
+       columns of 8 backward): ampc's kernel where it runs 16 wide */
+    {.name = "linear_wide", .k = K_LINEAR, .n = 64, .c = 72, .o = 64, .bias = 1},
     {.name = "add", .k = K_ADD, .n = 2, .c = 3, .h = 5, .w = 5},
     {.name = "add_f32_operand", .k = K_ADD, .n = 3, .c = 2, .h = 3, .w = 5, .h2_f32 = 1},
     {.name = "flatten", .k = K_FLATTEN, .n = 2, .c = 3, .h = 5, .w = 5},
@@ -291,6 +294,8 @@ extern int ampc__cpu_wino_wide;
 extern int ampc__cpu_wino_blas;
 /* 1: every im2col product on the library's sgemm, as on a CPU without AVX-512 */
 extern int ampc__cpu_conv_blas;
+/* 1: every linear product on the library's sgemm, as on a CPU without AVX-512 */
+extern int ampc__cpu_linear_blas;
 /* the direct loop's 16-wide code on any CPU (conv_direct.c) */
 extern int ampc__cpu_direct_wide;
 

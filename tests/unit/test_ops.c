@@ -197,7 +197,17 @@ TEST(relu) { run_kind(K_RELU); }
 TEST(maxpool2d) { run_kind(K_MAXPOOL); }
 TEST(avgpool2d) { run_kind(K_AVGPOOL); }
 TEST(global_avgpool) { run_kind(K_GAP); }
-TEST(linear) { run_kind(K_LINEAR); }
+/* and again with its products on sgemm, and on ampc's 16-wide kernel (forced:
+ * the portable build of it where the CPU has no AVX-512) */
+TEST(linear) {
+  run_kind(K_LINEAR);
+  ampc__cpu_linear_blas = 1;
+  run_kind(K_LINEAR);
+  ampc__cpu_linear_blas = 0;
+  ampc__cpu_wino_wide = 1;
+  run_kind(K_LINEAR);
+  ampc__cpu_wino_wide = 0;
+}
 TEST(add) { run_kind(K_ADD); }
 TEST(flatten) { run_kind(K_FLATTEN); }
 TEST(softmax) { run_kind(K_SOFTMAX); }

@@ -199,16 +199,6 @@ static void conv_gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t l
               (int)ldb, 0.0f, C, (int)ldc);
 }
 
-/* dst (cols x rows) = src (rows x cols)^T, in 8 x 8 blocks. */
-CPU_VECTOR static void transpose(const float *src, int64_t rows, int64_t cols, float *dst) {
-  for (int64_t i0 = 0; i0 < rows; i0 += 8)
-    for (int64_t j0 = 0; j0 < cols; j0 += 8) {
-      int64_t i1 = i0 + 8 < rows ? i0 + 8 : rows, j1 = j0 + 8 < cols ? j0 + 8 : cols;
-      for (int64_t j = j0; j < j1; j++)
-        for (int64_t i = i0; i < i1; i++) dst[j * rows + i] = src[i * cols + j];
-    }
-}
-
 /* Groups of samples [n0, n0 + nbe), numbered 0..ngroups-1. */
 static int64_t ngroups(const conv_geom *g) { return (g->N + g->nb - 1) / g->nb; }
 static void group_of(const conv_geom *g, int64_t gi, int64_t *n0, int64_t *nbe) {
@@ -315,7 +305,7 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
               /* dW += dY * cols^T on ampc's kernel, which wants B's rows
                * contiguous: the columns transposed (ld x K) first */
               float *colst = ws + g.off_dcols;
-              transpose(cols, g.K, ld, colst);
+              ampc__cpu_transpose(cols, g.K, ld, colst);
               ampc__cpu_gemm(g.O, g.K, ld, dyp, ldd, 0, colst, g.K, dwt, g.K, 1);
             } else {
               cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.O, (int)g.K, (int)ld, 1.0f, dyp, (int)ldd, cols,

@@ -292,6 +292,8 @@ void ampc__cpu_gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda
  * AVX-512 kernels and faster than its AVX2 ones, which OPENBLAS_CORETYPE can
  * hold it to; 8 wide it was level with OpenBLAS's AVX2 kernels at best. */
 int ampc__cpu_gemm_wide(void);
+/* dst (cols x rows) = src (rows x cols)^T, both dense, in 8 x 8 blocks. */
+void ampc__cpu_transpose(const float *src, int64_t rows, int64_t cols, float *dst);
 size_t ampc__cpu_wino_ws(const ampc__op_call *c, int nthreads);
 ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c);

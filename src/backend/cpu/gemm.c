@@ -121,6 +121,15 @@ CPU_VECTOR static void gemm16(int64_t m, int64_t n, int64_t k, const float *A, i
   GEMM16_BODY
 }
 
+CPU_VECTOR void ampc__cpu_transpose(const float *src, int64_t rows, int64_t cols, float *dst) {
+  for (int64_t i0 = 0; i0 < rows; i0 += 8)
+    for (int64_t j0 = 0; j0 < cols; j0 += 8) {
+      int64_t i1 = i0 + 8 < rows ? i0 + 8 : rows, j1 = j0 + 8 < cols ? j0 + 8 : cols;
+      for (int64_t j = j0; j < j1; j++)
+        for (int64_t i = i0; i < i1; i++) dst[j * rows + i] = src[i * cols + j];
+    }
+}
+
 /* When set, the products run the 16-wide kernel whatever the CPU: a hook
  * for tests. */
 int ampc__cpu_wino_wide = 0;
