@@ -152,18 +152,21 @@ TEST(conv2d) { run_kind(K_CONV); }
  * several samples; in f32 with both tiles, F(2x2) (the default there) and
  * F(4x4) (the one of 16-bit storage); and with every product on the
  * library's sgemm (the path past 512 channels). */
+/* Every case of kind k as the CPU gives it, then with its products on
+ * sgemm (blas_hook set) and on ampc's 16-wide kernel (forced: the portable
+ * build of it where the CPU has no AVX-512). */
+static void run_kind_both_products(kind k, int *blas_hook) {
+  run_kind(k);
+  *blas_hook = 1;
+  run_kind(k);
+  *blas_hook = 0;
+  ampc__cpu_wino_wide = 1;
+  run_kind(k);
+  ampc__cpu_wino_wide = 0;
+}
 TEST(conv2d_im2col) {
   test_conv_algo = AMPC_CONV_IM2COL;
-  run_kind(K_CONV);
-  /* its products on sgemm, and on ampc's 16-wide kernel (forced: the
-   * portable build of it where the CPU has no AVX-512), whichever the CPU
-   * gives by default */
-  ampc__cpu_conv_blas = 1;
-  run_kind(K_CONV);
-  ampc__cpu_conv_blas = 0;
-  ampc__cpu_wino_wide = 1;
-  run_kind(K_CONV);
-  ampc__cpu_wino_wide = 0;
+  run_kind_both_products(K_CONV, &ampc__cpu_conv_blas);
   test_conv_algo = AMPC_CONV_AUTO;
 }
 TEST(conv2d_winograd) {
@@ -197,17 +200,7 @@ TEST(relu) { run_kind(K_RELU); }
 TEST(maxpool2d) { run_kind(K_MAXPOOL); }
 TEST(avgpool2d) { run_kind(K_AVGPOOL); }
 TEST(global_avgpool) { run_kind(K_GAP); }
-/* and again with its products on sgemm, and on ampc's 16-wide kernel (forced:
- * the portable build of it where the CPU has no AVX-512) */
-TEST(linear) {
-  run_kind(K_LINEAR);
-  ampc__cpu_linear_blas = 1;
-  run_kind(K_LINEAR);
-  ampc__cpu_linear_blas = 0;
-  ampc__cpu_wino_wide = 1;
-  run_kind(K_LINEAR);
-  ampc__cpu_wino_wide = 0;
-}
+TEST(linear) { run_kind_both_products(K_LINEAR, &ampc__cpu_linear_blas); }
 TEST(add) { run_kind(K_ADD); }
 TEST(flatten) { run_kind(K_FLATTEN); }
 TEST(softmax) { run_kind(K_SOFTMAX); }

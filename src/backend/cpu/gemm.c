@@ -121,7 +121,14 @@ CPU_VECTOR static void gemm16(int64_t m, int64_t n, int64_t k, const float *A, i
   GEMM16_BODY
 }
 
-CPU_VECTOR void ampc__cpu_transpose(const float *src, int64_t rows, int64_t cols, float *dst) {
+/* CPU_VECTOR with GCC only: clang does not export a target_clones function
+ * to other files. */
+#if defined(__clang__)
+#define GEMM_CLONES_EXPORTED
+#else
+#define GEMM_CLONES_EXPORTED CPU_VECTOR
+#endif
+GEMM_CLONES_EXPORTED void ampc__cpu_transpose(const float *src, int64_t rows, int64_t cols, float *dst) {
   for (int64_t i0 = 0; i0 < rows; i0 += 8)
     for (int64_t j0 = 0; j0 < cols; j0 += 8) {
       int64_t i1 = i0 + 8 < rows ? i0 + 8 : rows, j1 = j0 + 8 < cols ? j0 + 8 : cols;
