@@ -38,19 +38,26 @@ typedef cpu_v8 v8;
   }
 GEMM_MK_DEF(mk, v8, 8, 6)
 
-/* One block of 8 * NV columns of C (m x n) (+)= A (m x k) * B (k x n), rows
- * 6 at a time, then 4, then one by one: see ampc__cpu_gemm. */
-static inline __attribute__((always_inline)) void mk_rows(int64_t m, int64_t k, const float *A, int64_t lda, const float *B,
-                                                            int64_t ldb, float *C, int64_t ldc, int add, const int TA,
-                                                            const int NV) {
-  int64_t i = 0;
-  for (; i + 6 <= m; i += 6) mk(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 6, NV);
-  if (i + 4 <= m) {
-    mk(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 4, NV);
-    i += 4;
+/* name: one block of VW * NV columns of C (m x n) (+)= A (m x k) * B (k x n)
+ * on the block kernel mkf, rows R0 at a time, then 6 (where R0 is larger),
+ * then 4, then one by one: see ampc__cpu_gemm. */
+#define GEMM_ROWS_DEF(name, mkf, R0)                                                                                     \
+  static inline __attribute__((always_inline)) void name(int64_t m, int64_t k, const float *A, int64_t lda,              \
+                                                         const float *B, int64_t ldb, float *C, int64_t ldc, int add,    \
+                                                         const int TA, const int NV) {                                   \
+    int64_t i = 0;                                                                                                       \
+    for (; i + (R0) <= m; i += (R0)) mkf(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, (R0), NV);   \
+    if ((R0) > 6 && i + 6 <= m) {                                                                                        \
+      mkf(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 6, NV);                                     \
+      i += 6;                                                                                                            \
+    }                                                                                                                    \
+    if (i + 4 <= m) {                                                                                                    \
+      mkf(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 4, NV);                                     \
+      i += 4;                                                                                                            \
+    }                                                                                                                    \
+    for (; i < m; i++) mkf(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 1, NV);                    \
   }
-  for (; i < m; i++) mk(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 1, NV);
-}
+GEMM_ROWS_DEF(mk_rows, mk, 6)
 
 /* C (m x n) (+)= A (m x k) * B (k x n): A row-major with rows lda apart, or
  * (ta) stored transposed (k x m, rows lda apart); B's rows ldb apart, n a
@@ -75,21 +82,7 @@ CPU_VECTOR static void gemm8(int64_t m, int64_t n, int64_t k, const float *A, in
  * k of FMAs, so the bits are those of the 8-wide kernel. */
 typedef float cpu_v16 __attribute__((vector_size(64), aligned(4), may_alias));
 GEMM_MK_DEF(mk16, cpu_v16, 16, 12)
-static inline __attribute__((always_inline)) void mk16_rows(int64_t m, int64_t k, const float *A, int64_t lda,
-                                                              const float *B, int64_t ldb, float *C, int64_t ldc, int add,
-                                                              const int TA, const int NV) {
-  int64_t i = 0;
-  for (; i + 12 <= m; i += 12) mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 12, NV);
-  if (i + 6 <= m) {
-    mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 6, NV);
-    i += 6;
-  }
-  if (i + 4 <= m) {
-    mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 4, NV);
-    i += 4;
-  }
-  for (; i < m; i++) mk16(k, A + i * (TA ? 1 : lda), lda, B, ldb, C + i * ldc, ldc, add, TA, 1, NV);
-}
+GEMM_ROWS_DEF(mk16_rows, mk16, 12)
 static inline __attribute__((always_inline)) void mk16_all(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
                                                              const float *B, int64_t ldb, float *C, int64_t ldc, int add,
                                                              const int TA) {
