@@ -189,8 +189,12 @@ fi
 timeout 60 "${MPI[@]}" "$ampc" train --zero 2 > /dev/null 2> "$dir/usage.err"; rc=$?
 [ "$(grep -c 'ampc: error' "$dir/usage.err")" = 1 ] && grep -q '^ampc: error: --zero: must be at most 1, got 2' "$dir/usage.err" && ok "a usage error: said once by rank 0" ||
   bad "usage error: $(cat "$dir/usage.err")"
-# kill -9 of the launcher: no rank survives it, and resume continues from the last checkpoint
-"${MPI[@]}" "$ampc" train "${F[@]}" --checkpoint-dir "$dir/ckl" --save-every 5 > /dev/null 2>&1 &
+# kill -9 of the launcher: no rank survives it, and resume continues from the last checkpoint.
+# A run of 320 steps, so that the kill lands mid-run however fast the machine (F's 40 steps took a
+# fast one past its end: the ranks go on for about a second after mpirun dies), against its own unbroken run.
+FL=(--model cnn --opt-level O2 --epochs 1 --train-limit 40960 --test-limit 128 --batch-size 64 --threads 1 --quiet)
+"${MPI[@]}" "$ampc" train "${FL[@]}" --save "$dir/fullL.st" > /dev/null 2>&1 || bad "unbroken 2-rank run of 320 steps"
+"${MPI[@]}" "$ampc" train "${FL[@]}" --checkpoint-dir "$dir/ckl" --save-every 5 > /dev/null 2>&1 &
 mpid=$!
 ranks=""
 for _ in $(seq 1 600); do
@@ -208,8 +212,8 @@ for _ in $(seq 1 100); do
 done
 if [ -n "$ranks" ] && [ -z "$left" ]; then ok "kill -9 of mpirun: its ranks ($ranks) end too"; else bad "kill -9 of mpirun: ranks left:$left"; for p in $left; do kill -9 "$p"; done; fi
 last=$(ls "$dir/ckl" | sed -n 's/^ckpt-step-0*\([0-9]*\)\.safetensors$/\1/p' | sort -n | tail -1)
-"${MPI[@]}" "$ampc" train "${F[@]}" --resume "$dir/ckl" --save "$dir/resl.st" > /dev/null 2> "$dir/resl.err"; rc=$?
-stcmp "$dir/full.st" "$dir/resl.st" --exact > /dev/null && ok "resume after kill -9 of mpirun: from step $last, bit-identical to the unbroken run" ||
+"${MPI[@]}" "$ampc" train "${FL[@]}" --resume "$dir/ckl" --save "$dir/resl.st" > /dev/null 2> "$dir/resl.err"; rc=$?
+stcmp "$dir/fullL.st" "$dir/resl.st" --exact > /dev/null && ok "resume after kill -9 of mpirun: from step $last, bit-identical to the unbroken run" ||
   bad "resume after killing mpirun: status $rc $(cat "$dir/resl.err")"
 
 # --- bench -----------------------------------------------------------------------------------
