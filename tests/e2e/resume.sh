@@ -42,13 +42,16 @@ for lvl in O0 O2; do
     bad "$lvl kill + resume: metrics differ"
   fi
 done
-# SIGTERM: a checkpoint at the end of the current step, exit 0
-F=(--model cnn --epochs 5 --train-limit 2048 --test-limit 128 --quiet --threads 2)
+# SIGTERM: a checkpoint at the end of the current step, exit 0 (1000 epochs: the run is still
+# going when the signal comes, however fast the machine)
+F=(--model cnn --epochs 1000 --train-limit 2048 --test-limit 128 --quiet --threads 2)
 "$ampc" train "${F[@]}" --checkpoint-dir "$dir/term" >/dev/null 2>"$dir/term.err" &
 pid=$!
 sleep 3
 kill -TERM $pid; wait $pid; rc=$?
 [ $rc = 0 ] && ok "SIGTERM exits 0" || bad "SIGTERM exit status $rc"
+grep -q "^ampc: SIGTERM received at epoch [0-9]*, batch [0-9]*/16: saving a checkpoint at step" "$dir/term.err" &&
+  ok "SIGTERM: says where it stopped" || { bad "SIGTERM: no message"; cat "$dir/term.err"; }
 ls "$dir/term"/ckpt-step-*.safetensors >/dev/null 2>&1 && ok "SIGTERM saved a checkpoint" || bad "SIGTERM saved nothing"
 # --keep 2 keeps the two newest
 "$ampc" train --model cnn --epochs 1 --train-limit 1280 --test-limit 128 --quiet --checkpoint-dir "$dir/keep" --save-every 2 --keep 2 >/dev/null 2>&1
