@@ -9,9 +9,9 @@
  * where (.) is the element-wise product summed over input channels. Summed
  * over channels, each of the a*a transform points is one matrix product
  *
- *   M[xi] (tiles, co) = V[xi] (tiles, ci) * U[xi]^T (ci, co)
+ *   M[xi] (tiles, co) = V[xi] (tiles, ci) * U[xi] (ci, co)
  *
- * done by a register-blocked kernel of ours (or sgemm, past 512 channels).
+ * done by ampc's register-blocked kernel (gemm.c) or sgemm (see wg_own).
  * The matrices are Lavin and Gray's (points 0, +-1, +-2, inf
  * for F(4x4); 0, +-1, inf for F(2x2)).
  *
@@ -105,8 +105,6 @@ typedef struct {
   int64_t band;     /* floats of one plane's loaded input band or output band */
 } wg_geom;
 
-static int64_t ci8_co8_balance(int64_t ci8, int64_t co8) { return ci8 * co8 / (ci8 + co8); }
-
 static wg_geom wg_geometry(int64_t m, int64_t N, int64_t ci, int64_t co, int64_t ih, int64_t iw, int64_t oh, int64_t ow,
                            int64_t pad) {
   wg_geom g;
@@ -124,7 +122,7 @@ static wg_geom wg_geometry(int64_t m, int64_t N, int64_t ci, int64_t co, int64_t
    * tiles a chunk, not 96: on an AMD EPYC of family 26 (O2, 2 threads, three
    * or four alternating runs each) its step 3-6% shorter at O2, 1.5% at O0,
    * for 9.4 MB more workspace (75.6 MB, the 512-channel layers' chunk). */
-  int64_t balance = ci8_co8_balance(g.ci8, g.co8);
+  int64_t balance = g.ci8 * g.co8 / (g.ci8 + g.co8);
   if (ampc__cpu_gemm_wide() && balance > target) target = balance;
   if (ampc__cpu_wino_tile_target > 0) target = ampc__cpu_wino_tile_target;
   cpu_blocking(target, g.tw, g.th, N, &g.nb, &g.rb);
