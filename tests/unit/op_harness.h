@@ -287,10 +287,12 @@ extern int64_t ampc__cpu_wino_tile_target;
 /* Winograd's tile where everything is f32 (0: the library's choice, F(2x2);
  * 4: F(4x4), the tile of 16-bit storage), a hook of the CPU backend. */
 extern int ampc__cpu_wino_f32_tile;
-/* When set, Winograd's small products run the 16-wide (AVX-512) kernel on
- * any CPU, a hook of the CPU backend. */
-extern int ampc__cpu_wino_wide;
-/* 1: every Winograd product on the library's sgemm, as past 512 channels */
+/* When set, the CPU backend's own products (ampc__cpu_gemm) run its 16-wide
+ * (AVX-512) kernel on any CPU, and take the products they take on an
+ * AVX-512 CPU: a hook of the CPU backend. */
+extern int ampc__cpu_gemm_force_wide;
+/* 1: every Winograd product on the library's sgemm, as past 512 channels
+ * (and past 64 on a CPU without AVX-512) */
 extern int ampc__cpu_wino_blas;
 /* 1: every im2col product on the library's sgemm, as on a CPU without AVX-512 */
 extern int ampc__cpu_conv_blas;

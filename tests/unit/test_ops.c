@@ -160,9 +160,9 @@ static void run_kind_both_products(kind k, int *blas_hook) {
   *blas_hook = 1;
   run_kind(k);
   *blas_hook = 0;
-  ampc__cpu_wino_wide = 1;
+  ampc__cpu_gemm_force_wide = 1;
   run_kind(k);
-  ampc__cpu_wino_wide = 0;
+  ampc__cpu_gemm_force_wide = 0;
 }
 TEST(conv2d_im2col) {
   test_conv_algo = AMPC_CONV_IM2COL;
@@ -284,11 +284,11 @@ TEST(winograd_wide_kernel_same_bits) {
         if (build(&a, cs, &PRECS[p].p, cs->n, 2) == 0 && build(&b, cs, &PRECS[p].p, cs->n, 2) == 0) {
           for (int r = 0; r < 2; r++) {
             net *q = r ? &b : &a;
-            ampc__cpu_wino_wide = r;
+            ampc__cpu_gemm_force_wide = r;
             CHECK_OK(ampc_graph_forward(q->g, 1));
             CHECK_OK(ampc_graph_backward(q->g, q->loss, 1.0f, 0));
           }
-          ampc__cpu_wino_wide = 0;
+          ampc__cpu_gemm_force_wide = 0;
           snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&b, cs);
           compare_snapshots(&sa, &sb, 0.0, "8-wide vs 16-wide kernel, bit for bit");
         }

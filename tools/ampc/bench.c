@@ -378,11 +378,11 @@ int cmd_bench(int argc, char **argv) {
            gflops, peak > 0 ? gflops / peak : 0.0, peak, kind_words[peak_kind], threads);
     printf("vector code: kernels %s, conversions %s; blas: %s, core %s\n", ampc_kernel_path(), ampc_convert_path(),
            ampc_blas_name(), ampc_blas_core());
-    if (ampc_blas_better_core())
+    const char *better = ampc_blas_better_core(), *ct = getenv("OPENBLAS_CORETYPE");
+    if (better)
       printf("note: OpenBLAS runs its %s kernels (OPENBLAS_CORETYPE=%s), without vector instructions this CPU has; its %s "
              "kernels use them (unset OPENBLAS_CORETYPE and kernels that fit are chosen)\n",
-             ampc_blas_core(), getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "not set",
-             ampc_blas_better_core());
+             ampc_blas_core(), ct ? ct : "not set", better);
     printf("time share:");
     for (size_t i = 0; i < nshare; i++) printf(" %s %.1f%%", share[i].name, total > 0 ? 100.0 * share[i].t / total : 0.0);
     printf(" other %.1f%%\n", total > 0 ? 100.0 * (total - accounted) / total : 0.0);

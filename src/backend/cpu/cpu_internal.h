@@ -287,7 +287,7 @@ size_t ampc__cpu_conv2d_ws(const ampc__op_call *c, int nthreads);
 void ampc__cpu_gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B, int64_t ldb,
                     float *C, int64_t ldc, int add);
 /* 1 where ampc__cpu_gemm runs 16 floats to a vector (AVX-512, or forced by
- * the test hook ampc__cpu_wino_wide). Only then does it take the large
+ * the test hook ampc__cpu_gemm_force_wide). Only then does it take the large
  * products from the BLAS: there it was measured as fast as OpenBLAS 0.3.21's
  * AVX-512 kernels and faster than its AVX2 ones, which OPENBLAS_CORETYPE can
  * hold it to; 8 wide it was level with OpenBLAS's AVX2 kernels at best. */

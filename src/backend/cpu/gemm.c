@@ -1,7 +1,7 @@
 /* The register-blocked f32 matrix product of the CPU backend (see
- * cpu_internal.h, ampc__cpu_gemm): Winograd's products per transform point
- * and the im2col convolutions' products run on it instead of the BLAS's
- * sgemm. Blocks of C stay in registers while the sum over k streams A's
+ * cpu_internal.h, ampc__cpu_gemm): Winograd's products per transform point,
+ * and where it runs 16 wide the im2col convolutions' and the linear layers'
+ * products, run on it instead of the BLAS's sgemm. Blocks of C stay in registers while the sum over k streams A's
  * elements (broadcast) and B's rows; no packing, so it costs nothing to set
  * up for the short sums of small layers, and for the long ones the sum is cut
  * into slices of GEMM_KB so that a block column of B stays in the L1 cache.
@@ -130,12 +130,13 @@ GEMM_CLONES_EXPORTED void ampc__cpu_transpose(const float *src, int64_t rows, in
     }
 }
 
-/* When set, the products run the 16-wide kernel whatever the CPU: a hook
- * for tests. */
-int ampc__cpu_wino_wide = 0;
+/* When set, the products run the 16-wide kernel (its portable build where
+ * the CPU has no AVX-512) and take the large products as on an AVX-512 CPU:
+ * a hook for tests. */
+int ampc__cpu_gemm_force_wide = 0;
 
 int ampc__cpu_gemm_wide(void) {
-  if (ampc__cpu_wino_wide) return 1;
+  if (ampc__cpu_gemm_force_wide) return 1;
 #ifdef GEMM_HAVE_AVX512
   return __builtin_cpu_supports("x86-64-v4") != 0;
 #else
@@ -147,31 +148,24 @@ int ampc__cpu_gemm_wide(void) {
  * floats, 32 KB) and A's block row (12 x GEMM_KB) fit a 48 KB L1 cache. */
 enum { GEMM_KB = 256 };
 
-static void gemm_slice(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B, int64_t ldb,
-                       float *C, int64_t ldc, int add) {
-  if (ampc__cpu_wino_wide) {
-    gemm16(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
-    return;
-  }
-#ifdef GEMM_HAVE_AVX512
-  /* libgcc fills in the CPU's features before main (the clones' resolvers
-   * need them): this is a load and a bit test */
-  if (__builtin_cpu_supports("x86-64-v4")) {
-    gemm16_avx512(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
-    return;
-  }
-#endif
-  gemm8(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
-}
+typedef void gemm_fn(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B, int64_t ldb,
+                     float *C, int64_t ldc, int add);
 
 void ampc__cpu_gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B, int64_t ldb,
                     float *C, int64_t ldc, int add) {
+  /* the build once a call, then each slice on it (libgcc fills in the CPU's
+   * features before main: the check is a load and a bit test) */
+  gemm_fn *f = gemm8;
+  if (ampc__cpu_gemm_force_wide) f = gemm16;
+#ifdef GEMM_HAVE_AVX512
+  else if (__builtin_cpu_supports("x86-64-v4")) f = gemm16_avx512;
+#endif
   if (k <= GEMM_KB) {
-    gemm_slice(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
+    f(m, n, k, A, lda, ta, B, ldb, C, ldc, add);
     return;
   }
   for (int64_t k0 = 0; k0 < k; k0 += GEMM_KB) {
     int64_t kb = k - k0 < GEMM_KB ? k - k0 : GEMM_KB;
-    gemm_slice(m, n, kb, A + (ta ? k0 * lda : k0), lda, ta, B + k0 * ldb, ldb, C, ldc, add || k0 > 0);
+    f(m, n, kb, A + (ta ? k0 * lda : k0), lda, ta, B + k0 * ldb, ldb, C, ldc, add || k0 > 0);
   }
 }

@@ -17,12 +17,12 @@ typedef struct {
   int64_t N, K, M;
 } lin_geom;
 
-/* C (rows, cols) = op(A) op(B), row-major, split into nthreads bands of
- * rows (split_rows) or of columns. A, B, C are addressed for the whole product;
- * ta/tb: A is stored transposed (K x rows) / B is stored as (cols x K). */
 int ampc__cpu_linear_blas = 0; /* a hook for tests: always sgemm */
 static int lin_own(int tb, int64_t cols) { return !tb && cols % 8 == 0 && !ampc__cpu_linear_blas && ampc__cpu_gemm_wide(); }
 
+/* C (rows, cols) = op(A) op(B), row-major, split into nthreads bands of
+ * rows (split_rows) or of columns. A, B, C are addressed for the whole product;
+ * ta/tb: A is stored transposed (K x rows) / B is stored as (cols x K). */
 static void par_sgemm(int nthreads, int split_rows, int ta, int tb, int64_t rows, int64_t cols, int64_t k,
                       const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
   int64_t total = split_rows ? rows : cols;
