@@ -59,16 +59,24 @@ GEMM_MK_DEF(mk, v8, 8, 6)
   }
 GEMM_ROWS_DEF(mk_rows, mk, 6)
 
-/* C (m x n) (+)= A (m x k) * B (k x n): A row-major with rows lda apart, or
- * (ta) stored transposed (k x m, rows lda apart); B's rows ldb apart, n a
- * multiple of 8, C's rows ldc apart; added to C when add. */
-static inline __attribute__((always_inline)) void mk_all(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
-                                                           const float *B, int64_t ldb, float *C, int64_t ldc, int add,
-                                                           const int TA) {
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 2);
-  if (j < n) mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);
-}
+/* name: C (m x n) (+)= A (m x k) * B (k x n) on the row loop rowsf of VW-wide
+ * vectors: A row-major with rows lda apart, or (ta) stored transposed (k x m,
+ * rows lda apart); B's rows ldb apart, n a multiple of 8, C's rows ldc apart;
+ * added to C when add. Columns 2 * VW at a time, then VW, then a last 8
+ * through the 8-wide rows (none left where VW is 8). */
+#define GEMM_ALL_DEF(name, rowsf, VW)                                                                                    \
+  static inline __attribute__((always_inline)) void name(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,   \
+                                                         const float *B, int64_t ldb, float *C, int64_t ldc, int add,    \
+                                                         const int TA) {                                                 \
+    int64_t j = 0;                                                                                                       \
+    for (; j + 2 * (VW) <= n; j += 2 * (VW)) rowsf(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 2);                    \
+    if (j + (VW) <= n) {                                                                                                 \
+      rowsf(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);                                                           \
+      j += (VW);                                                                                                         \
+    }                                                                                                                    \
+    if (j < n) mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);                                                \
+  }
+GEMM_ALL_DEF(mk_all, mk_rows, 8)
 CPU_VECTOR static void gemm8(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B,
                                       int64_t ldb, float *C, int64_t ldc, int add) {
   if (ta) mk_all(m, n, k, A, lda, B, ldb, C, ldc, add, 1);
@@ -83,17 +91,7 @@ CPU_VECTOR static void gemm8(int64_t m, int64_t n, int64_t k, const float *A, in
 typedef float cpu_v16 __attribute__((vector_size(64), aligned(4), may_alias));
 GEMM_MK_DEF(mk16, cpu_v16, 16, 12)
 GEMM_ROWS_DEF(mk16_rows, mk16, 12)
-static inline __attribute__((always_inline)) void mk16_all(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
-                                                             const float *B, int64_t ldb, float *C, int64_t ldc, int add,
-                                                             const int TA) {
-  int64_t j = 0;
-  for (; j + 32 <= n; j += 32) mk16_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 2);
-  if (j + 16 <= n) {
-    mk16_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);
-    j += 16;
-  }
-  if (j < n) mk_rows(m, k, A, lda, B + j, ldb, C + j, ldc, add, TA, 1);
-}
+GEMM_ALL_DEF(mk16_all, mk16_rows, 16)
 #define GEMM16_BODY                                         \
   if (ta) mk16_all(m, n, k, A, lda, B, ldb, C, ldc, add, 1); \
   else mk16_all(m, n, k, A, lda, B, ldb, C, ldc, add, 0);
