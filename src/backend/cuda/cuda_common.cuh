@@ -88,6 +88,15 @@ AMPC__D float round_to(int dt, float v) {
   return v;
 }
 AMPC__D bool is_nan(float v) { return v != v; }
+/* r = a + b or a * b with the NaN an x86 CPU gives (the GPU gives every NaN
+ * as 0x7fffffff): a NaN operand's own, quieted (the first's when both are;
+ * the cpu backend's operands are alike there), else the default NaN
+ * 0xffc00000 (inf - inf, 0 * inf) */
+AMPC__D float x86_nan(float r, float a, float b) {
+  if (r == r) return r;
+  uint32_t bits = a != a ? ampc__f32_bits(a) : b != b ? ampc__f32_bits(b) : 0xffc00000u;
+  return ampc__bits_f32(bits | 0x00400000u);
+}
 
 /* a / b and a % b of non-negative indices: in 32 bits where they fit (a
  * 64-bit division costs a GPU several times more) */

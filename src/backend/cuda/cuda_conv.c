@@ -11,6 +11,7 @@
  * the sum rounded once. With the underflow statistics on, 16-bit gradients
  * are counted after cuDNN has rounded them (a value that rounds to zero is
  * not counted; the cpu counts it as lost). */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,16 +82,116 @@ void ampc__cu_conv_free_all(ampc__device *d) {
 }
 
 /* A candidate list (cuDNN's order: fastest or most promising first): the
- * first deterministic one that fits the limit, else the first that fits. */
+ * first deterministic one that fits the limit, else the first that fits;
+ * then, where the candidates were timed (benchmark), the one of that kind
+ * needing the least workspace among those within PICK_SLACK of its time
+ * (the workspace is device memory the whole run holds; 5% is about the
+ * timing's own spread). */
+#define PICK_SLACK 1.05f
+#define PICK_OK(p, limit, d, t) \
+  ((p).status == CUDNN_STATUS_SUCCESS && (p).memory <= (limit) && math_ok((d), (t), (p).mathType))
 #define PICK(perf, n, limit, d, t, out_i)                                                              \
   do {                                                                                                \
     out_i = -1;                                                                                       \
     for (int pass = 0; pass < 2 && out_i < 0; pass++)                                                 \
       for (int i_ = 0; i_ < (n) && out_i < 0; i_++)                                                   \
-        if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && (perf)[i_].memory <= (limit) &&               \
-            math_ok((d), (t), (perf)[i_].mathType) && (pass || (perf)[i_].determinism == CUDNN_DETERMINISTIC)) \
+        if (PICK_OK((perf)[i_], limit, d, t) && (pass || (perf)[i_].determinism == CUDNN_DETERMINISTIC)) \
           out_i = i_;                                                                                 \
+    if (out_i >= 0 && (perf)[out_i].time > 0.0f) {                                                    \
+      float t0_ = (perf)[out_i].time;                                                                 \
+      cudnnDeterminism_t det_ = (perf)[out_i].determinism;                                            \
+      for (int i_ = 0; i_ < (n); i_++)                                                                \
+        if (PICK_OK((perf)[i_], limit, d, t) && (perf)[i_].determinism == det_ && (perf)[i_].time > 0.0f && \
+            (perf)[i_].time <= t0_ * PICK_SLACK && (perf)[i_].memory < (perf)[out_i].memory)             \
+          out_i = i_;                                                                                 \
+    }                                                                                                 \
   } while (0)
+
+/* ---- the choices, shared by the process's devices ----
+ *
+ * Timing the candidates is noisy: two devices (a model's training and
+ * evaluation graphs, two runs of a test) choosing on their own could take
+ * different algorithms for one shape, and so differ in the last bits. The
+ * first choice for a (GPU, shape, type, math, limit) is kept for the
+ * process, as PyTorch's cudnn.benchmark keeps its choices. */
+typedef struct {
+  int dev, tf32, benchmark;
+  int64_t N, C, H, W, O, k, s, p;
+  ampc_dtype t;
+  size_t limit;
+} conv_key;
+typedef struct {
+  conv_key key;
+  cudnnConvolutionFwdAlgo_t fwd;
+  cudnnConvolutionBwdDataAlgo_t data;
+  cudnnConvolutionBwdFilterAlgo_t filter;
+  cudnnMathType_t fwd_math, data_math, filter_math;
+  size_t fwd_ws, data_ws, filter_ws;
+} conv_choice;
+enum { CHOICES_MAX = 1024 };
+static conv_choice choices[CHOICES_MAX];
+static size_t nchoices;
+static pthread_mutex_t choices_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static conv_key key_of(ampc__device *d, const ampc__cu_conv *e, int benchmark) {
+  conv_key k;
+  memset(&k, 0, sizeof k); /* (compared with memcmp: no stray padding bytes) */
+  k.dev = ampc__cu_of(d)->dev;
+  k.tf32 = d->opts.tf32 != 0;
+  k.benchmark = benchmark;
+  k.N = e->N;
+  k.C = e->C;
+  k.H = e->H;
+  k.W = e->W;
+  k.O = e->O;
+  k.k = e->k;
+  k.s = e->s;
+  k.p = e->p;
+  k.t = e->t;
+  k.limit = e->limit;
+  return k;
+}
+
+/* 1 when an earlier choice for the shape was copied into e */
+static int choice_get(ampc__device *d, ampc__cu_conv *e, int benchmark) {
+  conv_key k = key_of(d, e, benchmark);
+  int found = 0;
+  pthread_mutex_lock(&choices_lock);
+  for (size_t i = 0; i < nchoices && !found; i++)
+    if (memcmp(&choices[i].key, &k, sizeof k) == 0) {
+      const conv_choice *c = &choices[i];
+      e->fwd = c->fwd;
+      e->data = c->data;
+      e->filter = c->filter;
+      e->fwd_math = c->fwd_math;
+      e->data_math = c->data_math;
+      e->filter_math = c->filter_math;
+      e->fwd_ws = c->fwd_ws;
+      e->data_ws = c->data_ws;
+      e->filter_ws = c->filter_ws;
+      found = 1;
+    }
+  pthread_mutex_unlock(&choices_lock);
+  return found;
+}
+
+static void choice_put(ampc__device *d, const ampc__cu_conv *e, int benchmark) {
+  pthread_mutex_lock(&choices_lock);
+  if (nchoices < CHOICES_MAX) { /* (past it, shapes are chosen each time) */
+    conv_choice *c = &choices[nchoices++];
+    c->key = key_of(d, e, benchmark);
+    c->fwd = e->fwd;
+    c->data = e->data;
+    c->filter = e->filter;
+    c->fwd_math = e->fwd_math;
+    c->data_math = e->data_math;
+    c->filter_math = e->filter_math;
+    c->fwd_ws = e->fwd_ws;
+    c->data_ws = e->data_ws;
+    c->filter_ws = e->filter_ws;
+  }
+  pthread_mutex_unlock(&choices_lock);
+}
 
 static ampc_status choose(ampc__device *d, ampc__cu_conv *e, int benchmark, int need_data, int need_filter) {
   cudnnHandle_t h;
@@ -195,7 +296,10 @@ static ampc__cu_conv *conv_entry(ampc__device *d, const ampc__op_call *c, int be
   e->limit = limit;
   ampc_status s = describe(e);
   /* both gradients are chosen for: which ones a backward needs can change */
-  if (s == 0) s = choose(d, e, benchmark, 1, 1);
+  if (s == 0 && !choice_get(d, e, benchmark)) {
+    s = choose(d, e, benchmark, 1, 1);
+    if (s == 0) choice_put(d, e, benchmark);
+  }
   if (s < 0) {
     e->err = s;
     snprintf(e->msg, sizeof e->msg, "%s", ampc_last_error());

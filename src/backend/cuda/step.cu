@@ -126,8 +126,9 @@ __global__ void k_fold(ampc__cu_spans sp, float *dst, float mul, int accumulate,
     float v = ld(s->grad, s->grad_type, off), m = fabsf(v);
     bad |= !is_finite(v);
     mx = m > mx ? m : mx;
-    float *o = dst + s->start + off;
-    *o = accumulate ? *o + v * mul : v * mul;
+    float *o = dst + s->start + off, prod = x86_nan(v * mul, v, mul);
+    /* (a NaN folded keeps the cpu's bits: the same state on both devices) */
+    *o = accumulate ? x86_nan(*o + prod, *o, prod) : prod;
   }
   mx = block_max(mx, shf);
   bad = block_sum<int>(bad, shi);
