@@ -200,11 +200,17 @@ static const op_case CASES[] = {
     {.name = "bn_train", .k = K_BN_TRAIN, .n = 3, .c = 3, .h = 5, .w = 5},
     {.name = "bn_train_odd", .k = K_BN_TRAIN, .n = 2, .c = 4, .h = 3, .w = 7},
     {.name = "bn_eval", .k = K_BN_EVAL, .n = 2, .c = 3, .h = 5, .w = 6},
+    /* rows of 8 and 4 (the cuda kernels' runs of 8 and 4 elements a load) */
+    {.name = "bn_train_w16", .k = K_BN_TRAIN, .n = 3, .c = 5, .h = 3, .w = 16},
+    {.name = "bn_eval_w8", .k = K_BN_EVAL, .n = 2, .c = 3, .h = 2, .w = 8},
+    {.name = "bn_train_w4", .k = K_BN_TRAIN, .n = 5, .c = 6, .h = 4, .w = 4},
     /* channels of more than 2^16 values (backward keeps dy but not x between
      * its passes) and of more than 2^18 (neither) */
     {.name = "bn_train_big", .k = K_BN_TRAIN, .n = 2, .c = 2, .h = 200, .w = 201},
     {.name = "bn_train_huge", .k = K_BN_TRAIN, .n = 2, .c = 1, .h = 370, .w = 372},
     {.name = "relu", .k = K_RELU, .n = 2, .c = 3, .h = 5, .w = 5},
+    /* multiples of 8 elements (the cuda element-wise kernels' runs of 8) */
+    {.name = "relu_8s", .k = K_RELU, .n = 2, .c = 4, .h = 3, .w = 8},
     {.name = "maxpool_k2_s2", .k = K_MAXPOOL, .n = 2, .c = 3, .h = 6, .w = 6, .ks = 2, .stride = 2},
     {.name = "maxpool_k3_s2_p1", .k = K_MAXPOOL, .n = 2, .c = 2, .h = 7, .w = 7, .ks = 3, .stride = 2, .pad = 1},
     /* wide enough for the vectorised 2x2 path (8 windows at a time) and its tail */
@@ -224,6 +230,8 @@ static const op_case CASES[] = {
     {.name = "linear_wide", .k = K_LINEAR, .n = 64, .c = 72, .o = 64, .bias = 1},
     {.name = "add", .k = K_ADD, .n = 2, .c = 3, .h = 5, .w = 5},
     {.name = "add_f32_operand", .k = K_ADD, .n = 3, .c = 2, .h = 3, .w = 5, .h2_f32 = 1},
+    {.name = "add_8s", .k = K_ADD, .n = 2, .c = 3, .h = 4, .w = 8},
+    {.name = "add_f32_operand_8s", .k = K_ADD, .n = 2, .c = 2, .h = 2, .w = 8, .h2_f32 = 1},
     {.name = "flatten", .k = K_FLATTEN, .n = 2, .c = 3, .h = 5, .w = 5},
     {.name = "softmax", .k = K_SOFTMAX, .n = 3, .c = 7},
     {.name = "log_softmax", .k = K_LOG_SOFTMAX, .n = 3, .c = 7},
@@ -232,6 +240,8 @@ static const op_case CASES[] = {
     {.name = "cast_f32", .k = K_CAST, .n = 2, .c = 3, .h = 5, .w = 5, .to = AMPC_DTYPE_F32},
     {.name = "cast_f16", .k = K_CAST, .n = 2, .c = 3, .h = 5, .w = 5, .to = AMPC_DTYPE_F16},
     {.name = "cast_bf16", .k = K_CAST, .n = 2, .c = 3, .h = 5, .w = 5, .to = AMPC_DTYPE_BF16},
+    {.name = "cast_f32_8s", .k = K_CAST, .n = 2, .c = 2, .h = 2, .w = 8, .to = AMPC_DTYPE_F32},
+    {.name = "cast_f16_8s", .k = K_CAST, .n = 2, .c = 2, .h = 2, .w = 8, .to = AMPC_DTYPE_F16},
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 

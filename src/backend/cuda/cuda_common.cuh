@@ -26,12 +26,19 @@
 #endif
 
 #include <stdint.h>
+#include <string.h>
 
 #include "ampc/dtype.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "core/dtype_internal.h"
 
 #define AMPC__D static __device__ __forceinline__
+/* loops over a run of elements unrolled (the emulation's compiler decides) */
+#ifdef AMPC_CUDA_EMU
+#define AMPC_UNROLL
+#else
+#define AMPC_UNROLL _Pragma("unroll")
+#endif
 
 namespace ampc_cu {
 
@@ -81,6 +88,129 @@ AMPC__D void st(void *p, int dt, int64_t i, float v) {
   if (dt == F32) ((float *)p)[i] = v;
   else ((uint16_t *)p)[i] = dt == F16 ? f32_to_f16(v) : f32_to_bf16(v);
 }
+/* ---- runs of V elements in one load or store ----
+ *
+ * ldv/stv move elements i..i+V-1 (V = 1, 2, 4 or 8; i a multiple of V) of
+ * a tensor whose start is 16-byte aligned (vec_ok) with one access of 2V
+ * or 4V bytes (two for 8 f32), so that a warp reads whole lines with few
+ * instructions. The emulation copies the bytes, and first checks the
+ * alignment a GPU would fault on. */
+static inline bool vec_ok(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+template <typename T>
+AMPC__D T vload(const void *p) {
+#ifdef AMPC_CUDA_EMU
+  if ((uintptr_t)p % sizeof(T)) __builtin_trap(); /* a misaligned vector access */
+  T v;
+  memcpy(&v, p, sizeof v);
+  return v;
+#else
+  return *(const T *)p;
+#endif
+}
+template <typename T>
+AMPC__D void vstore(void *p, T v) {
+#ifdef AMPC_CUDA_EMU
+  if ((uintptr_t)p % sizeof(T)) __builtin_trap();
+  memcpy(p, &v, sizeof v);
+#else
+  *(T *)p = v;
+#endif
+}
+AMPC__D float h_to_f32(int dt, uint16_t h) { return dt == F16 ? f16_to_f32(h) : ampc__bf16_to_f32_inline(h); }
+AMPC__D uint16_t f32_to_h(int dt, float v) { return dt == F16 ? f32_to_f16(v) : f32_to_bf16(v); }
+AMPC__D unsigned pack2(int dt, float a, float b) { return (unsigned)f32_to_h(dt, a) | (unsigned)f32_to_h(dt, b) << 16; }
+
+template <int V>
+AMPC__D void ldv(const void *p, int dt, int64_t i, float *o) {
+  if (dt == F32) {
+    const float *f = (const float *)p + i;
+    if (V >= 4) {
+AMPC_UNROLL
+      for (int q = 0; q < V / 4; q++) {
+        float4 a = vload<float4>(f + 4 * q);
+        o[4 * q] = a.x;
+        o[4 * q + 1] = a.y;
+        o[4 * q + 2] = a.z;
+        o[4 * q + 3] = a.w;
+      }
+    } else if (V == 2) {
+      float2 a = vload<float2>(f);
+      o[0] = a.x;
+      o[1] = a.y;
+    } else {
+      o[0] = f[0];
+    }
+    return;
+  }
+  const uint16_t *h = (const uint16_t *)p + i;
+  unsigned w[V / 2 > 0 ? V / 2 : 1];
+  if (V == 8) {
+    uint4 a = vload<uint4>(h);
+    w[0] = a.x;
+    w[1] = a.y;
+    w[2] = a.z;
+    w[3] = a.w;
+  } else if (V == 4) {
+    uint2 a = vload<uint2>(h);
+    w[0] = a.x;
+    w[1] = a.y;
+  } else if (V == 2) {
+    w[0] = vload<unsigned>(h);
+  } else {
+    o[0] = h_to_f32(dt, h[0]);
+    return;
+  }
+AMPC_UNROLL
+  for (int q = 0; q < V / 2; q++) {
+    o[2 * q] = h_to_f32(dt, (uint16_t)(w[q] & 0xffffu));
+    o[2 * q + 1] = h_to_f32(dt, (uint16_t)(w[q] >> 16));
+  }
+}
+
+template <int V>
+AMPC__D void stv(void *p, int dt, int64_t i, const float *v) {
+  if (dt == F32) {
+    float *f = (float *)p + i;
+    if (V >= 4) {
+AMPC_UNROLL
+      for (int q = 0; q < V / 4; q++) {
+        float4 a;
+        a.x = v[4 * q];
+        a.y = v[4 * q + 1];
+        a.z = v[4 * q + 2];
+        a.w = v[4 * q + 3];
+        vstore<float4>(f + 4 * q, a);
+      }
+    } else if (V == 2) {
+      float2 a;
+      a.x = v[0];
+      a.y = v[1];
+      vstore<float2>(f, a);
+    } else {
+      f[0] = v[0];
+    }
+    return;
+  }
+  uint16_t *h = (uint16_t *)p + i;
+  if (V == 8) {
+    uint4 a;
+    a.x = pack2(dt, v[0], v[1]);
+    a.y = pack2(dt, v[2], v[3]);
+    a.z = pack2(dt, v[4], v[5]);
+    a.w = pack2(dt, v[6], v[7]);
+    vstore<uint4>(h, a);
+  } else if (V == 4) {
+    uint2 a;
+    a.x = pack2(dt, v[0], v[1]);
+    a.y = pack2(dt, v[2], v[3]);
+    vstore<uint2>(h, a);
+  } else if (V == 2) {
+    vstore<unsigned>(h, pack2(dt, v[0], v[1]));
+  } else {
+    h[0] = f32_to_h(dt, v[0]);
+  }
+}
+
 /* v rounded to type dt and back: what storing and loading gives */
 AMPC__D float round_to(int dt, float v) {
   if (dt == F16) return f16_to_f32(f32_to_f16(v));
@@ -122,6 +252,26 @@ AMPC__D void store_grad(void *dx, int dt, int64_t i, float v, int acc, counts &c
   }
   if (acc) v += ld(dx, dt, i);
   st(dx, dt, i, v);
+}
+
+/* store_grad of V elements from element i (ldv/stv's rules) */
+template <int V>
+AMPC__D void store_grad_v(void *dx, int dt, int64_t i, float *v, int acc, counts &c, bool counting) {
+  if (counting && dt != F32) {
+    float tiny = dt == F16 ? 6.103515625e-05f : 1.17549435e-38f;
+AMPC_UNROLL
+    for (int k = 0; k < V; k++) {
+      c.nonzero += v[k] != 0.0f;
+      c.lost += v[k] != 0.0f && fabsf(v[k]) < tiny;
+    }
+  }
+  if (acc) {
+    float o[V];
+    ldv<V>(dx, dt, i, o);
+AMPC_UNROLL
+    for (int k = 0; k < V; k++) v[k] += o[k];
+  }
+  stv<V>(dx, dt, i, v);
 }
 
 /* Sum of v over the block (every thread calls it; the result is returned

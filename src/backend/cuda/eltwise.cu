@@ -6,36 +6,65 @@
 
 using namespace ampc_cu;
 
+/* Runs of V = 8 elements a load where n is a multiple of 8 and every
+ * tensor starts 16-byte aligned (cuda_common.cuh's ldv/stv); else one at a
+ * time. The same arithmetic either way. */
+static int run_for(size_t n, const void *a, const void *b = NULL, const void *c = NULL, const void *d = NULL) {
+  if (n % 8 || !vec_ok(a) || (b && !vec_ok(b)) || (c && !vec_ok(c)) || (d && !vec_ok(d))) return 1;
+  return 8;
+}
+#define LAUNCH_RUN(V, kernel, n, ...)                                                       \
+  do {                                                                                      \
+    if ((V) == 8) AMPC_LAUNCH(kernel<8>, grid_for((n) / 8), THREADS, 0, s, __VA_ARGS__);    \
+    else AMPC_LAUNCH(kernel<1>, grid_for(n), THREADS, 0, s, __VA_ARGS__);                   \
+  } while (0)
+
+template <int V>
 __global__ void k_convert(void *dst, int dt, const void *src, int st, size_t n) {
-  AMPC_GRID_STRIDE(i, n) ampc_cu::st(dst, dt, i, ld(src, st, i));
+  AMPC_GRID_STRIDE(u, n / V) {
+    float v[V];
+    ldv<V>(src, st, u * V, v);
+    stv<V>(dst, dt, u * V, v);
+  }
 }
 
 extern "C" int ampc__cu_convert(ampc__cu_stream s, void *dst, int dt, const void *src, int st, size_t n) {
   if (!n) return 0;
-  AMPC_LAUNCH(k_convert, grid_for(n), THREADS, 0, s, dst, dt, src, st, n);
+  LAUNCH_RUN(run_for(n, dst, src), k_convert, n, dst, dt, src, st, n);
   return launch_status();
 }
 
+template <int V>
 __global__ void k_relu(const void *x, int xt, void *y, int yt, size_t n) {
-  AMPC_GRID_STRIDE(i, n) {
-    float v = ld(x, xt, i);
-    st(y, yt, i, v <= 0.0f ? 0.0f : v); /* NaN stays */
+  AMPC_GRID_STRIDE(u, n / V) {
+    float v[V];
+    ldv<V>(x, xt, u * V, v);
+    AMPC_UNROLL
+    for (int k = 0; k < V; k++) v[k] = v[k] <= 0.0f ? 0.0f : v[k]; /* NaN stays */
+    stv<V>(y, yt, u * V, v);
   }
 }
 
 extern "C" int ampc__cu_relu(ampc__cu_stream s, const void *x, int xt, void *y, int yt, size_t n) {
   if (!n) return 0;
-  AMPC_LAUNCH(k_relu, grid_for(n), THREADS, 0, s, x, xt, y, yt, n);
+  LAUNCH_RUN(run_for(n, x, y), k_relu, n, x, xt, y, yt, n);
   return launch_status();
 }
 
+template <int V>
 __global__ void k_grad_pass(const void *y, int yt, const void *dy, int dyt, void *dx, int dxt, int acc, size_t n,
                             ampc__cu_count *cnt) {
   counts c = {0, 0};
-  AMPC_GRID_STRIDE(i, n) {
-    float g = ld(dy, dyt, i);
-    if (y && !(ld(y, yt, i) > 0.0f)) g = 0.0f;
-    store_grad(dx, dxt, i, g, acc, c, cnt != NULL);
+  AMPC_GRID_STRIDE(u, n / V) {
+    float g[V];
+    ldv<V>(dy, dyt, u * V, g);
+    if (y) {
+      float yv[V];
+      ldv<V>(y, yt, u * V, yv);
+      AMPC_UNROLL
+      for (int k = 0; k < V; k++) g[k] = yv[k] > 0.0f ? g[k] : 0.0f;
+    }
+    store_grad_v<V>(dx, dxt, u * V, g, acc, c, cnt != NULL);
   }
   if (cnt) count_flush(c, cnt);
 }
@@ -43,33 +72,52 @@ __global__ void k_grad_pass(const void *y, int yt, const void *dy, int dyt, void
 extern "C" int ampc__cu_grad_pass(ampc__cu_stream s, const void *y, int yt, const void *dy, int dyt, void *dx, int dxt,
                                   int acc, size_t n, ampc__cu_count *cnt) {
   if (!n) return 0;
-  AMPC_LAUNCH(k_grad_pass, grid_for(n), THREADS, 0, s, y, yt, dy, dyt, dx, dxt, acc, n, cnt);
+  LAUNCH_RUN(run_for(n, y, dy, dx), k_grad_pass, n, y, yt, dy, dyt, dx, dxt, acc, n, cnt);
   return launch_status();
 }
 
+template <int V>
 __global__ void k_add(const void *a, int at, const void *b, int bt, void *y, int yt, int relu, size_t n) {
-  AMPC_GRID_STRIDE(i, n) {
-    float v = ld(a, at, i) + ld(b, bt, i);
-    if (relu) v = v <= 0.0f ? 0.0f : v;
-    st(y, yt, i, v);
+  AMPC_GRID_STRIDE(u, n / V) {
+    float va[V], vb[V];
+    ldv<V>(a, at, u * V, va);
+    ldv<V>(b, bt, u * V, vb);
+    AMPC_UNROLL
+    for (int k = 0; k < V; k++) {
+      va[k] += vb[k];
+      if (relu) va[k] = va[k] <= 0.0f ? 0.0f : va[k];
+    }
+    stv<V>(y, yt, u * V, va);
   }
 }
 
 extern "C" int ampc__cu_add(ampc__cu_stream s, const void *a, int at, const void *b, int bt, void *y, int yt, int relu,
                             size_t n) {
   if (!n) return 0;
-  AMPC_LAUNCH(k_add, grid_for(n), THREADS, 0, s, a, at, b, bt, y, yt, relu, n);
+  LAUNCH_RUN(run_for(n, a, b, y), k_add, n, a, at, b, bt, y, yt, relu, n);
   return launch_status();
 }
 
+template <int V>
 __global__ void k_add_bwd(const void *y, int yt, int relu, const void *dy, int dyt, void *dx0, int dx0t, int acc0,
                           void *dx1, int dx1t, int acc1, size_t n, ampc__cu_count *cnt) {
   counts c = {0, 0};
-  AMPC_GRID_STRIDE(i, n) {
-    float g = ld(dy, dyt, i);
-    if (relu && !(ld(y, yt, i) > 0.0f)) g = 0.0f;
-    if (dx0) store_grad(dx0, dx0t, i, g, acc0, c, cnt != NULL);
-    if (dx1) store_grad(dx1, dx1t, i, g, acc1, c, cnt != NULL);
+  AMPC_GRID_STRIDE(u, n / V) {
+    float g[V];
+    ldv<V>(dy, dyt, u * V, g);
+    if (relu) {
+      float yv[V];
+      ldv<V>(y, yt, u * V, yv);
+      AMPC_UNROLL
+      for (int k = 0; k < V; k++) g[k] = yv[k] > 0.0f ? g[k] : 0.0f;
+    }
+    if (dx0) {
+      float g0[V];
+      AMPC_UNROLL
+      for (int k = 0; k < V; k++) g0[k] = g[k];
+      store_grad_v<V>(dx0, dx0t, u * V, g0, acc0, c, cnt != NULL);
+    }
+    if (dx1) store_grad_v<V>(dx1, dx1t, u * V, g, acc1, c, cnt != NULL);
   }
   if (cnt) count_flush(c, cnt);
 }
@@ -77,7 +125,8 @@ __global__ void k_add_bwd(const void *y, int yt, int relu, const void *dy, int d
 extern "C" int ampc__cu_add_bwd(ampc__cu_stream s, const void *y, int yt, int relu, const void *dy, int dyt, void *dx0,
                                 int dx0t, int acc0, void *dx1, int dx1t, int acc1, size_t n, ampc__cu_count *cnt) {
   if (!n || (!dx0 && !dx1)) return 0;
-  AMPC_LAUNCH(k_add_bwd, grid_for(n), THREADS, 0, s, y, yt, relu, dy, dyt, dx0, dx0t, acc0, dx1, dx1t, acc1, n, cnt);
+  LAUNCH_RUN(run_for(n, relu ? y : NULL, dy, dx0, dx1), k_add_bwd, n, y, yt, relu, dy, dyt, dx0, dx0t, acc0, dx1, dx1t, acc1,
+             n, cnt);
   return launch_status();
 }
 

@@ -60,16 +60,21 @@ AMPC__D void part_range(int64_t m, int64_t P, int64_t p, int64_t *lo, int64_t *h
 
 /* ---- forward ---- */
 
-/* block (c, part): sums of (x - k) and (x - k)^2, k = the channel's first value */
+/* block (c, part): sums of (x - k) and (x - k)^2, k = the channel's first value;
+ * V = g.V elements a load */
+template <int V>
 __global__ void k_bn_stats(const void *x, int xt, bn_geom g, double *parts) {
   __shared__ double sh[THREADS];
   int64_t c = blockIdx.x / g.P, part = blockIdx.x - c * g.P, lo, hi;
-  part_range(g.N * g.HW / g.V, g.P, part, &lo, &hi); /* in runs of V */
+  part_range(g.N * g.HW / V, g.P, part, &lo, &hi); /* in runs of V */
   float k0 = ld(x, xt, c * g.HW), a = 0.0f, b = 0.0f;
   for (int64_t u = lo + threadIdx.x; u < hi; u += blockDim.x) {
-    int64_t j = u * g.V, n = idiv(j, g.HW), base = (n * g.C + c) * g.HW + (j - n * g.HW);
-    for (int v = 0; v < g.V; v++) {
-      float d = ld(x, xt, base + v) - k0;
+    int64_t j = u * V, n = idiv(j, g.HW), base = (n * g.C + c) * g.HW + (j - n * g.HW);
+    float xv[V];
+    ldv<V>(x, xt, base, xv);
+AMPC_UNROLL
+    for (int v = 0; v < V; v++) {
+      float d = xv[v] - k0;
       a += d;
       b += d * d;
     }
@@ -121,15 +126,18 @@ __global__ void k_bn_finish(const void *x, int xt, const void *gamma, int gt, co
   ss[2 * c + 1] = ld(beta, bt, c) - mean * scale;
 }
 
+template <int V>
 __global__ void k_bn_apply(const void *x, int xt, void *y, int yt, bn_geom g, const float *ss, int relu) {
-  AMPC_GRID_STRIDE(u, g.N * g.C * g.HW / g.V) {
-    int64_t e0 = u * g.V, c = imod(idiv(e0, g.HW), g.C);
-    float scale = ss[2 * c], shift = ss[2 * c + 1];
-    for (int k = 0; k < g.V; k++) {
-      float v = ld(x, xt, e0 + k) * scale + shift;
-      if (relu) v = v <= 0.0f ? 0.0f : v; /* NaN stays */
-      st(y, yt, e0 + k, v);
+  AMPC_GRID_STRIDE(u, g.N * g.C * g.HW / V) {
+    int64_t e0 = u * V, c = imod(idiv(e0, g.HW), g.C);
+    float scale = ss[2 * c], shift = ss[2 * c + 1], v[V];
+    ldv<V>(x, xt, e0, v);
+AMPC_UNROLL
+    for (int k = 0; k < V; k++) {
+      v[k] = v[k] * scale + shift;
+      if (relu) v[k] = v[k] <= 0.0f ? 0.0f : v[k]; /* NaN stays */
     }
+    stv<V>(y, yt, e0, v);
   }
 }
 
@@ -161,19 +169,34 @@ __global__ void k_bn_apply_pool(const void *x, int xt, void *y, int yt, bn_geom 
   }
 }
 
+/* kernel<V> for V = 8, 4, 2 or 1 */
+#define LAUNCH_V(V, kernel, grid, ...)                                          \
+  do {                                                                         \
+    if ((V) == 8) AMPC_LAUNCH(kernel<8>, (grid), THREADS, 0, s, __VA_ARGS__);  \
+    else if ((V) == 4) AMPC_LAUNCH(kernel<4>, (grid), THREADS, 0, s, __VA_ARGS__); \
+    else if ((V) == 2) AMPC_LAUNCH(kernel<2>, (grid), THREADS, 0, s, __VA_ARGS__); \
+    else AMPC_LAUNCH(kernel<1>, (grid), THREADS, 0, s, __VA_ARGS__);            \
+  } while (0)
+
+/* runs of g.V elements a load where every tensor starts 16-byte aligned;
+ * else one element at a time */
+static void align_runs(bn_geom &g, const ampc__cu_bn *p) {
+  if (!vec_ok(p->x) || !vec_ok(p->y) || (p->dy && !vec_ok(p->dy)) || (p->dx && !vec_ok(p->dx))) g.V = 1;
+}
+
 extern "C" int ampc__cu_bn_fwd(ampc__cu_stream s, const ampc__cu_bn *p) {
   bn_geom g = geometry(p);
+  align_runs(g, p);
   double *parts = ws_parts(p);
   float *ss = ws_channels(p, g);
-  if (p->training) AMPC_LAUNCH(k_bn_stats, (unsigned)(g.C * g.P), THREADS, 0, s, p->x, p->xt, g, parts);
+  if (p->training) LAUNCH_V(g.V, k_bn_stats, (unsigned)(g.C * g.P), p->x, p->xt, g, parts);
   AMPC_LAUNCH(k_bn_finish, (unsigned)((g.C + THREADS - 1) / THREADS), THREADS, 0, s, p->x, p->xt, p->gamma, p->gt,
               p->beta, p->bt, p->rm, p->rv, p->nbt, p->aux, g, parts, p->momentum, p->eps, p->training, ss);
   if (p->pool)
     AMPC_LAUNCH(k_bn_apply_pool, grid_for((size_t)(g.N * g.C * g.PHW / g.VP)), THREADS, 0, s, p->x, p->xt, p->y, p->yt, g, ss,
                 p->relu, winners(p->aux, g.C));
   else
-    AMPC_LAUNCH(k_bn_apply, grid_for((size_t)(g.N * g.C * g.HW / g.V)), THREADS, 0, s, p->x, p->xt, p->y, p->yt, g, ss,
-                p->relu);
+    LAUNCH_V(g.V, k_bn_apply, grid_for((size_t)(g.N * g.C * g.HW / g.V)), p->x, p->xt, p->y, p->yt, g, ss, p->relu);
   return launch_status();
 }
 
@@ -186,7 +209,10 @@ AMPC__D float out_grad(const void *y, int yt, const void *dy, int dyt, int64_t i
   return relu && !(ld(y, yt, i) > 0.0f) ? 0.0f : gv;
 }
 
-/* block (c, part): sum(dy) and sum(dy * (x - mean)); with a fused pool over
+/* (the fused pool's backward kernels, k_bn_dsums and k_bn_dx; without a
+ * pool, the _plain ones below take runs of V elements a load)
+ *
+ * block (c, part): sum(dy) and sum(dy * (x - mean)); with a fused pool over
  * the pooled values, each at its window's winner (the other three inputs
  * have no gradient) */
 __global__ void k_bn_dsums(const void *x, int xt, const void *y, int yt, const void *dy, int dyt, const float *aux,
@@ -210,6 +236,38 @@ __global__ void k_bn_dsums(const void *x, int xt, const void *y, int yt, const v
       }
       a += gv;
       b += gv * (ld(x, xt, xi) - mean);
+    }
+  }
+  double sa = block_sum<double>(a, sh), sb = block_sum<double>(b, sh);
+  if (threadIdx.x == 0) {
+    parts[2 * blockIdx.x] = sa;
+    parts[2 * blockIdx.x + 1] = sb;
+  }
+}
+
+/* k_bn_dsums without a pool: V = g.V elements a load */
+template <int V>
+__global__ void k_bn_dsums_plain(const void *x, int xt, const void *y, int yt, const void *dy, int dyt, const float *aux,
+                                 bn_geom g, int relu, double *parts) {
+  __shared__ double sh[THREADS];
+  int64_t c = blockIdx.x / g.P, part = blockIdx.x - c * g.P, lo, hi;
+  part_range(g.N * g.HW / V, g.P, part, &lo, &hi);
+  float mean = aux[c], a = 0.0f, b = 0.0f;
+  for (int64_t u = lo + threadIdx.x; u < hi; u += blockDim.x) {
+    int64_t j = u * V, n = idiv(j, g.HW), o0 = (n * g.C + c) * g.HW + (j - n * g.HW);
+    float gv[V], xv[V];
+    ldv<V>(dy, dyt, o0, gv);
+    if (relu) {
+      float yv[V];
+      ldv<V>(y, yt, o0, yv);
+AMPC_UNROLL
+      for (int r = 0; r < V; r++) gv[r] = yv[r] > 0.0f ? gv[r] : 0.0f;
+    }
+    ldv<V>(x, xt, o0, xv);
+AMPC_UNROLL
+    for (int r = 0; r < V; r++) {
+      a += gv[r];
+      b += gv[r] * (xv[r] - mean);
     }
   }
   double sa = block_sum<double>(a, sh), sb = block_sum<double>(b, sh);
@@ -281,16 +339,60 @@ __global__ void k_bn_dx(const void *x, int xt, const void *gamma, int gt, const 
   if (cnt) count_flush(k, cnt);
 }
 
+/* k_bn_dx without a pool: V = g.V elements a load */
+template <int V>
+__global__ void k_bn_dx_plain(const void *x, int xt, const void *gamma, int gt, const void *y, int yt, const void *dy, int dyt,
+                              const float *aux, bn_geom g, int relu, const float *ch, void *dx, int dxt, int acc,
+                              ampc__cu_count *cnt) {
+  counts k = {0, 0};
+  int batch_stats = aux[2 * g.C] != 0.0f;
+  float count = (float)(g.N * g.HW);
+  AMPC_GRID_STRIDE(u, g.N * g.C * g.HW / V) {
+    int64_t e0 = u * V, c = imod(idiv(e0, g.HW), g.C);
+    float mean = aux[c], invstd = aux[g.C + c], kk = ch[3 * c + 2], dbeta = ch[3 * c + 1], dgamma = ch[3 * c];
+    float gv[V], o[V];
+    ldv<V>(dy, dyt, e0, gv);
+    if (relu) {
+      float yv[V];
+      ldv<V>(y, yt, e0, yv);
+AMPC_UNROLL
+      for (int r = 0; r < V; r++) gv[r] = yv[r] > 0.0f ? gv[r] : 0.0f;
+    }
+    if (batch_stats) {
+      float xv[V];
+      ldv<V>(x, xt, e0, xv);
+AMPC_UNROLL
+      for (int r = 0; r < V; r++) {
+        float xhat = (xv[r] - mean) * invstd;
+        o[r] = kk * (count * gv[r] - dbeta - xhat * dgamma);
+      }
+    } else {
+      float gi = ld(gamma, gt, c) * invstd;
+AMPC_UNROLL
+      for (int r = 0; r < V; r++) o[r] = gi * gv[r];
+    }
+    store_grad_v<V>(dx, dxt, e0, o, acc, k, cnt != NULL);
+  }
+  if (cnt) count_flush(k, cnt);
+}
+
 extern "C" int ampc__cu_bn_bwd(ampc__cu_stream s, const ampc__cu_bn *p) {
   bn_geom g = geometry(p);
+  align_runs(g, p);
   double *parts = ws_parts(p);
   float *ch = ws_channels(p, g);
-  AMPC_LAUNCH(k_bn_dsums, (unsigned)(g.C * g.P), THREADS, 0, s, p->x, p->xt, p->y, p->yt, p->dy, p->dyt, p->aux, g,
-              p->relu, p->pool, parts);
+  if (p->pool)
+    AMPC_LAUNCH(k_bn_dsums, (unsigned)(g.C * g.P), THREADS, 0, s, p->x, p->xt, p->y, p->yt, p->dy, p->dyt, p->aux, g,
+                p->relu, p->pool, parts);
+  else
+    LAUNCH_V(g.V, k_bn_dsums_plain, (unsigned)(g.C * g.P), p->x, p->xt, p->y, p->yt, p->dy, p->dyt, p->aux, g, p->relu, parts);
   AMPC_LAUNCH(k_bn_dfinish, (unsigned)((g.C + THREADS - 1) / THREADS), THREADS, 0, s, p->gamma, p->gt, p->aux, g, parts,
               p->dgamma, p->dgt, p->dg_acc, p->dbeta, p->dbt_, p->db_acc, ch, p->cnt);
-  if (p->dx)
+  if (p->dx && p->pool)
     AMPC_LAUNCH(k_bn_dx, grid_for((size_t)(g.N * g.C * g.HW / g.V)), THREADS, 0, s, p->x, p->xt, p->gamma, p->gt, p->y, p->yt,
                 p->dy, p->dyt, p->aux, g, p->relu, p->pool, ch, p->dx, p->dxt, p->dx_acc, p->cnt);
+  else if (p->dx)
+    LAUNCH_V(g.V, k_bn_dx_plain, grid_for((size_t)(g.N * g.C * g.HW / g.V)), p->x, p->xt, p->gamma, p->gt, p->y, p->yt, p->dy,
+             p->dyt, p->aux, g, p->relu, ch, p->dx, p->dxt, p->dx_acc, p->cnt);
   return launch_status();
 }
