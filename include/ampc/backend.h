@@ -87,6 +87,9 @@ typedef struct {
   int64_t mem_reserved;   /* cuda: bytes taken from the device (its caching arena), now ... */
   int64_t mem_reserved_peak; /* ... and at the peak; 0 where the backend does not track them (cpu) */
   int64_t mem_in_use_peak;  /* cuda: the most bytes handed out at once (the arena's blocks in use) */
+  double step;              /* seconds of the step's passes on the device (check, fold, update), where
+                             * the backend times them (cuda, with profiling: the host's clock says
+                             * little there, the device running behind it); 0 elsewhere */
 } ampc_backend_stats;
 void ampc_graph_backend_stats(const ampc_graph *g, ampc_backend_stats *s, int reset);
 /* Turns kernel timing on or off (at any time; clears the times). */

@@ -373,6 +373,14 @@ static ampc__cu_timing *timing_begin(ampc__device *d, int op, int backward) {
   return t;
 }
 
+/* (op -1: the step's passes) */
+ampc__cu_timing *ampc__cu_step_timing_begin(ampc__device *d) {
+  return d->opts.profiling ? timing_begin(d, -1, 0) : NULL;
+}
+void ampc__cu_step_timing_end(ampc__device *d, ampc__cu_timing *t) {
+  if (t) cudaEventRecord(t->ev[2], ampc__cu_of(d)->stream);
+}
+
 /* Adds up the recorded times (waits for the stream). */
 static void timings_collect(ampc__device *d) {
   ampc__cuda_dev *cd = ampc__cu_of(d);
@@ -384,6 +392,10 @@ static void timings_collect(ampc__device *d) {
     cudaEventElapsedTime(&a, t->ev[0], t->ev[1]);
     cudaEventElapsedTime(&b, t->ev[1], t->ev[2]);
     double secs = ((double)a + (double)b) * 1e-3;
+    if (t->op < 0) {
+      cd->t_step += secs;
+      continue;
+    }
     (t->backward ? cd->t_bwd : cd->t_fwd)[t->op] += secs;
     if (t->backward && t->op == AMPC_OP_CONV2D) {
       cd->t_conv[0] += (double)a * 1e-3;
@@ -423,6 +435,7 @@ static void cu_stats(ampc__device *d, ampc_backend_stats *out, int reset) {
   memcpy(out->bwd, cd->t_bwd, sizeof out->bwd);
   out->conv_bwd_data = cd->t_conv[0];
   out->conv_bwd_weights = cd->t_conv[1];
+  out->step = cd->t_step;
   if (ampc__cu_finish(d) == 0) {
     out->grad_values = (int64_t)state_host(cd)->cnt[0];
     out->grad_underflow = (int64_t)state_host(cd)->cnt[1];
@@ -434,6 +447,7 @@ static void cu_stats(ampc__device *d, ampc_backend_stats *out, int reset) {
     memset(cd->t_fwd, 0, sizeof cd->t_fwd);
     memset(cd->t_bwd, 0, sizeof cd->t_bwd);
     memset(cd->t_conv, 0, sizeof cd->t_conv);
+    cd->t_step = 0.0;
   }
   if (reset & AMPC__STATS_GRADS) cudaMemsetAsync(cd->state->cnt, 0, sizeof cd->state->cnt, cd->stream);
 }

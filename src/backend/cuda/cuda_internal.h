@@ -109,7 +109,7 @@ typedef struct {
   /* profiling */
   ampc__cu_timing *timings;
   size_t ntimings, cap_timings, used_timings;
-  double t_fwd[AMPC_OP_COUNT], t_bwd[AMPC_OP_COUNT], t_conv[2];
+  double t_fwd[AMPC_OP_COUNT], t_bwd[AMPC_OP_COUNT], t_conv[2], t_step;
 } ampc__cuda_dev;
 
 static inline ampc__cuda_dev *ampc__cu_of(ampc__device *d) { return (ampc__cuda_dev *)d->impl; }
@@ -138,6 +138,10 @@ ampc__cu_count *ampc__cu_counters(ampc__device *d, int backward);
 /* Profiling: the event to record at point k (0 start, 1 middle, 2 end) of
  * the timed call in progress, or NULL when not profiling. */
 cudaEvent_t ampc__cu_timing_event(ampc__device *d, int k);
+/* Profiling the step's passes: begin before its kernels, end after them
+ * (their time goes to the stats' step); NULL and nothing when not profiling. */
+ampc__cu_timing *ampc__cu_step_timing_begin(ampc__device *d);
+void ampc__cu_step_timing_end(ampc__device *d, ampc__cu_timing *t);
 
 /* cuda_graph.c: 1 when the call is taken (recorded, to run later as part of
  * a graph), 0 when it is to run now (*st: an error of running earlier ones);

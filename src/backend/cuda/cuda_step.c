@@ -42,7 +42,9 @@ ampc_status ampc__cu_check_pass(ampc__device *d, const ampc__span *s, int ns, fl
   size_t one = sizeof(ampc__cu_check_result);
   if (!cd->check) AMPC_TRY(need(d, (void **)&cd->check, &one, one));
   cudaSetDevice(cd->dev);
+  ampc__cu_timing *t = ampc__cu_step_timing_begin(d);
   int e = ampc__cu_check(cd->stream, &sp, gmul, want_max, cd->partials, cd->check);
+  ampc__cu_step_timing_end(d, t);
   if (e) return ampc__cu_error_rt(e, "the step's check");
   unsigned char *small = cd->pin_small;
   AMPC_CU_TRY(cudaMemcpyAsync(small + CU_SMALL_CHECK, cd->check, sizeof(ampc__cu_check_result), cudaMemcpyDeviceToHost, cd->stream),
@@ -69,7 +71,9 @@ ampc_status ampc__cu_fold_pass(ampc__device *d, const ampc__span *s, int ns, flo
   size_t have = cd->fold_scratch ? 2 * sizeof(unsigned) : 0;
   AMPC_TRY(need(d, (void **)&cd->fold_scratch, &have, 2 * sizeof(unsigned)));
   cudaSetDevice(cd->dev);
+  ampc__cu_timing *t = ampc__cu_step_timing_begin(d);
   int e = ampc__cu_fold(cd->stream, &sp, dst, mul, accumulate, slot, max_div, cd->fold_scratch);
+  ampc__cu_step_timing_end(d, t);
   return e ? ampc__cu_error_rt(e, "folding gradients") : AMPC_OK;
 }
 
@@ -116,6 +120,8 @@ ampc_status ampc__cu_update_pass(ampc__device *d, const ampc__span *s, int ns, c
   k.sr_base = u->sr_base;
   k.sr_stream = AMPC_RNG_STREAM_ROUNDING;
   cudaSetDevice(cd->dev);
+  ampc__cu_timing *t = ampc__cu_step_timing_begin(d);
   int e = ampc__cu_update_run(cd->stream, &sp, &k);
+  ampc__cu_step_timing_end(d, t);
   return e ? ampc__cu_error_rt(e, "the optimizer update") : AMPC_OK;
 }
