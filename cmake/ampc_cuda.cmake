@@ -6,7 +6,10 @@
 #
 # cuDNN is looked for beside the toolkit and under CUDNN_ROOT (a folder with
 # include/cudnn.h and lib/libcudnn.so*, e.g. the nvidia-cudnn Python
-# package's); cuBLAS likewise beside the toolkit or under CUBLAS_ROOT. The kernels are built for sm_80 and sm_90 with PTX for newer
+# package's); cuBLAS likewise beside the toolkit or under CUBLAS_ROOT. Each
+# folder is searched for every name of a library before the next folder
+# (NAMES_PER_DIR), so that the header and the library come from one place
+# (a root's libcudnn.so.9, not a system libcudnn.so of another version). The kernels are built for sm_80 and sm_90 with PTX for newer
 # GPUs (CMAKE_CUDA_ARCHITECTURES overrides), warnings as errors in nvcc and
 # in the host compiler it drives; the objects need no C++ runtime, so
 # programs in C link libampc.a with the CUDA libraries alone.
@@ -23,7 +26,7 @@ set(_ampc_cuda_why "")
 
 function(_ampc_find_cudnn)
   find_path(AMPC_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDNN_ROOT} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
-  find_library(AMPC_CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 HINTS ${CUDNN_ROOT} ${CUDAToolkit_LIBRARY_DIR}
+  find_library(AMPC_CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 NAMES_PER_DIR HINTS ${CUDNN_ROOT} ${CUDAToolkit_LIBRARY_DIR}
     PATH_SUFFIXES lib lib64)
 endfunction()
 
@@ -42,9 +45,9 @@ if(AMPC_CUDA)
     else()
       _ampc_find_cudnn()
       find_library(AMPC_CUDART_LIBRARY NAMES cudart HINTS ${CUDAToolkit_LIBRARY_DIR})
-      find_library(AMPC_CUBLAS_LIBRARY NAMES cublas libcublas.so.13 libcublas.so.12 HINTS ${CUBLAS_ROOT} ${CUDAToolkit_LIBRARY_DIR}
+      find_library(AMPC_CUBLAS_LIBRARY NAMES cublas libcublas.so.13 libcublas.so.12 NAMES_PER_DIR HINTS ${CUBLAS_ROOT} ${CUDAToolkit_LIBRARY_DIR}
         PATH_SUFFIXES lib lib64)
-      find_library(AMPC_CUBLASLT_LIBRARY NAMES cublasLt libcublasLt.so.13 libcublasLt.so.12 HINTS ${CUBLAS_ROOT}
+      find_library(AMPC_CUBLASLT_LIBRARY NAMES cublasLt libcublasLt.so.13 libcublasLt.so.12 NAMES_PER_DIR HINTS ${CUBLAS_ROOT}
         ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64)
       find_path(AMPC_CUBLAS_INCLUDE_DIR cublas_v2.h HINTS ${CUBLAS_ROOT} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
       if(NOT AMPC_CUDNN_INCLUDE_DIR OR NOT AMPC_CUDNN_LIBRARY)
@@ -121,7 +124,7 @@ set(AMPC_NCCL_SOURCE ${PROJECT_SOURCE_DIR}/src/dist/comm_nccl.c)
 function(_ampc_find_nccl)
   find_path(AMPC_NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include
     PATH_SUFFIXES include)
-  find_library(AMPC_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR}
+  find_library(AMPC_NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR}
     PATH_SUFFIXES lib lib64)
 endfunction()
 if(AMPC_CUDA_ENABLED)
