@@ -60,6 +60,9 @@ typedef struct {
   int no_cuda_graphs;   /* cuda: launch every kernel as it comes; 0 (default): a sequence of
                          * ops that repeats (a training step's forward and backward) is
                          * captured once as a CUDA graph and replayed (not while profiling) */
+  int cudnn_any_algo;   /* cuda: convolution algorithms chosen by time alone, non-deterministic
+                         * ones too (torch.backends.cudnn.deterministic = False); 0 (default):
+                         * deterministic ones where one fits, so a run repeats bit for bit */
 } ampc_backend_opts;
 
 void ampc_backend_opts_default(ampc_backend_opts *o);
@@ -94,6 +97,12 @@ typedef struct {
 void ampc_graph_backend_stats(const ampc_graph *g, ampc_backend_stats *s, int reset);
 /* Turns kernel timing on or off (at any time; clears the times). */
 void ampc_graph_set_profiling(ampc_graph *g, int on);
+/* What the backend chose for g, as text (lines ending in '\n'; cuda: each
+ * convolution shape's cuDNN algorithms with their measured times and
+ * workspace, and the fastest candidate where it was not taken), into buf
+ * (at most n bytes with the terminating 0; cut at a line end). Returns the
+ * length written: 0 where the backend has nothing to say (cpu). */
+size_t ampc_graph_backend_notes(const ampc_graph *g, char *buf, size_t n);
 
 #ifdef __cplusplus
 }

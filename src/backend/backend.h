@@ -157,6 +157,8 @@ typedef struct ampc__backend {
 
   /* what the device measured; reset: which of it to zero after reading */
   void (*stats)(ampc__device *d, ampc_backend_stats *out, int reset);
+  /* optional: what it chose, as text (ampc_graph_backend_notes) */
+  size_t (*notes)(ampc__device *d, char *buf, size_t n);
 } ampc__backend;
 
 enum { AMPC__STATS_TIMES = 1, AMPC__STATS_GRADS = 2, AMPC__STATS_ALL = 3 };

@@ -36,6 +36,12 @@ void ampc_graph_backend_stats(const ampc_graph *g, ampc_backend_stats *s, int re
   if (reset) g->dev->reads = 0;
 }
 
+size_t ampc_graph_backend_notes(const ampc_graph *g, char *buf, size_t n) {
+  if (n) buf[0] = 0;
+  if (!g->dev || !g->dev->be->notes || n < 2) return 0;
+  return g->dev->be->notes(g->dev, buf, n);
+}
+
 void ampc_graph_set_profiling(ampc_graph *g, int on) {
   if (ampc__graph_need_device(g) < 0) return;
   ampc_backend_stats s;

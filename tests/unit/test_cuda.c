@@ -606,7 +606,41 @@ TEST(sync_batchnorm_is_refused) {
   }
 }
 
+/* The notes name every convolution shape the graph compiled, with its three
+ * algorithms, in whole lines that fit the buffer; the cpu has none. With
+ * cudnn_any_algo the same shapes are chosen (by time alone) and a step runs. */
+TEST(notes_name_each_convolution) {
+  NEED_DEVICE();
+  static char buf[1 << 14];
+  rig c;
+  if (!rig_make(&c, "cpu", "cnn", AMPC_OPT_O2, AMPC_DTYPE_F16)) return;
+  CHECK(ampc_graph_backend_notes(c.g, buf, sizeof buf) == 0 && buf[0] == 0);
+  rig_free(&c);
+  for (int any = 0; any < 2; any++) {
+    ampc_backend_opts bo;
+    ampc_backend_opts_default(&bo);
+    bo.cudnn_any_algo = any;
+    rig r;
+    if (!rig_make_opts(&r, "cuda", &bo, "cnn", AMPC_OPT_O2, AMPC_DTYPE_F16)) return;
+    write_batch(&r, 90);
+    CHECK_OK(ampc_amp_forward(r.amp, 1));
+    CHECK_OK(ampc_amp_backward(r.amp, ampc_model_loss(r.m), 0, 0));
+    CHECK_OK(ampc_amp_step(r.amp, 0.05f, NULL));
+    size_t len = ampc_graph_backend_notes(r.g, buf, sizeof buf);
+    CHECK_MSG(len == strlen(buf) && len > 0 && buf[len - 1] == '\n', "notes of %zu bytes: %s", len, buf);
+    /* the cnn's two convolutions (the rig's 12x12 images): 1 -> 32 and 32 -> 64 channels */
+    CHECK_MSG(strstr(buf, "x1x12x12 -> 32, 3x3 stride 1 pad 1, f16: forward ") != NULL, "%s", buf);
+    CHECK_MSG(strstr(buf, "x32x6x6 -> 64, 3x3 stride 1 pad 1, f16: forward ") != NULL, "%s", buf);
+    CHECK(strstr(buf, "; data ") != NULL && strstr(buf, "; filter ") != NULL);
+    /* a buffer too small for the first line: nothing, never half a line */
+    char small[16];
+    CHECK(ampc_graph_backend_notes(r.g, small, sizeof small) == 0 && small[0] == 0);
+    rig_free(&r);
+  }
+}
+
 TEST_MAIN(TEST_ENTRY(no_device_error_is_one_line), TEST_ENTRY(conversions_give_the_cpu_bits), TEST_ENTRY(update_gives_the_cpu_bits),
           TEST_ENTRY(check_fold_nonfinite_agree_with_cpu), TEST_ENTRY(label_out_of_range_is_an_error),
           TEST_ENTRY(training_steps_follow_the_cpu), TEST_ENTRY(cuda_graphs_give_the_same_bits),
-          TEST_ENTRY(checkpoints_move_between_devices), TEST_ENTRY(sync_batchnorm_is_refused))
+          TEST_ENTRY(checkpoints_move_between_devices), TEST_ENTRY(sync_batchnorm_is_refused),
+          TEST_ENTRY(notes_name_each_convolution))

@@ -189,6 +189,7 @@ void cli_common_defaults(cli_common *c) {
   c->allreduce_type = "auto";
   c->comm = "auto";
   c->cuda_graphs = 1;
+  c->cudnn_deterministic = 1;
 }
 
 int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
@@ -212,6 +213,8 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
   out[n++] = (cli_opt){"--device", OPT_STRING, &c->device, "NAME", "where the model runs: cpu (default), cpu-guarded (tests), cuda (where built)", 0, NULL};
   out[n++] = (cli_opt){"--tf32", OPT_ONOFF, &c->tf32, "on|off", "cuda: f32 products and convolutions on TF32 tensor cores (default off: true f32)", 0, NULL};
   out[n++] = (cli_opt){"--cuda-graphs", OPT_ONOFF, &c->cuda_graphs, "on|off", "cuda: replay each step's kernels as one CUDA graph (default on)", 0, NULL};
+  out[n++] = (cli_opt){"--cudnn-deterministic", OPT_ONOFF, &c->cudnn_deterministic, "on|off",
+                       "cuda: deterministic cuDNN convolution algorithms where one fits, the same bits every run (default on; off: the fastest)", 0, NULL};
   if (groups & CLI_OPTS_SEED)
     out[n++] = (cli_opt){"--label-smoothing", OPT_FLOAT, &c->label_smoothing, "X", "cross-entropy label smoothing, 0..1 (default 0)", 0, NULL};
   if (groups & CLI_OPTS_DATA)

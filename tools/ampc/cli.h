@@ -44,6 +44,7 @@ typedef struct {
   const char *device;   /* backend: cpu, cpu-guarded, cuda */
   int tf32;             /* cuda: f32 products on TF32 tensor cores */
   int cuda_graphs;      /* cuda: replay a step's kernels as a CUDA graph */
+  int cudnn_deterministic; /* cuda: deterministic convolution algorithms only, where one fits */
   /* amp */
   const char *opt_level, *half, *loss_scale;
   int keep_bn_fp32_given, master_weights_given;

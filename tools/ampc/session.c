@@ -99,6 +99,7 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
   bo.threads = c->threads;
   bo.tf32 = c->tf32;
   bo.no_cuda_graphs = !c->cuda_graphs;
+  bo.cudnn_any_algo = !c->cudnn_deterministic;
   if (strcmp(c->conv, "im2col") == 0) bo.conv = AMPC_CONV_IM2COL;
   else if (strcmp(c->conv, "winograd") == 0) bo.conv = AMPC_CONV_WINOGRAD;
   else if (strcmp(c->conv, "direct") == 0) bo.conv = AMPC_CONV_DIRECT;

@@ -210,7 +210,10 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "ampc: model %s (%lld parameters), %s %zu train / %zu test images, batch %lld, %s, device %s%s\n",
             ampc_model_name(s.model), (long long)ampc_model_param_count(s.model), a.c.dataset,
             ampc_dataset_count(s.train), ampc_dataset_count(s.test), (long long)a.c.batch_size, ampc_optim_kind_name(ocfg.kind),
-            ampc_graph_backend_name(s.g), cuda ? (a.c.tf32 ? " (tf32 on)" : " (tf32 off)") : "");
+            ampc_graph_backend_name(s.g),
+            cuda ? (a.c.tf32 ? (a.c.cudnn_deterministic ? " (tf32 on)" : " (tf32 on, cudnn-deterministic off)")
+                             : (a.c.cudnn_deterministic ? " (tf32 off)" : " (tf32 off, cudnn-deterministic off)"))
+                 : "");
     if (W > 1)
       fprintf(stderr, "ampc: data-parallel over %d ranks (%s, %d thread%s each): global batch %lld = %d x %lld, all-reduce %s%s%s%s\n",
               W, cli_dist_amp_kind(), ampc_graph_threads(s.g), ampc_graph_threads(s.g) == 1 ? "" : "s", (long long)G, W,
@@ -573,7 +576,10 @@ int cmd_train(int argc, char **argv) {
       json_object_set_new(o, "steps", json_integer(ts.step));
       json_object_set_new(o, "opt_level", json_string(ampc_opt_level_name(s.amp_cfg.opt_level)));
       json_object_set_new(o, "half", json_string(ampc_dtype_name(s.amp_cfg.half_type)));
-      if (strcmp(ampc_graph_backend_name(s.g), "cuda") == 0) json_object_set_new(o, "tf32", json_boolean(a.c.tf32));
+      if (strcmp(ampc_graph_backend_name(s.g), "cuda") == 0) {
+        json_object_set_new(o, "tf32", json_boolean(a.c.tf32));
+        json_object_set_new(o, "cudnn_deterministic", json_boolean(a.c.cudnn_deterministic));
+      }
       json_object_set_new(o, "loss_scale", json_real(ampc_scaler_scale(ampc_amp_scaler(s.amp, 0))));
       json_object_set_new(o, "skipped_steps", json_integer(ts.skipped));
       json_object_set_new(o, "skipped_steps_total", json_integer(ts.skipped_total));

@@ -474,4 +474,5 @@ const ampc__backend ampc__backend_cuda = {
     .nonfinite = ampc__cu_nonfinite_pass,
     .update = ampc__cu_update_pass,
     .stats = cu_stats,
+    .notes = ampc__cu_conv_notes,
 };

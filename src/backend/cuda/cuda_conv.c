@@ -12,6 +12,8 @@
  * are counted after cuDNN has rounded them (a value that rounds to zero is
  * not counted; the cpu counts it as lost). */
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +21,15 @@
 
 enum { CONV_MAX_ALGOS = 16 };
 #define CONV_WS_LIMIT ((size_t)512 << 20) /* the most workspace one convolution may take */
+
+/* What was chosen for one direction, and the fastest candidate (for the
+ * notes): times from cuDNN's timing, -1 where it only ranked (heuristics). */
+typedef struct {
+  int algo, det, fast_algo, fast_det;
+  cudnnMathType_t math;
+  float time, fast_time;
+  size_t mem;
+} conv_pick;
 
 struct ampc__cu_conv {
   int64_t N, C, H, W, O, k, s, p, OH, OW;
@@ -33,6 +44,7 @@ struct ampc__cu_conv {
   cudnnConvolutionBwdFilterAlgo_t filter;
   cudnnMathType_t fwd_math, data_math, filter_math;
   size_t fwd_ws, data_ws, filter_ws, limit;
+  conv_pick pick[3]; /* forward, backward data, backward filter */
 };
 
 static cudnnDataType_t dnn_type(ampc_dtype t) {
@@ -95,16 +107,39 @@ void ampc__cu_conv_free_all(ampc__device *d) {
     out_i = -1;                                                                                       \
     for (int pass = 0; pass < 2 && out_i < 0; pass++)                                                 \
       for (int i_ = 0; i_ < (n) && out_i < 0; i_++)                                                   \
-        if (PICK_OK((perf)[i_], limit, d, t) && (pass || (perf)[i_].determinism == CUDNN_DETERMINISTIC)) \
+        if (PICK_OK((perf)[i_], limit, d, t) &&                                                       \
+            (pass || (d)->opts.cudnn_any_algo || (perf)[i_].determinism == CUDNN_DETERMINISTIC))      \
           out_i = i_;                                                                                 \
     if (out_i >= 0 && (perf)[out_i].time > 0.0f) {                                                    \
       float t0_ = (perf)[out_i].time;                                                                 \
       cudnnDeterminism_t det_ = (perf)[out_i].determinism;                                            \
       for (int i_ = 0; i_ < (n); i_++)                                                                \
-        if (PICK_OK((perf)[i_], limit, d, t) && (perf)[i_].determinism == det_ && (perf)[i_].time > 0.0f && \
+        if (PICK_OK((perf)[i_], limit, d, t) && ((d)->opts.cudnn_any_algo || (perf)[i_].determinism == det_) && \
+            (perf)[i_].time > 0.0f &&                                                                 \
             (perf)[i_].time <= t0_ * PICK_SLACK && (perf)[i_].memory < (perf)[out_i].memory)             \
           out_i = i_;                                                                                 \
     }                                                                                                 \
+  } while (0)
+
+/* the choice i of a candidate list, and its fastest candidate that fits,
+ * into pick (for the notes) */
+#define RECORD(perf, n, i, limit, d, t, pk)                                                             \
+  do {                                                                                                \
+    (pk).algo = (int)(perf)[i].algo;                                                                  \
+    (pk).det = (perf)[i].determinism == CUDNN_DETERMINISTIC;                                          \
+    (pk).math = (perf)[i].mathType;                                                                   \
+    (pk).time = (perf)[i].time;                                                                       \
+    (pk).mem = (perf)[i].memory;                                                                      \
+    (pk).fast_algo = (pk).algo;                                                                       \
+    (pk).fast_det = (pk).det;                                                                         \
+    (pk).fast_time = (pk).time;                                                                       \
+    for (int j_ = 0; j_ < (n); j_++)                                                                  \
+      if (PICK_OK((perf)[j_], limit, d, t) && (perf)[j_].time > 0.0f &&                               \
+          ((pk).fast_time <= 0.0f || (perf)[j_].time < (pk).fast_time)) {                             \
+        (pk).fast_algo = (int)(perf)[j_].algo;                                                        \
+        (pk).fast_det = (perf)[j_].determinism == CUDNN_DETERMINISTIC;                                \
+        (pk).fast_time = (perf)[j_].time;                                                             \
+      }                                                                                               \
   } while (0)
 
 /* ---- the choices, shared by the process's devices ----
@@ -115,7 +150,7 @@ void ampc__cu_conv_free_all(ampc__device *d) {
  * first choice for a (GPU, shape, type, math, limit) is kept for the
  * process, as PyTorch's cudnn.benchmark keeps its choices. */
 typedef struct {
-  int dev, tf32, benchmark;
+  int dev, tf32, any_algo, benchmark;
   int64_t N, C, H, W, O, k, s, p;
   ampc_dtype t;
   size_t limit;
@@ -127,6 +162,7 @@ typedef struct {
   cudnnConvolutionBwdFilterAlgo_t filter;
   cudnnMathType_t fwd_math, data_math, filter_math;
   size_t fwd_ws, data_ws, filter_ws;
+  conv_pick pick[3];
 } conv_choice;
 enum { CHOICES_MAX = 1024 };
 static conv_choice choices[CHOICES_MAX];
@@ -138,6 +174,7 @@ static conv_key key_of(ampc__device *d, const ampc__cu_conv *e, int benchmark) {
   memset(&k, 0, sizeof k); /* (compared with memcmp: no stray padding bytes) */
   k.dev = ampc__cu_of(d)->dev;
   k.tf32 = d->opts.tf32 != 0;
+  k.any_algo = d->opts.cudnn_any_algo != 0;
   k.benchmark = benchmark;
   k.N = e->N;
   k.C = e->C;
@@ -169,6 +206,7 @@ static int choice_get(ampc__device *d, ampc__cu_conv *e, int benchmark) {
       e->fwd_ws = c->fwd_ws;
       e->data_ws = c->data_ws;
       e->filter_ws = c->filter_ws;
+      memcpy(e->pick, c->pick, sizeof e->pick);
       found = 1;
     }
   pthread_mutex_unlock(&choices_lock);
@@ -189,6 +227,7 @@ static void choice_put(ampc__device *d, const ampc__cu_conv *e, int benchmark) {
     c->fwd_ws = e->fwd_ws;
     c->data_ws = e->data_ws;
     c->filter_ws = e->filter_ws;
+    memcpy(c->pick, e->pick, sizeof c->pick);
   }
   pthread_mutex_unlock(&choices_lock);
 }
@@ -207,6 +246,7 @@ static ampc_status choose(ampc__device *d, ampc__cu_conv *e, int benchmark, int 
               "choosing a forward convolution");
     PICK(perf, n, e->limit, d, e->t, i);
     if (i < 0) return ampc__error(AMPC_EUNSUPPORTED, "cuda: no cuDNN forward convolution for this shape fits %zu bytes", e->limit);
+    RECORD(perf, n, i, e->limit, d, e->t, e->pick[0]);
     e->fwd = perf[i].algo;
     e->fwd_math = chosen_math(d, e->t, perf[i].mathType);
     DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->fwd_math), "cudnnSetConvolutionMathType");
@@ -222,6 +262,7 @@ static ampc_status choose(ampc__device *d, ampc__cu_conv *e, int benchmark, int 
               "choosing a backward-data convolution");
     PICK(perf, n, e->limit, d, e->t, i);
     if (i < 0) return ampc__error(AMPC_EUNSUPPORTED, "cuda: no cuDNN backward-data convolution for this shape fits %zu bytes", e->limit);
+    RECORD(perf, n, i, e->limit, d, e->t, e->pick[1]);
     e->data = perf[i].algo;
     e->data_math = chosen_math(d, e->t, perf[i].mathType);
     DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->data_math), "cudnnSetConvolutionMathType");
@@ -237,6 +278,7 @@ static ampc_status choose(ampc__device *d, ampc__cu_conv *e, int benchmark, int 
               "choosing a backward-filter convolution");
     PICK(perf, n, e->limit, d, e->t, i);
     if (i < 0) return ampc__error(AMPC_EUNSUPPORTED, "cuda: no cuDNN backward-filter convolution for this shape fits %zu bytes", e->limit);
+    RECORD(perf, n, i, e->limit, d, e->t, e->pick[2]);
     e->filter = perf[i].algo;
     e->filter_math = chosen_math(d, e->t, perf[i].mathType);
     DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->filter_math), "cudnnSetConvolutionMathType");
@@ -396,4 +438,62 @@ ampc_status ampc__cu_conv_bwd(ampc__device *d, const ampc__op_call *c) {
     if (r) return ampc__cu_error_rt(r, "conv2d: the bias gradient");
   }
   return AMPC_OK;
+}
+
+/* ---- the notes: each shape's choices ---- */
+
+static const char *algo_name(int dir, int a) {
+  static const char *fwd[] = {"IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT",
+                              "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+  static const char *data[] = {"ALGO_0", "ALGO_1", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+  static const char *filter[] = {"ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED", "FFT_TILING"};
+  const char **names = dir == 0 ? fwd : dir == 1 ? data : filter;
+  int count = dir == 0 ? 8 : dir == 1 ? 6 : 7;
+  return a >= 0 && a < count ? names[a] : "?";
+}
+
+static const char *math_name(cudnnMathType_t m) {
+  return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ? "tensor-op"
+         : m == CUDNN_FMA_MATH                                                    ? "fma"
+                                                                                  : "default-math";
+}
+
+/* appends to line (cap bytes) at *k, never past its end */
+static void app(char *line, size_t cap, size_t *k, const char *fmt, ...) {
+  if (*k + 1 >= cap) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int w = vsnprintf(line + *k, cap - *k, fmt, ap);
+  va_end(ap);
+  if (w > 0) *k = *k + (size_t)w < cap - 1 ? *k + (size_t)w : cap - 1;
+}
+
+size_t ampc__cu_conv_notes(ampc__device *d, char *buf, size_t n) {
+  ampc__cuda_dev *cd = ampc__cu_of(d);
+  static const char *dirs[] = {"forward", "data", "filter"};
+  size_t len = 0;
+  char line[1024];
+  for (size_t i = 0; i < cd->nconvs; i++) {
+    const ampc__cu_conv *e = cd->convs[i];
+    size_t k = 0, cap = sizeof line - 1; /* (room for the newline) */
+    app(line, cap, &k, "conv %lldx%lldx%lldx%lld -> %lld, %lldx%lld stride %lld pad %lld, %s:", (long long)e->N,
+        (long long)e->C, (long long)e->H, (long long)e->W, (long long)e->O, (long long)e->k, (long long)e->k, (long long)e->s,
+        (long long)e->p, ampc_dtype_name(e->t));
+    if (e->err) app(line, cap, &k, " not chosen (%s)", e->msg);
+    for (int j = 0; j < 3 && !e->err; j++) {
+      const conv_pick *p = &e->pick[j];
+      app(line, cap, &k, "%s %s %s %s", j ? ";" : "", dirs[j], algo_name(j, p->algo), math_name(p->math));
+      if (p->time > 0.0f) app(line, cap, &k, " %.3f ms", (double)p->time);
+      app(line, cap, &k, " %.1f MB%s", (double)p->mem / 1e6, p->det ? "" : " non-deterministic");
+      if (p->fast_time > 0.0f && p->fast_algo != p->algo)
+        app(line, cap, &k, " (fastest: %s %.3f ms%s)", algo_name(j, p->fast_algo), (double)p->fast_time,
+            p->fast_det ? "" : ", non-deterministic");
+    }
+    line[k++] = '\n';
+    line[k] = 0;
+    if (len + k + 1 > n) break; /* whole lines only */
+    memcpy(buf + len, line, k + 1);
+    len += k;
+  }
+  return len;
 }

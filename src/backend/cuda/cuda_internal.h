@@ -167,6 +167,7 @@ ampc_status ampc__cu_conv_fwd(ampc__device *d, const ampc__op_call *c);
 ampc_status ampc__cu_conv_bwd(ampc__device *d, const ampc__op_call *c);
 size_t ampc__cu_conv_ws(ampc__device *d, const ampc__op_call *c);
 void ampc__cu_conv_free_all(ampc__device *d);
+size_t ampc__cu_conv_notes(ampc__device *d, char *buf, size_t n);
 
 /* cuda_step.c: the vtable's step passes */
 ampc_status ampc__cu_check_pass(ampc__device *d, const ampc__span *s, int ns, float gmul, int want_max,
