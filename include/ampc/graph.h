@@ -153,6 +153,16 @@ ampc_status ampc_graph_set_fusion(ampc_graph *g, int on);
  * activation is meaningful only during backward. Parameter gradients are
  * always kept. Before compile. */
 ampc_status ampc_graph_set_retain_grads(ampc_graph *g, int on);
+/* Free what backward reads as backward passes it, as PyTorch frees a
+ * graph's saved tensors: activations and activation gradients then share
+ * one arena planned over forward and backward together, so the gradients of
+ * the first layers reuse the memory of the last layers' activations (less
+ * memory at the peak; the same results). After a backward, an activation
+ * that is not kept (ampc_graph_keep; inputs, labels and values nothing
+ * consumes are) can no longer be read, and a second backward needs a new
+ * forward. Off by default (any number of backward calls per forward, every
+ * value backward reads readable until the next forward). Before compile. */
+ampc_status ampc_graph_set_free_saved(ampc_graph *g, int on);
 /* Keeps a value readable after forward. By default the memory of an
  * intermediate value that backward does not need (a batch norm's output that
  * only feeds a residual add, a cast's input, ...) is reused once its last

@@ -406,6 +406,12 @@ ampc_status ampc_graph_set_retain_grads(ampc_graph *g, int on) {
   return AMPC_OK;
 }
 
+ampc_status ampc_graph_set_free_saved(ampc_graph *g, int on) {
+  if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: free_saved must be chosen before compile");
+  g->free_saved = on != 0;
+  return AMPC_OK;
+}
+
 ampc_status ampc_graph_set_fusion(ampc_graph *g, int on) {
   if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: fusion must be chosen before compile");
   g->fuse = on;

@@ -122,10 +122,15 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
   for (size_t i = 0; i < g->nbuffers; i++) bb += ampc__align64(ampc__value_bytes(&g->v[g->buffers[i]]));
   /* activations: every op output except aliases, inputs and labels, planned */
   size_t ab_by_type[AMPC_DTYPE_COUNT] = {0};
-  AMPC_TRY(ampc__graph_plan_activations(g, &ab, ab_by_type));
-  size_t values_bytes = ab;
   size_t agb_by_type[AMPC_DTYPE_COUNT] = {0};
-  AMPC_TRY(ampc__graph_plan_activation_grads(g, &agb, agb_by_type));
+  if (g->free_saved) {
+    /* one arena for both (agb 0: the gradients' offsets are in it) */
+    AMPC_TRY(ampc__graph_plan_joint(g, &ab, ab_by_type));
+  } else {
+    AMPC_TRY(ampc__graph_plan_activations(g, &ab, ab_by_type));
+    AMPC_TRY(ampc__graph_plan_activation_grads(g, &agb, agb_by_type));
+  }
+  size_t values_bytes = ab;
   for (int t = 0; t < AMPC_DTYPE_COUNT; t++) g->bytes_by_type[3][t] = agb_by_type[t];
   /* saved state and workspace per op */
   for (size_t k = 0; k < g->norder; k++) {
@@ -167,7 +172,7 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
   g->actgrad_bytes = agb;
   g->ws_bytes = ws;
 
-  char *bp = g->buf_arena, *ap = g->act_arena, *agp = g->actgrad_arena;
+  char *bp = g->buf_arena, *ap = g->act_arena, *agp = g->free_saved ? g->act_arena : g->actgrad_arena;
   for (size_t i = 0; i < g->nv; i++) {
     ampc__value *v = &g->v[i];
     size_t nb = ampc__value_bytes(v);

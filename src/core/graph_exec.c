@@ -117,6 +117,7 @@ static ampc_status run(ampc_graph *g, const ampc__op_call *c, int backward) {
 
 ampc_status ampc_graph_forward(ampc_graph *g, int training) {
   AMPC_TRY(ampc_graph_compile(g));
+  g->saved_freed = 0;
   for (size_t k = 0; k < g->norder; k++) {
     ampc__value *v = &g->v[g->order[k]];
     if (v->alias != AMPC_VALUE_NONE) continue; /* views: flatten, fused relu */
@@ -147,6 +148,10 @@ ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int 
   if (!g->compiled) return ampc__error(AMPC_ESTATE, "graph: backward before forward");
   if (!ampc__graph_valid(g, loss) || g->v[loss].op != AMPC_OP_CROSS_ENTROPY)
     return ampc__error(AMPC_EINVAL, "graph: backward needs a loss value");
+  if (g->saved_freed)
+    return ampc__error(AMPC_ESTATE, "graph: a second backward after one forward, with free_saved (the first freed the "
+                                    "activations backward reads): run forward again");
+  g->saved_freed = g->free_saved; /* (from its first op on, memory is reused) */
   /* only the ops this loss depends on run; the first to produce a value's
    * gradient overwrites it (a parameter's: unless accumulating), later ones add */
   unsigned char *reach = g->bw_reach, *written = g->bw_written;
@@ -220,6 +225,9 @@ static ampc_status io_view(const ampc_graph *g, ampc_value v, int grad, const ch
   if (!g->compiled) return ampc__error(AMPC_ESTATE, "graph: %s before compile", what);
   if (!ampc__graph_valid(g, v)) return ampc__error(AMPC_EINVAL, "graph: %s of an invalid value %d", what, (int)v);
   *t = ampc__graph_view(g, v, grad);
+  if (!grad && g->saved_freed && g->v[ampc__graph_root(g, v)].bw_freed)
+    return ampc__error(AMPC_ESTATE, "graph: %s: '%s' was freed by backward (free_saved: keep it with ampc_graph_keep to read it "
+                                    "after backward)", what, g->v[v].name);
   if (!t->data)
     return ampc__error(AMPC_EINVAL, "graph: %s: '%s' has no %s of its own (%s)", what, g->v[v].name, grad ? "gradient" : "memory",
                        grad ? "nothing differentiates it, or it is only live during backward" : "fused into the op before it");

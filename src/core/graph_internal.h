@@ -39,6 +39,7 @@ typedef struct {
   size_t param_offset;   /* params: offset in the flat element numbering */
   size_t grad_off;       /* activations: offset in the planned gradient arena */
   size_t act_off;        /* activations: offset in the planned value arena */
+  unsigned char bw_freed; /* free_saved: its memory is reused once backward has read it */
   int keep;              /* readable after forward even if backward does not need it */
 } ampc__value;
 
@@ -66,6 +67,8 @@ struct ampc_graph {
   int64_t max_batch, batch;
   int fuse;              /* fuse ReLUs into batch norm / add (default on) */
   int retain_grads;      /* every activation gradient its own buffer */
+  int free_saved;        /* one arena: what backward reads is freed as backward passes it */
+  int saved_freed;       /* free_saved: a backward ran since the last forward */
   unsigned char *bw_reach, *bw_written; /* per backward: ops that reach the loss, gradients written */
   int *bw_pending;       /* per value, with a grad hook: backward ops still to write a parameter's gradient */
   ampc_status (*grad_hook)(void *ctx, size_t start, size_t n);
@@ -97,6 +100,9 @@ ampc_status ampc__graph_assign_types(ampc_graph *g, size_t n_recorded);
  * act_off / grad_off; sizes and the bytes by type at the peak). */
 ampc_status ampc__graph_plan_activations(ampc_graph *g, size_t *arena, size_t *peak_by_type);
 ampc_status ampc__graph_plan_activation_grads(ampc_graph *g, size_t *arena, size_t *peak_by_type);
+/* free_saved: both in one arena over forward and backward (act_off and
+ * grad_off in it); its size and the bytes by type at the peak. */
+ampc_status ampc__graph_plan_joint(ampc_graph *g, size_t *arena, size_t *peak_by_type);
 
 /* graph_exec.c: the device, made with the defaults if none was set. */
 ampc_status ampc__graph_need_device(ampc_graph *g);

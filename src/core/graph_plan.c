@@ -224,3 +224,131 @@ ampc_status ampc__graph_plan_activation_grads(ampc_graph *g, size_t *arena, size
   return st;
 }
 
+
+/* Plans activations and their gradients in one arena over forward then
+ * backward (free_saved). Time runs over the order forward (step k), then
+ * backward in reverse (the op at k runs at backward step T-1-k). An
+ * activation lives from its op's forward to its last forward consumer when
+ * backward does not read it, to the backward step of its last reader in
+ * backward when it does, and to the end when the user may read it (inputs,
+ * labels, kept values, values nothing consumes, everything under
+ * retain_grads). A gradient lives as in ampc__graph_plan_activation_grads:
+ * from its last consumer's backward (which writes it first) to its own op's
+ * backward (which reads it last). Within a backward step the op's input
+ * gradients are placed while everything it reads is still live; its own
+ * output gradient and the activations it read last are freed after it. */
+ampc_status ampc__graph_plan_joint(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
+  size_t nv = g->nv;
+  int64_t T = (int64_t)g->norder;
+  int64_t *last_use = malloc(nv * sizeof *last_use), *dies = malloc(nv * sizeof *dies);
+  char *forever = calloc(nv, 1), *gone = calloc(nv, 1);
+  size_t live_by_type[AMPC_DTYPE_COUNT] = {0};
+  plan_arena a = {0};
+  ampc_status st = AMPC_OK;
+  size_t peak = 0;
+  if (!last_use || !dies || !forever || !gone) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
+#define JOINT_PEAK()                                                  \
+  do {                                                                \
+    if (a.top > peak) {                                               \
+      peak = a.top;                                                   \
+      memcpy(peak_by_type, live_by_type, sizeof live_by_type);        \
+    }                                                                 \
+  } while (0)
+#define JOINT_FREE(off, v)                                                                         \
+  do {                                                                                             \
+    live_by_type[(v)->dtype] -= ampc__value_bytes(v);                                              \
+    if (plan_free(&a, (off), ampc__align64(ampc__value_bytes(v))) < 0)                             \
+      st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");                              \
+  } while (0)
+  for (size_t i = 0; st == 0 && i < nv; i++) {
+    ampc__value *v = &g->v[i];
+    last_use[i] = dies[i] = -1;
+    v->act_off = v->grad_off = SIZE_MAX;
+    v->bw_freed = 0;
+    if (v->op == AMPC_OP_INPUT || v->op == AMPC_OP_LABELS || v->keep || g->retain_grads)
+      forever[ampc__graph_root(g, (ampc_value)i)] = 1;
+  }
+  /* forward consumers; the last backward step that reads each value */
+  for (int64_t k = 0; st == 0 && k < T; k++) {
+    ampc_value id = g->order[k];
+    ampc__value *v = &g->v[id];
+    if (v->alias != AMPC_VALUE_NONE) continue;
+    for (int j = 0; j < v->n_in; j++) {
+      if (v->in[j] < 0) continue;
+      ampc_value r = ampc__graph_root(g, v->in[j]);
+      last_use[r] = k;
+      if (bwd_reads_inputs(v) && T - 1 - k > dies[r]) dies[r] = T - 1 - k;
+    }
+    if (bwd_reads_output(v) && T - 1 - k > dies[id]) dies[id] = T - 1 - k;
+  }
+  /* leaves the user reads, for good */
+  for (size_t i = 0; st == 0 && i < nv; i++) {
+    ampc__value *v = &g->v[i];
+    if (v->op != AMPC_OP_INPUT && v->op != AMPC_OP_LABELS) continue;
+    if (v->alias != AMPC_VALUE_NONE) continue;
+    v->act_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(v)));
+    live_by_type[v->dtype] += ampc__value_bytes(v);
+  }
+  /* forward */
+  for (int64_t k = 0; st == 0 && k < T; k++) {
+    ampc_value id = g->order[k];
+    ampc__value *v = &g->v[id];
+    if (v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX || v->op <= AMPC_OP_BUFFER) continue;
+    if (last_use[id] < 0) forever[id] = 1; /* an output: nothing consumes it */
+    v->act_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(v)));
+    live_by_type[v->dtype] += ampc__value_bytes(v);
+    JOINT_PEAK();
+    for (int j = 0; j < v->n_in; j++) {
+      if (v->in[j] < 0) continue;
+      ampc_value r = ampc__graph_root(g, v->in[j]);
+      ampc__value *rv = &g->v[r];
+      if (forever[r] || dies[r] >= 0 || gone[r] || last_use[r] != k || rv->act_off == SIZE_MAX || rv->op <= AMPC_OP_BUFFER)
+        continue;
+      gone[r] = 1;
+      JOINT_FREE(rv->act_off, rv);
+    }
+  }
+  /* backward */
+  for (int64_t b = 0; st == 0 && b < T; b++) {
+    int64_t t = T - 1 - b;
+    ampc_value id = g->order[t];
+    ampc__value *v = &g->v[id];
+    for (int j = 0; j < v->n_in && v->alias == AMPC_VALUE_NONE; j++) {
+      if (v->in[j] < 0) continue;
+      ampc_value r = ampc__graph_root(g, v->in[j]);
+      ampc__value *rv = &g->v[r];
+      if (!rv->requires_grad || rv->op <= AMPC_OP_BUFFER || rv->grad_off != SIZE_MAX || last_use[r] != t) continue;
+      rv->grad_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(rv)));
+      live_by_type[rv->dtype] += ampc__value_bytes(rv);
+      JOINT_PEAK();
+    }
+    if (v->alias == AMPC_VALUE_NONE && v->grad_off != SIZE_MAX && !g->retain_grads) JOINT_FREE(v->grad_off, v);
+    /* the activations read last at this step */
+    for (size_t i = 0; st == 0 && i < nv; i++) {
+      ampc__value *x = &g->v[i];
+      if (dies[i] != b || forever[i] || gone[i] || x->act_off == SIZE_MAX || x->op <= AMPC_OP_BUFFER) continue;
+      gone[i] = 1;
+      x->bw_freed = 1;
+      JOINT_FREE(x->act_off, x);
+    }
+  }
+  JOINT_PEAK();
+#undef JOINT_PEAK
+#undef JOINT_FREE
+  /* anything left unplaced (not reached by the order) gets its own space */
+  for (size_t i = 0; st == 0 && i < nv; i++) {
+    ampc__value *v = &g->v[i];
+    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX) continue;
+    v->act_off = peak;
+    peak += ampc__align64(ampc__value_bytes(v));
+    peak_by_type[v->dtype] += ampc__value_bytes(v);
+  }
+  *arena = peak;
+  free(last_use);
+  free(dies);
+  free(forever);
+  free(gone);
+  free(a.off);
+  free(a.len);
+  return st;
+}

@@ -1247,6 +1247,79 @@ TEST(two_losses_add_each_gradient_once) {
   }
 }
 
+/* free_saved (one arena over forward and backward) changes where values
+ * live, not what is computed: three steps (the second of two accumulated
+ * micro-batches) give the same losses and parameters bit for bit as the two
+ * arenas, in fewer activation bytes; after a backward a second one is
+ * refused, and so is a read of an activation it freed (the logits, kept,
+ * and the loss stay readable); a forward makes everything readable again. */
+TEST(free_saved_gives_the_same_bits_in_less_memory) {
+  static const struct {
+    const char *model;
+    int c, h, w;
+    ampc_opt_level lv;
+  } cases[] = {{"cnn", 1, 12, 12, AMPC_OPT_O0}, {"cnn", 1, 12, 12, AMPC_OPT_O2}, {"resnet18", 3, 8, 8, AMPC_OPT_O0},
+               {"resnet18", 3, 8, 8, AMPC_OPT_O2}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    rig r[2];
+    float loss[2][4];
+    size_t act[2] = {0, 0};
+    unsigned char *bytes[2] = {NULL, NULL};
+    size_t len[2] = {0, 0};
+    ampc_amp_config cfg = make_config(cases[c].lv, AMPC_DTYPE_F16, NULL);
+    ampc_optim_config oc = optim_config(AMPC_OPTIM_ADAM, 1e-3f);
+    for (int f = 0; f < 2; f++) {
+      if (!rig_model(&r[f], cases[c].model, 6, cases[c].c, cases[c].h, cases[c].w, 10, 5)) return;
+      CHECK_OK(ampc_graph_set_free_saved(r[f].g, f));
+      if (!rig_init(&r[f], &cfg, &oc)) return;
+      for (int s = 0; s < 4; s++) {
+        random_batch(&r[f], 40 + (uint64_t)s, 1.0f);
+        fwd_bwd(&r[f], s == 2);
+        CHECK_OK(ampc_graph_read(r[f].g, r[f].loss, &loss[f][s], AMPC_DTYPE_F32));
+        if (s != 1) CHECK_OK(ampc_amp_step(r[f].amp, 1e-3f, NULL));
+      }
+      ampc_mem_report m;
+      ampc_graph_memory(r[f].g, &m);
+      act[f] = ampc_mem_total(&m, AMPC_MEM_ACTIVATIONS);
+      bytes[f] = model_bytes(&r[f], &len[f]);
+    }
+    const char *what = cases[c].model;
+    CHECK_MSG(memcmp(loss[0], loss[1], sizeof loss[0]) == 0, "%s %s: losses differ with free_saved", what,
+              ampc_opt_level_name(cases[c].lv));
+    CHECK_MSG(len[0] == len[1] && memcmp(bytes[0], bytes[1], len[0]) == 0, "%s %s: parameters differ with free_saved", what,
+              ampc_opt_level_name(cases[c].lv));
+    CHECK_MSG(act[1] < act[0], "%s %s: activations %zu bytes with free_saved, %zu without", what,
+              ampc_opt_level_name(cases[c].lv), act[1], act[0]);
+    /* after a backward: no second one, no read of what it freed */
+    rig *q = &r[1];
+    float *lg = malloc((size_t)(q->n * q->classes) * sizeof *lg);
+    CHECK_MSG(ampc_amp_backward(q->amp, q->loss, 0, 0) == AMPC_ESTATE, "a second backward after one forward was taken");
+    CHECK_OK(ampc_graph_read(q->g, q->logits, lg, AMPC_DTYPE_F32));
+    size_t refused = 0, nv = ampc_graph_value_count(q->g);
+    float *buf = malloc(1 << 22);
+    for (size_t v = 0; v < nv; v++) {
+      ampc_tensor t = ampc_graph_tensor(q->g, (ampc_value)v);
+      if (!t.data && ampc_tensor_numel(&t) == 0) continue;
+      if ((size_t)ampc_tensor_numel(&t) * sizeof(float) > (1u << 22)) continue;
+      if (ampc_graph_read(q->g, (ampc_value)v, buf, AMPC_DTYPE_F32) == AMPC_ESTATE) refused++;
+    }
+    CHECK_MSG(refused > 0, "%s: no activation was refused after backward", what);
+    CHECK_OK(ampc_amp_forward(q->amp, 1));
+    for (size_t v = 0; v < nv; v++) {
+      ampc_tensor t = ampc_graph_tensor(q->g, (ampc_value)v);
+      if ((size_t)ampc_tensor_numel(&t) * sizeof(float) > (1u << 22)) continue;
+      CHECK_MSG(ampc_graph_read(q->g, (ampc_value)v, buf, AMPC_DTYPE_F32) != AMPC_ESTATE, "%s: value %zu refused after forward",
+                what, v);
+    }
+    free(buf);
+    free(lg);
+    for (int f = 0; f < 2; f++) {
+      free(bytes[f]);
+      rig_free(&r[f]);
+    }
+  }
+}
+
 TEST_MAIN(TEST_ENTRY(storage_types_per_level), TEST_ENTRY(o1_casts_a_shared_weight_once),
           TEST_ENTRY(overflow_skips_the_step_bit_identically), TEST_ENTRY(injected_nonfinite_gradient_skips_without_masters),
           TEST_ENTRY(dynamic_scale_grows_after_window_clean_steps), TEST_ENTRY(gradient_accumulation_sums_micro_batches),
@@ -1255,4 +1328,5 @@ TEST_MAIN(TEST_ENTRY(storage_types_per_level), TEST_ENTRY(o1_casts_a_shared_weig
           TEST_ENTRY(stochastic_rounding_moves_tiny_updates_reproducibly), TEST_ENTRY(refused_combinations),
           TEST_ENTRY(failed_initialize_leaves_the_graph_uncompiled),
           TEST_ENTRY(two_losses_overflow_in_one_backs_off_only_its_scaler),
-          TEST_ENTRY(two_losses_backward_of_one_loss_touches_only_its_graph), TEST_ENTRY(two_losses_add_each_gradient_once))
+          TEST_ENTRY(two_losses_backward_of_one_loss_touches_only_its_graph), TEST_ENTRY(two_losses_add_each_gradient_once),
+          TEST_ENTRY(free_saved_gives_the_same_bits_in_less_memory))

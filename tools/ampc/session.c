@@ -124,6 +124,12 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
     cli_lib_error("--device");
     return -1;
   }
+  /* one backward per forward here, and only the loss and the logits (kept)
+   * are read after it: activations and their gradients share one arena */
+  if (ampc_graph_set_free_saved(s->g, 1) < 0) {
+    cli_lib_error(NULL);
+    return -1;
+  }
   if (ocfg && ampc_optim_create(&s->opt, ocfg, ampc_graph_param_numel(s->g)) < 0) {
     cli_lib_error("optimizer");
     return -1;
