@@ -91,153 +91,22 @@ static int bwd_reads_output(const ampc__value *v) {
   }
 }
 
-/* Plans the activation arena. A value backward reads (or that the user may
- * read: inputs, labels, values nothing consumes, kept ones, everything under
- * retain_grads) lives from its op to the end; any other lives only until its
- * last consumer has run in forward, and its memory is then reused. Sets
- * v->act_off and returns the arena size and its bytes by type at the peak. */
-ampc_status ampc__graph_plan_activations(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
-  size_t nv = g->nv;
-  int64_t *last_use = malloc(nv * sizeof *last_use);
-  char *needed = calloc(nv, 1), *done = calloc(nv, 1);
-  size_t live_by_type[AMPC_DTYPE_COUNT] = {0};
-  plan_arena a = {0};
-  ampc_status st = AMPC_OK;
-  if (!last_use || !needed || !done) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
-  for (size_t i = 0; st == 0 && i < nv; i++) {
-    last_use[i] = -1;
-    g->v[i].act_off = SIZE_MAX;
-    const ampc__value *v = &g->v[i];
-    if (v->op == AMPC_OP_INPUT || v->op == AMPC_OP_LABELS || v->keep || g->retain_grads) needed[ampc__graph_root(g, (ampc_value)i)] = 1;
-  }
-  for (size_t k = 0; st == 0 && k < g->norder; k++) {
-    ampc__value *v = &g->v[g->order[k]];
-    if (v->alias != AMPC_VALUE_NONE) continue;
-    for (int j = 0; j < v->n_in; j++) {
-      if (v->in[j] < 0) continue;
-      ampc_value r = ampc__graph_root(g, v->in[j]);
-      last_use[r] = (int64_t)k;
-      if (bwd_reads_inputs(v)) needed[r] = 1;
-    }
-    if (bwd_reads_output(v)) needed[g->order[k]] = 1;
-  }
-  size_t peak = 0;
-  /* leaves and values outside the order first, for good */
-  for (size_t i = 0; st == 0 && i < nv; i++) {
-    ampc__value *v = &g->v[i];
-    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE) continue;
-    if (v->op != AMPC_OP_INPUT && v->op != AMPC_OP_LABELS) continue;
-    v->act_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(v)));
-    live_by_type[v->dtype] += ampc__value_bytes(v);
-  }
-  for (size_t k = 0; st == 0 && k < g->norder; k++) {
-    ampc_value id = g->order[k];
-    ampc__value *v = &g->v[id];
-    if (v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX || v->op <= AMPC_OP_BUFFER) continue;
-    if (last_use[id] < 0) needed[id] = 1; /* an output: nothing consumes it */
-    v->act_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(v)));
-    live_by_type[v->dtype] += ampc__value_bytes(v);
-    if (a.top > peak) {
-      peak = a.top;
-      memcpy(peak_by_type, live_by_type, sizeof live_by_type);
-    }
-    for (int j = 0; j < v->n_in; j++) {
-      if (v->in[j] < 0) continue;
-      ampc_value r = ampc__graph_root(g, v->in[j]);
-      ampc__value *rv = &g->v[r];
-      if (needed[r] || done[r] || last_use[r] != (int64_t)k || rv->act_off == SIZE_MAX || rv->op <= AMPC_OP_BUFFER) continue;
-      done[r] = 1;
-      live_by_type[rv->dtype] -= ampc__value_bytes(rv);
-      if (plan_free(&a, rv->act_off, ampc__align64(ampc__value_bytes(rv))) < 0) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
-    }
-  }
-  if (a.top > peak) {
-    peak = a.top;
-    memcpy(peak_by_type, live_by_type, sizeof live_by_type);
-  }
-  /* anything left unplaced (not reached by the order) gets its own space */
-  for (size_t i = 0; st == 0 && i < nv; i++) {
-    ampc__value *v = &g->v[i];
-    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX) continue;
-    v->act_off = peak;
-    peak += ampc__align64(ampc__value_bytes(v));
-    peak_by_type[v->dtype] += ampc__value_bytes(v);
-  }
-  *arena = peak;
-  free(last_use);
-  free(needed);
-  free(done);
-  free(a.off);
-  free(a.len);
-  return st;
-}
-
-/* Plans the activation-gradient arena. The gradient of a value lives from its
- * last consumer's backward (which writes it first) to its own op's backward
- * (which reads it last); buffers whose lifetimes do not overlap share memory.
- * Sets v->grad_off (SIZE_MAX: no gradient buffer) and returns the arena size. */
-ampc_status ampc__graph_plan_activation_grads(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
-  size_t nv = g->nv;
-  int64_t *pos = malloc(nv * sizeof *pos), *last_use = malloc(nv * sizeof *last_use);
-  size_t *live_by_type = calloc(AMPC_DTYPE_COUNT, sizeof *live_by_type);
-  plan_arena a = {0};
-  ampc_status st = AMPC_OK;
-  if (!pos || !last_use || !live_by_type) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
-  for (size_t i = 0; st == 0 && i < nv; i++) {
-    pos[i] = last_use[i] = -1;
-    g->v[i].grad_off = SIZE_MAX;
-  }
-  for (size_t k = 0; st == 0 && k < g->norder; k++) {
-    ampc__value *v = &g->v[g->order[k]];
-    pos[g->order[k]] = (int64_t)k;
-    if (v->alias != AMPC_VALUE_NONE) continue;
-    for (int j = 0; j < v->n_in; j++)
-      if (v->in[j] >= 0) last_use[ampc__graph_root(g, v->in[j])] = (int64_t)k;
-  }
-  size_t peak = 0;
-  for (int64_t t = (int64_t)g->norder - 1; st == 0 && t >= 0; t--) {
-    ampc__value *v = &g->v[g->order[t]];
-    for (int j = 0; j < v->n_in && v->alias == AMPC_VALUE_NONE; j++) {
-      if (v->in[j] < 0) continue;
-      ampc_value r = ampc__graph_root(g, v->in[j]);
-      ampc__value *rv = &g->v[r];
-      if (!rv->requires_grad || rv->op <= AMPC_OP_BUFFER || rv->grad_off != SIZE_MAX || last_use[r] != t) continue;
-      rv->grad_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(rv)));
-      live_by_type[rv->dtype] += ampc__value_bytes(rv);
-      if (a.top > peak) {
-        peak = a.top;
-        memcpy(peak_by_type, live_by_type, AMPC_DTYPE_COUNT * sizeof *live_by_type);
-      }
-    }
-    /* after this op's backward its own output gradient is dead */
-    if (v->alias == AMPC_VALUE_NONE && v->grad_off != SIZE_MAX && !g->retain_grads) {
-      live_by_type[v->dtype] -= ampc__value_bytes(v);
-      if (plan_free(&a, v->grad_off, ampc__align64(ampc__value_bytes(v))) < 0) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
-    }
-  }
-  *arena = peak;
-  free(pos);
-  free(last_use);
-  free(live_by_type);
-  free(a.off);
-  free(a.len);
-  return st;
-}
-
-
-/* Plans activations and their gradients in one arena over forward then
- * backward (free_saved). Time runs over the order forward (step k), then
- * backward in reverse (the op at k runs at backward step T-1-k). An
- * activation lives from its op's forward to its last forward consumer when
- * backward does not read it, to the backward step of its last reader in
- * backward when it does, and to the end when the user may read it (inputs,
- * labels, kept values, values nothing consumes, everything under
- * retain_grads). A gradient lives as in ampc__graph_plan_activation_grads:
- * from its last consumer's backward (which writes it first) to its own op's
+/* The planner, over the order forward (step k) and then backward in reverse
+ * (the op at k runs at backward step T-1-k); acts: place the activations,
+ * grads: place the activation gradients, both: in one arena (free_saved).
+ *
+ * An activation lives from its op's forward to the end when the user may
+ * read it (inputs, labels, kept values, values nothing consumes, everything
+ * under retain_grads); to its last forward consumer when backward does not
+ * read it; when backward does, to the end -- or, in one arena with the
+ * gradients, to the backward step of its last reader. A gradient lives from
+ * its last consumer's backward (which writes it first) to its own op's
  * backward (which reads it last). Within a backward step the op's input
  * gradients are placed while everything it reads is still live; its own
- * output gradient and the activations it read last are freed after it. */
-ampc_status ampc__graph_plan_joint(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
+ * output gradient and the activations it read last are freed after it.
+ * Sets act_off / grad_off (SIZE_MAX: none) and bw_freed; returns the arena's
+ * size and its bytes by type at the peak. */
+static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_t *peak_by_type) {
   size_t nv = g->nv;
   int64_t T = (int64_t)g->norder;
   int64_t *last_use = malloc(nv * sizeof *last_use), *dies = malloc(nv * sizeof *dies);
@@ -247,14 +116,14 @@ ampc_status ampc__graph_plan_joint(ampc_graph *g, size_t *arena, size_t *peak_by
   ampc_status st = AMPC_OK;
   size_t peak = 0;
   if (!last_use || !dies || !forever || !gone) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
-#define JOINT_PEAK()                                                  \
+#define PLAN_PEAK()                                                   \
   do {                                                                \
     if (a.top > peak) {                                               \
       peak = a.top;                                                   \
       memcpy(peak_by_type, live_by_type, sizeof live_by_type);        \
     }                                                                 \
   } while (0)
-#define JOINT_FREE(off, v)                                                                         \
+#define PLAN_FREE(off, v)                                                                          \
   do {                                                                                             \
     live_by_type[(v)->dtype] -= ampc__value_bytes(v);                                              \
     if (plan_free(&a, (off), ampc__align64(ampc__value_bytes(v))) < 0)                             \
@@ -263,8 +132,11 @@ ampc_status ampc__graph_plan_joint(ampc_graph *g, size_t *arena, size_t *peak_by
   for (size_t i = 0; st == 0 && i < nv; i++) {
     ampc__value *v = &g->v[i];
     last_use[i] = dies[i] = -1;
-    v->act_off = v->grad_off = SIZE_MAX;
-    v->bw_freed = 0;
+    if (acts) {
+      v->act_off = SIZE_MAX;
+      v->bw_freed = 0;
+    }
+    if (grads) v->grad_off = SIZE_MAX;
     if (v->op == AMPC_OP_INPUT || v->op == AMPC_OP_LABELS || v->keep || g->retain_grads)
       forever[ampc__graph_root(g, (ampc_value)i)] = 1;
   }
@@ -281,23 +153,22 @@ ampc_status ampc__graph_plan_joint(ampc_graph *g, size_t *arena, size_t *peak_by
     }
     if (bwd_reads_output(v) && T - 1 - k > dies[id]) dies[id] = T - 1 - k;
   }
-  /* leaves the user reads, for good */
-  for (size_t i = 0; st == 0 && i < nv; i++) {
+  for (size_t i = 0; st == 0 && i < nv; i++)
+    if (last_use[i] < 0) forever[i] = 1; /* an output: nothing consumes it */
+  /* forward: the leaves the user reads for good, then each op's output */
+  for (size_t i = 0; st == 0 && acts && i < nv; i++) {
     ampc__value *v = &g->v[i];
-    if (v->op != AMPC_OP_INPUT && v->op != AMPC_OP_LABELS) continue;
-    if (v->alias != AMPC_VALUE_NONE) continue;
+    if ((v->op != AMPC_OP_INPUT && v->op != AMPC_OP_LABELS) || v->alias != AMPC_VALUE_NONE) continue;
     v->act_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(v)));
     live_by_type[v->dtype] += ampc__value_bytes(v);
   }
-  /* forward */
-  for (int64_t k = 0; st == 0 && k < T; k++) {
+  for (int64_t k = 0; st == 0 && acts && k < T; k++) {
     ampc_value id = g->order[k];
     ampc__value *v = &g->v[id];
     if (v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX || v->op <= AMPC_OP_BUFFER) continue;
-    if (last_use[id] < 0) forever[id] = 1; /* an output: nothing consumes it */
     v->act_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(v)));
     live_by_type[v->dtype] += ampc__value_bytes(v);
-    JOINT_PEAK();
+    PLAN_PEAK();
     for (int j = 0; j < v->n_in; j++) {
       if (v->in[j] < 0) continue;
       ampc_value r = ampc__graph_root(g, v->in[j]);
@@ -305,11 +176,11 @@ ampc_status ampc__graph_plan_joint(ampc_graph *g, size_t *arena, size_t *peak_by
       if (forever[r] || dies[r] >= 0 || gone[r] || last_use[r] != k || rv->act_off == SIZE_MAX || rv->op <= AMPC_OP_BUFFER)
         continue;
       gone[r] = 1;
-      JOINT_FREE(rv->act_off, rv);
+      PLAN_FREE(rv->act_off, rv);
     }
   }
   /* backward */
-  for (int64_t b = 0; st == 0 && b < T; b++) {
+  for (int64_t b = 0; st == 0 && grads && b < T; b++) {
     int64_t t = T - 1 - b;
     ampc_value id = g->order[t];
     ampc__value *v = &g->v[id];
@@ -320,23 +191,24 @@ ampc_status ampc__graph_plan_joint(ampc_graph *g, size_t *arena, size_t *peak_by
       if (!rv->requires_grad || rv->op <= AMPC_OP_BUFFER || rv->grad_off != SIZE_MAX || last_use[r] != t) continue;
       rv->grad_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(rv)));
       live_by_type[rv->dtype] += ampc__value_bytes(rv);
-      JOINT_PEAK();
+      PLAN_PEAK();
     }
-    if (v->alias == AMPC_VALUE_NONE && v->grad_off != SIZE_MAX && !g->retain_grads) JOINT_FREE(v->grad_off, v);
-    /* the activations read last at this step */
-    for (size_t i = 0; st == 0 && i < nv; i++) {
+    /* after this op's backward its own output gradient is dead */
+    if (v->alias == AMPC_VALUE_NONE && v->grad_off != SIZE_MAX && !g->retain_grads) PLAN_FREE(v->grad_off, v);
+    /* in one arena: so are the activations it read last */
+    for (size_t i = 0; st == 0 && acts && i < nv; i++) {
       ampc__value *x = &g->v[i];
       if (dies[i] != b || forever[i] || gone[i] || x->act_off == SIZE_MAX || x->op <= AMPC_OP_BUFFER) continue;
       gone[i] = 1;
       x->bw_freed = 1;
-      JOINT_FREE(x->act_off, x);
+      PLAN_FREE(x->act_off, x);
     }
   }
-  JOINT_PEAK();
-#undef JOINT_PEAK
-#undef JOINT_FREE
+  PLAN_PEAK();
+#undef PLAN_PEAK
+#undef PLAN_FREE
   /* anything left unplaced (not reached by the order) gets its own space */
-  for (size_t i = 0; st == 0 && i < nv; i++) {
+  for (size_t i = 0; st == 0 && acts && i < nv; i++) {
     ampc__value *v = &g->v[i];
     if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX) continue;
     v->act_off = peak;
@@ -351,4 +223,16 @@ ampc_status ampc__graph_plan_joint(ampc_graph *g, size_t *arena, size_t *peak_by
   free(a.off);
   free(a.len);
   return st;
+}
+
+ampc_status ampc__graph_plan_activations(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
+  return plan(g, 1, 0, arena, peak_by_type);
+}
+
+ampc_status ampc__graph_plan_activation_grads(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
+  return plan(g, 0, 1, arena, peak_by_type);
+}
+
+ampc_status ampc__graph_plan_joint(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
+  return plan(g, 1, 1, arena, peak_by_type);
 }

@@ -125,7 +125,7 @@ AMPC__D void ldv(const void *p, int dt, int64_t i, float *o) {
   if (dt == F32) {
     const float *f = (const float *)p + i;
     if (V >= 4) {
-AMPC_UNROLL
+      AMPC_UNROLL
       for (int q = 0; q < V / 4; q++) {
         float4 a = vload<float4>(f + 4 * q);
         o[4 * q] = a.x;
@@ -160,7 +160,7 @@ AMPC_UNROLL
     o[0] = h_to_f32(dt, h[0]);
     return;
   }
-AMPC_UNROLL
+  AMPC_UNROLL
   for (int q = 0; q < V / 2; q++) {
     o[2 * q] = h_to_f32(dt, (uint16_t)(w[q] & 0xffffu));
     o[2 * q + 1] = h_to_f32(dt, (uint16_t)(w[q] >> 16));
@@ -172,7 +172,7 @@ AMPC__D void stv(void *p, int dt, int64_t i, const float *v) {
   if (dt == F32) {
     float *f = (float *)p + i;
     if (V >= 4) {
-AMPC_UNROLL
+      AMPC_UNROLL
       for (int q = 0; q < V / 4; q++) {
         float4 a;
         a.x = v[4 * q];
@@ -254,12 +254,22 @@ AMPC__D void store_grad(void *dx, int dt, int64_t i, float v, int acc, counts &c
   st(dx, dt, i, v);
 }
 
+/* g[k] kept where the stored output y (elements i..i+V-1) is positive:
+ * the gradient through a ReLU whose output y is (a NaN's is 0) */
+template <int V>
+AMPC__D void relu_mask(const void *y, int yt, int64_t i, float *g) {
+  float yv[V];
+  ldv<V>(y, yt, i, yv);
+  AMPC_UNROLL
+  for (int k = 0; k < V; k++) g[k] = yv[k] > 0.0f ? g[k] : 0.0f;
+}
+
 /* store_grad of V elements from element i (ldv/stv's rules) */
 template <int V>
 AMPC__D void store_grad_v(void *dx, int dt, int64_t i, float *v, int acc, counts &c, bool counting) {
   if (counting && dt != F32) {
     float tiny = dt == F16 ? 6.103515625e-05f : 1.17549435e-38f;
-AMPC_UNROLL
+    AMPC_UNROLL
     for (int k = 0; k < V; k++) {
       c.nonzero += v[k] != 0.0f;
       c.lost += v[k] != 0.0f && fabsf(v[k]) < tiny;
@@ -268,7 +278,7 @@ AMPC_UNROLL
   if (acc) {
     float o[V];
     ldv<V>(dx, dt, i, o);
-AMPC_UNROLL
+    AMPC_UNROLL
     for (int k = 0; k < V; k++) v[k] += o[k];
   }
   stv<V>(dx, dt, i, v);

@@ -31,6 +31,16 @@ typedef struct {
   size_t mem;
 } conv_pick;
 
+/* A shape's three algorithms, their math and workspace. */
+typedef struct {
+  cudnnConvolutionFwdAlgo_t fwd;
+  cudnnConvolutionBwdDataAlgo_t data;
+  cudnnConvolutionBwdFilterAlgo_t filter;
+  cudnnMathType_t fwd_math, data_math, filter_math;
+  size_t fwd_ws, data_ws, filter_ws;
+  conv_pick pick[3]; /* forward, backward data, backward filter */
+} conv_algos;
+
 struct ampc__cu_conv {
   int64_t N, C, H, W, O, k, s, p, OH, OW;
   ampc_dtype t;
@@ -39,12 +49,8 @@ struct ampc__cu_conv {
   cudnnTensorDescriptor_t xd, yd;
   cudnnFilterDescriptor_t wd;
   cudnnConvolutionDescriptor_t cd;
-  cudnnConvolutionFwdAlgo_t fwd;
-  cudnnConvolutionBwdDataAlgo_t data;
-  cudnnConvolutionBwdFilterAlgo_t filter;
-  cudnnMathType_t fwd_math, data_math, filter_math;
-  size_t fwd_ws, data_ws, filter_ws, limit;
-  conv_pick pick[3]; /* forward, backward data, backward filter */
+  conv_algos a;
+  size_t limit;
 };
 
 static cudnnDataType_t dnn_type(ampc_dtype t) {
@@ -157,12 +163,7 @@ typedef struct {
 } conv_key;
 typedef struct {
   conv_key key;
-  cudnnConvolutionFwdAlgo_t fwd;
-  cudnnConvolutionBwdDataAlgo_t data;
-  cudnnConvolutionBwdFilterAlgo_t filter;
-  cudnnMathType_t fwd_math, data_math, filter_math;
-  size_t fwd_ws, data_ws, filter_ws;
-  conv_pick pick[3];
+  conv_algos a;
 } conv_choice;
 enum { CHOICES_MAX = 1024 };
 static conv_choice choices[CHOICES_MAX];
@@ -196,17 +197,7 @@ static int choice_get(ampc__device *d, ampc__cu_conv *e, int benchmark) {
   pthread_mutex_lock(&choices_lock);
   for (size_t i = 0; i < nchoices && !found; i++)
     if (memcmp(&choices[i].key, &k, sizeof k) == 0) {
-      const conv_choice *c = &choices[i];
-      e->fwd = c->fwd;
-      e->data = c->data;
-      e->filter = c->filter;
-      e->fwd_math = c->fwd_math;
-      e->data_math = c->data_math;
-      e->filter_math = c->filter_math;
-      e->fwd_ws = c->fwd_ws;
-      e->data_ws = c->data_ws;
-      e->filter_ws = c->filter_ws;
-      memcpy(e->pick, c->pick, sizeof e->pick);
+      e->a = choices[i].a;
       found = 1;
     }
   pthread_mutex_unlock(&choices_lock);
@@ -216,18 +207,8 @@ static int choice_get(ampc__device *d, ampc__cu_conv *e, int benchmark) {
 static void choice_put(ampc__device *d, const ampc__cu_conv *e, int benchmark) {
   pthread_mutex_lock(&choices_lock);
   if (nchoices < CHOICES_MAX) { /* (past it, shapes are chosen each time) */
-    conv_choice *c = &choices[nchoices++];
-    c->key = key_of(d, e, benchmark);
-    c->fwd = e->fwd;
-    c->data = e->data;
-    c->filter = e->filter;
-    c->fwd_math = e->fwd_math;
-    c->data_math = e->data_math;
-    c->filter_math = e->filter_math;
-    c->fwd_ws = e->fwd_ws;
-    c->data_ws = e->data_ws;
-    c->filter_ws = e->filter_ws;
-    memcpy(c->pick, e->pick, sizeof c->pick);
+    choices[nchoices].key = key_of(d, e, benchmark);
+    choices[nchoices++].a = e->a;
   }
   pthread_mutex_unlock(&choices_lock);
 }
@@ -246,11 +227,11 @@ static ampc_status choose(ampc__device *d, ampc__cu_conv *e, int benchmark, int 
               "choosing a forward convolution");
     PICK(perf, n, e->limit, d, e->t, i);
     if (i < 0) return ampc__error(AMPC_EUNSUPPORTED, "cuda: no cuDNN forward convolution for this shape fits %zu bytes", e->limit);
-    RECORD(perf, n, i, e->limit, d, e->t, e->pick[0]);
-    e->fwd = perf[i].algo;
-    e->fwd_math = chosen_math(d, e->t, perf[i].mathType);
-    DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->fwd_math), "cudnnSetConvolutionMathType");
-    DNN_TRY(cudnnGetConvolutionForwardWorkspaceSize(h, e->xd, e->wd, e->cd, e->yd, e->fwd, &e->fwd_ws), "workspace size");
+    RECORD(perf, n, i, e->limit, d, e->t, e->a.pick[0]);
+    e->a.fwd = perf[i].algo;
+    e->a.fwd_math = chosen_math(d, e->t, perf[i].mathType);
+    DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->a.fwd_math), "cudnnSetConvolutionMathType");
+    DNN_TRY(cudnnGetConvolutionForwardWorkspaceSize(h, e->xd, e->wd, e->cd, e->yd, e->a.fwd, &e->a.fwd_ws), "workspace size");
   }
   if (need_data) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CONV_MAX_ALGOS];
@@ -262,11 +243,11 @@ static ampc_status choose(ampc__device *d, ampc__cu_conv *e, int benchmark, int 
               "choosing a backward-data convolution");
     PICK(perf, n, e->limit, d, e->t, i);
     if (i < 0) return ampc__error(AMPC_EUNSUPPORTED, "cuda: no cuDNN backward-data convolution for this shape fits %zu bytes", e->limit);
-    RECORD(perf, n, i, e->limit, d, e->t, e->pick[1]);
-    e->data = perf[i].algo;
-    e->data_math = chosen_math(d, e->t, perf[i].mathType);
-    DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->data_math), "cudnnSetConvolutionMathType");
-    DNN_TRY(cudnnGetConvolutionBackwardDataWorkspaceSize(h, e->wd, e->yd, e->cd, e->xd, e->data, &e->data_ws), "workspace size");
+    RECORD(perf, n, i, e->limit, d, e->t, e->a.pick[1]);
+    e->a.data = perf[i].algo;
+    e->a.data_math = chosen_math(d, e->t, perf[i].mathType);
+    DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->a.data_math), "cudnnSetConvolutionMathType");
+    DNN_TRY(cudnnGetConvolutionBackwardDataWorkspaceSize(h, e->wd, e->yd, e->cd, e->xd, e->a.data, &e->a.data_ws), "workspace size");
   }
   if (need_filter) {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CONV_MAX_ALGOS];
@@ -278,11 +259,11 @@ static ampc_status choose(ampc__device *d, ampc__cu_conv *e, int benchmark, int 
               "choosing a backward-filter convolution");
     PICK(perf, n, e->limit, d, e->t, i);
     if (i < 0) return ampc__error(AMPC_EUNSUPPORTED, "cuda: no cuDNN backward-filter convolution for this shape fits %zu bytes", e->limit);
-    RECORD(perf, n, i, e->limit, d, e->t, e->pick[2]);
-    e->filter = perf[i].algo;
-    e->filter_math = chosen_math(d, e->t, perf[i].mathType);
-    DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->filter_math), "cudnnSetConvolutionMathType");
-    DNN_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, e->xd, e->yd, e->cd, e->wd, e->filter, &e->filter_ws),
+    RECORD(perf, n, i, e->limit, d, e->t, e->a.pick[2]);
+    e->a.filter = perf[i].algo;
+    e->a.filter_math = chosen_math(d, e->t, perf[i].mathType);
+    DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->a.filter_math), "cudnnSetConvolutionMathType");
+    DNN_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, e->xd, e->yd, e->cd, e->wd, e->a.filter, &e->a.filter_ws),
             "workspace size");
   }
   return AMPC_OK;
@@ -351,9 +332,9 @@ static ampc__cu_conv *conv_entry(ampc__device *d, const ampc__op_call *c, int be
 }
 
 static size_t entry_ws(const ampc__cu_conv *e) {
-  size_t w = e->fwd_ws;
-  if (e->data_ws > w) w = e->data_ws;
-  if (e->filter_ws > w) w = e->filter_ws;
+  size_t w = e->a.fwd_ws;
+  if (e->a.data_ws > w) w = e->a.data_ws;
+  if (e->a.filter_ws > w) w = e->a.filter_ws;
   return w;
 }
 
@@ -393,8 +374,8 @@ ampc_status ampc__cu_conv_fwd(ampc__device *d, const ampc__op_call *c) {
     if (r) return ampc__cu_error_rt(r, "conv2d: the bias");
     beta = 1.0f;
   }
-  DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->fwd_math), "cudnnSetConvolutionMathType");
-  DNN_TRY(cudnnConvolutionForward(h, &one, e->xd, c->in[0].data, e->wd, c->in[1].data, e->cd, e->fwd, c->ws, c->ws_size, &beta,
+  DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->a.fwd_math), "cudnnSetConvolutionMathType");
+  DNN_TRY(cudnnConvolutionForward(h, &one, e->xd, c->in[0].data, e->wd, c->in[1].data, e->cd, e->a.fwd, c->ws, c->ws_size, &beta,
                                   e->yd, c->out.data),
           "conv2d forward (cudnnConvolutionForward)");
   return AMPC_OK;
@@ -416,8 +397,8 @@ ampc_status ampc__cu_conv_bwd(ampc__device *d, const ampc__op_call *c) {
   float one = 1.0f, beta;
   if (c->din[0].data) {
     beta = c->din_acc[0] ? 1.0f : 0.0f;
-    DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->data_math), "cudnnSetConvolutionMathType");
-    DNN_TRY(cudnnConvolutionBackwardData(h, &one, e->wd, c->in[1].data, e->yd, c->dout.data, e->cd, e->data, c->ws, c->ws_size,
+    DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->a.data_math), "cudnnSetConvolutionMathType");
+    DNN_TRY(cudnnConvolutionBackwardData(h, &one, e->wd, c->in[1].data, e->yd, c->dout.data, e->cd, e->a.data, c->ws, c->ws_size,
                                          &beta, e->xd, c->din[0].data),
             "conv2d backward data (cudnnConvolutionBackwardData)");
     AMPC_TRY(count_half(d, &c->din[0]));
@@ -426,8 +407,8 @@ ampc_status ampc__cu_conv_bwd(ampc__device *d, const ampc__op_call *c) {
   if (mid) cudaEventRecord(mid, ampc__cu_of(d)->stream);
   if (c->din[1].data) {
     beta = c->din_acc[1] ? 1.0f : 0.0f;
-    DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->filter_math), "cudnnSetConvolutionMathType");
-    DNN_TRY(cudnnConvolutionBackwardFilter(h, &one, e->xd, c->in[0].data, e->yd, c->dout.data, e->cd, e->filter, c->ws,
+    DNN_TRY(cudnnSetConvolutionMathType(e->cd, e->a.filter_math), "cudnnSetConvolutionMathType");
+    DNN_TRY(cudnnConvolutionBackwardFilter(h, &one, e->xd, c->in[0].data, e->yd, c->dout.data, e->cd, e->a.filter, c->ws,
                                            c->ws_size, &beta, e->wd, c->din[1].data),
             "conv2d backward filter (cudnnConvolutionBackwardFilter)");
     AMPC_TRY(count_half(d, &c->din[1]));
@@ -481,7 +462,7 @@ size_t ampc__cu_conv_notes(ampc__device *d, char *buf, size_t n) {
         (long long)e->p, ampc_dtype_name(e->t));
     if (e->err) app(line, cap, &k, " not chosen (%s)", e->msg);
     for (int j = 0; j < 3 && !e->err; j++) {
-      const conv_pick *p = &e->pick[j];
+      const conv_pick *p = &e->a.pick[j];
       app(line, cap, &k, "%s %s %s %s", j ? ";" : "", dirs[j], algo_name(j, p->algo), math_name(p->math));
       if (p->time > 0.0f) app(line, cap, &k, " %.3f ms", (double)p->time);
       app(line, cap, &k, " %.1f MB%s", (double)p->mem / 1e6, p->det ? "" : " non-deterministic");

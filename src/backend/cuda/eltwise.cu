@@ -58,12 +58,7 @@ __global__ void k_grad_pass(const void *y, int yt, const void *dy, int dyt, void
   AMPC_GRID_STRIDE(u, n / V) {
     float g[V];
     ldv<V>(dy, dyt, u * V, g);
-    if (y) {
-      float yv[V];
-      ldv<V>(y, yt, u * V, yv);
-      AMPC_UNROLL
-      for (int k = 0; k < V; k++) g[k] = yv[k] > 0.0f ? g[k] : 0.0f;
-    }
+    if (y) relu_mask<V>(y, yt, u * V, g);
     store_grad_v<V>(dx, dxt, u * V, g, acc, c, cnt != NULL);
   }
   if (cnt) count_flush(c, cnt);
@@ -105,12 +100,7 @@ __global__ void k_add_bwd(const void *y, int yt, int relu, const void *dy, int d
   AMPC_GRID_STRIDE(u, n / V) {
     float g[V];
     ldv<V>(dy, dyt, u * V, g);
-    if (relu) {
-      float yv[V];
-      ldv<V>(y, yt, u * V, yv);
-      AMPC_UNROLL
-      for (int k = 0; k < V; k++) g[k] = yv[k] > 0.0f ? g[k] : 0.0f;
-    }
+    if (relu) relu_mask<V>(y, yt, u * V, g);
     if (dx0) {
       float g0[V];
       AMPC_UNROLL

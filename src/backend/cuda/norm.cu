@@ -72,7 +72,7 @@ __global__ void k_bn_stats(const void *x, int xt, bn_geom g, double *parts) {
     int64_t j = u * V, n = idiv(j, g.HW), base = (n * g.C + c) * g.HW + (j - n * g.HW);
     float xv[V];
     ldv<V>(x, xt, base, xv);
-AMPC_UNROLL
+    AMPC_UNROLL
     for (int v = 0; v < V; v++) {
       float d = xv[v] - k0;
       a += d;
@@ -132,7 +132,7 @@ __global__ void k_bn_apply(const void *x, int xt, void *y, int yt, bn_geom g, co
     int64_t e0 = u * V, c = imod(idiv(e0, g.HW), g.C);
     float scale = ss[2 * c], shift = ss[2 * c + 1], v[V];
     ldv<V>(x, xt, e0, v);
-AMPC_UNROLL
+    AMPC_UNROLL
     for (int k = 0; k < V; k++) {
       v[k] = v[k] * scale + shift;
       if (relu) v[k] = v[k] <= 0.0f ? 0.0f : v[k]; /* NaN stays */
@@ -257,14 +257,9 @@ __global__ void k_bn_dsums_plain(const void *x, int xt, const void *y, int yt, c
     int64_t j = u * V, n = idiv(j, g.HW), o0 = (n * g.C + c) * g.HW + (j - n * g.HW);
     float gv[V], xv[V];
     ldv<V>(dy, dyt, o0, gv);
-    if (relu) {
-      float yv[V];
-      ldv<V>(y, yt, o0, yv);
-AMPC_UNROLL
-      for (int r = 0; r < V; r++) gv[r] = yv[r] > 0.0f ? gv[r] : 0.0f;
-    }
+    if (relu) relu_mask<V>(y, yt, o0, gv);
     ldv<V>(x, xt, o0, xv);
-AMPC_UNROLL
+    AMPC_UNROLL
     for (int r = 0; r < V; r++) {
       a += gv[r];
       b += gv[r] * (xv[r] - mean);
@@ -352,23 +347,18 @@ __global__ void k_bn_dx_plain(const void *x, int xt, const void *gamma, int gt, 
     float mean = aux[c], invstd = aux[g.C + c], kk = ch[3 * c + 2], dbeta = ch[3 * c + 1], dgamma = ch[3 * c];
     float gv[V], o[V];
     ldv<V>(dy, dyt, e0, gv);
-    if (relu) {
-      float yv[V];
-      ldv<V>(y, yt, e0, yv);
-AMPC_UNROLL
-      for (int r = 0; r < V; r++) gv[r] = yv[r] > 0.0f ? gv[r] : 0.0f;
-    }
+    if (relu) relu_mask<V>(y, yt, e0, gv);
     if (batch_stats) {
       float xv[V];
       ldv<V>(x, xt, e0, xv);
-AMPC_UNROLL
+      AMPC_UNROLL
       for (int r = 0; r < V; r++) {
         float xhat = (xv[r] - mean) * invstd;
         o[r] = kk * (count * gv[r] - dbeta - xhat * dgamma);
       }
     } else {
       float gi = ld(gamma, gt, c) * invstd;
-AMPC_UNROLL
+      AMPC_UNROLL
       for (int r = 0; r < V; r++) o[r] = gi * gv[r];
     }
     store_grad_v<V>(dx, dxt, e0, o, acc, k, cnt != NULL);
