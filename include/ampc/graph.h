@@ -154,10 +154,10 @@ ampc_status ampc_graph_set_fusion(ampc_graph *g, int on);
  * always kept. Before compile. */
 ampc_status ampc_graph_set_retain_grads(ampc_graph *g, int on);
 /* Free what backward reads as backward passes it, as PyTorch frees a
- * graph's saved tensors: activations and activation gradients then share
- * one arena planned over forward and backward together, so the gradients of
- * the first layers reuse the memory of the last layers' activations (less
- * memory at the peak; the same results). After a backward, an activation
+ * graph's saved tensors: activations, activation gradients and each op's
+ * workspace then share one arena planned over forward and backward
+ * together, so the gradients of the first layers reuse the memory of the
+ * last layers' activations (less memory at the peak; the same results). After a backward, an activation
  * that is not kept (ampc_graph_keep; inputs, labels and values nothing
  * consumes are) can no longer be read, and a second backward needs a new
  * forward. Off by default (any number of backward calls per forward, every

@@ -477,5 +477,5 @@ void ampc_graph_memory(const ampc_graph *g, ampc_mem_report *r) {
     /* forward values and the gradients flowing back through them */
     r->bytes[AMPC_MEM_ACTIVATIONS][t] = g->bytes_by_type[2][t] + g->bytes_by_type[3][t];
   }
-  r->bytes[AMPC_MEM_WORKSPACE][AMPC_DTYPE_F32] = g->ws_bytes;
+  r->bytes[AMPC_MEM_WORKSPACE][AMPC_DTYPE_F32] = g->ws_report;
 }

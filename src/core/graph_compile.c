@@ -120,32 +120,39 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
   memset(g->bytes_by_type, 0, sizeof g->bytes_by_type);
   size_t bb = 0, ab = 0, agb = 0, ws = 0;
   for (size_t i = 0; i < g->nbuffers; i++) bb += ampc__align64(ampc__value_bytes(&g->v[g->buffers[i]]));
-  /* activations: every op output except aliases, inputs and labels, planned */
-  size_t ab_by_type[AMPC_DTYPE_COUNT] = {0};
-  size_t agb_by_type[AMPC_DTYPE_COUNT] = {0};
-  if (g->free_saved) {
-    /* one arena for both (agb 0: the gradients' offsets are in it) */
-    AMPC_TRY(ampc__graph_plan_joint(g, &ab, ab_by_type));
-  } else {
-    AMPC_TRY(ampc__graph_plan_activations(g, &ab, ab_by_type));
-    AMPC_TRY(ampc__graph_plan_activation_grads(g, &agb, agb_by_type));
-  }
-  size_t values_bytes = ab;
-  for (int t = 0; t < AMPC_DTYPE_COUNT; t++) g->bytes_by_type[3][t] = agb_by_type[t];
   /* saved state and workspace per op */
+  size_t aux_bytes = 0;
   for (size_t k = 0; k < g->norder; k++) {
     ampc__value *v = &g->v[g->order[k]];
     ampc__op_call c = ampc__graph_call(g, v, g->max_batch);
     v->aux_floats = d->be->aux_floats(d, &c);
-    ab += ampc__align64(v->aux_floats * sizeof(float));
-    size_t w = d->be->workspace(d, &c);
-    if (w > ws) ws = w;
+    aux_bytes += ampc__align64(v->aux_floats * sizeof(float));
+    v->ws_need = d->be->workspace(d, &c);
+    if (v->ws_need > ws) ws = v->ws_need;
   }
+  /* activations: every op output except aliases, inputs and labels, planned */
+  size_t ab_by_type[AMPC_DTYPE_COUNT] = {0};
+  size_t agb_by_type[AMPC_DTYPE_COUNT] = {0};
+  if (g->free_saved) {
+    /* one arena for both and the ops' workspace (agb and the shared
+     * workspace 0: their offsets are in it); ws: the workspace's part of
+     * the arena at its peak */
+    AMPC_TRY(ampc__graph_plan_joint(g, &ab, ab_by_type, &ws));
+    g->ws_in_arena = 1;
+  } else {
+    AMPC_TRY(ampc__graph_plan_activations(g, &ab, ab_by_type));
+    AMPC_TRY(ampc__graph_plan_activation_grads(g, &agb, agb_by_type));
+    g->ws_in_arena = 0;
+  }
+  size_t values_bytes = ab;
+  ab += aux_bytes;
+  for (int t = 0; t < AMPC_DTYPE_COUNT; t++) g->bytes_by_type[3][t] = agb_by_type[t];
 
   /* the whole plan must fit in the device before any of it is allocated */
   uint64_t pb = 0;
   for (int b = 0; b < g->nbuckets; b++) pb += 2 * (uint64_t)g->buckets[b].n * ampc_dtype_size(g->buckets[b].type);
-  uint64_t cap = d->be->capacity(d), total = pb + bb + ab + agb + ws;
+  size_t ws_shared = g->ws_in_arena ? 0 : ws; /* (else in ab) */
+  uint64_t cap = d->be->capacity(d), total = pb + bb + ab + agb + ws_shared;
   if (cap && total > cap)
     return ampc__error(AMPC_ENOMEM,
                        "graph: batch %lld needs %.1f GB (activations %.1f, their gradients %.1f, parameters and "
@@ -164,13 +171,14 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
   g->buf_arena = ampc__dev_alloc(d, bb ? bb : 64);
   g->act_arena = ampc__dev_alloc(d, ab ? ab : 64);
   g->actgrad_arena = ampc__dev_alloc(d, agb ? agb : 64);
-  g->ws = ampc__dev_alloc(d, ws ? ws : 64);
+  g->ws = ampc__dev_alloc(d, ws_shared ? ws_shared : 64);
   if (!g->buf_arena || !g->act_arena || !g->actgrad_arena || !g->ws)
-    return ampc__error(AMPC_ENOMEM, "graph: out of device memory allocating %zu bytes of activations", ab + agb + ws);
+    return ampc__error(AMPC_ENOMEM, "graph: out of device memory allocating %zu bytes of activations", ab + agb + ws_shared);
   g->buf_bytes = bb;
   g->act_bytes = ab;
   g->actgrad_bytes = agb;
-  g->ws_bytes = ws;
+  g->ws_bytes = ws_shared;
+  g->ws_report = ws;
 
   char *bp = g->buf_arena, *ap = g->act_arena, *agp = g->free_saved ? g->act_arena : g->actgrad_arena;
   for (size_t i = 0; i < g->nv; i++) {

@@ -115,6 +115,15 @@ static ampc_status run(ampc_graph *g, const ampc__op_call *c, int backward) {
   return AMPC_OK;
 }
 
+/* free_saved: the op's own workspace for its forward (dir 0) or backward,
+ * planned in the activation arena (ops that ask for none keep the empty
+ * shared one) */
+static void op_workspace(const ampc_graph *g, const ampc__value *v, int dir, ampc__op_call *c) {
+  if (!g->ws_in_arena || v->ws_off[dir] == SIZE_MAX) return;
+  c->ws = (char *)g->act_arena + v->ws_off[dir];
+  c->ws_size = v->ws_need;
+}
+
 ampc_status ampc_graph_forward(ampc_graph *g, int training) {
   AMPC_TRY(ampc_graph_compile(g));
   g->saved_freed = 0;
@@ -123,6 +132,7 @@ ampc_status ampc_graph_forward(ampc_graph *g, int training) {
     if (v->alias != AMPC_VALUE_NONE) continue; /* views: flatten, fused relu */
     ampc__op_call c = ampc__graph_call(g, v, g->batch);
     c.training = training;
+    op_workspace(g, v, 0, &c);
     AMPC_TRY(run(g, &c, 0));
   }
   return AMPC_OK;
@@ -185,6 +195,7 @@ ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int 
     ampc__op_call c = ampc__graph_call(g, v, g->batch);
     c.training = 1;
     c.seed = seed;
+    op_workspace(g, v, 1, &c);
     for (int j = 0; j < v->n_in; j++) {
       if (v->in[j] < 0 || !c.din[j].data) continue;
       ampc_value r = ampc__graph_root(g, v->in[j]);

@@ -40,6 +40,9 @@ typedef struct {
   size_t grad_off;       /* activations: offset in the planned gradient arena */
   size_t act_off;        /* activations: offset in the planned value arena */
   unsigned char bw_freed; /* free_saved: its memory is reused once backward has read it */
+  size_t ws_need;        /* ops: the workspace the backend asks for (forward or backward) */
+  size_t ws_off[2];      /* free_saved: the op's workspace in the arena, forward / backward
+                          * (SIZE_MAX: the graph's shared one) */
   int keep;              /* readable after forward even if backward does not need it */
 } ampc__value;
 
@@ -69,6 +72,8 @@ struct ampc_graph {
   int retain_grads;      /* every activation gradient its own buffer */
   int free_saved;        /* one arena: what backward reads is freed as backward passes it */
   int saved_freed;       /* free_saved: a backward ran since the last forward */
+  int ws_in_arena;       /* free_saved: each op's workspace is its own, in the activation arena */
+  size_t ws_report;      /* the workspace's bytes at the peak (the shared one's size, or the arena's part) */
   unsigned char *bw_reach, *bw_written; /* per backward: ops that reach the loss, gradients written */
   int *bw_pending;       /* per value, with a grad hook: backward ops still to write a parameter's gradient */
   ampc_status (*grad_hook)(void *ctx, size_t start, size_t n);
@@ -101,8 +106,10 @@ ampc_status ampc__graph_assign_types(ampc_graph *g, size_t n_recorded);
 ampc_status ampc__graph_plan_activations(ampc_graph *g, size_t *arena, size_t *peak_by_type);
 ampc_status ampc__graph_plan_activation_grads(ampc_graph *g, size_t *arena, size_t *peak_by_type);
 /* free_saved: both in one arena over forward and backward (act_off and
- * grad_off in it); its size and the bytes by type at the peak. */
-ampc_status ampc__graph_plan_joint(ampc_graph *g, size_t *arena, size_t *peak_by_type);
+ * grad_off in it), with each op's workspace (ws_need) for its forward and
+ * its backward (ws_off); its size, the bytes by type at the peak and the
+ * workspace's part of them. */
+ampc_status ampc__graph_plan_joint(ampc_graph *g, size_t *arena, size_t *peak_by_type, size_t *peak_ws);
 
 /* graph_exec.c: the device, made with the defaults if none was set. */
 ampc_status ampc__graph_need_device(ampc_graph *g);

@@ -106,7 +106,7 @@ static int bwd_reads_output(const ampc__value *v) {
  * output gradient and the activations it read last are freed after it.
  * Sets act_off / grad_off (SIZE_MAX: none) and bw_freed; returns the arena's
  * size and its bytes by type at the peak. */
-static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_t *peak_by_type) {
+static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_t *peak_by_type, size_t *peak_ws) {
   size_t nv = g->nv;
   int64_t T = (int64_t)g->norder;
   int64_t *last_use = malloc(nv * sizeof *last_use), *dies = malloc(nv * sizeof *dies);
@@ -114,15 +114,31 @@ static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_
   size_t live_by_type[AMPC_DTYPE_COUNT] = {0};
   plan_arena a = {0};
   ampc_status st = AMPC_OK;
-  size_t peak = 0;
+  size_t peak = 0, live_ws = 0;
+  int joint = acts && grads;
   if (!last_use || !dies || !forever || !gone) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
 #define PLAN_PEAK()                                                   \
   do {                                                                \
     if (a.top > peak) {                                               \
       peak = a.top;                                                   \
       memcpy(peak_by_type, live_by_type, sizeof live_by_type);        \
+      if (peak_ws) *peak_ws = live_ws;                                \
     }                                                                 \
   } while (0)
+  /* in one arena: op v's workspace for direction dir, placed while what the
+   * op reads and writes is live, and free again once it has run */
+#define PLAN_WS(v, dir)                                                                            \
+  do {                                                                                             \
+    if (joint && (v)->ws_need) {                                                                   \
+      size_t len_ = ampc__align64((v)->ws_need);                                                   \
+      (v)->ws_off[dir] = plan_alloc(&a, len_);                                                     \
+      live_ws += len_;                                                                             \
+      PLAN_PEAK();                                                                                 \
+      live_ws -= len_;                                                                             \
+      if (plan_free(&a, (v)->ws_off[dir], len_) < 0) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning"); \
+    }                                                                                              \
+  } while (0)
+  if (peak_ws) *peak_ws = 0;
 #define PLAN_FREE(off, v)                                                                          \
   do {                                                                                             \
     live_by_type[(v)->dtype] -= ampc__value_bytes(v);                                              \
@@ -135,6 +151,7 @@ static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_
     if (acts) {
       v->act_off = SIZE_MAX;
       v->bw_freed = 0;
+      v->ws_off[0] = v->ws_off[1] = SIZE_MAX;
     }
     if (grads) v->grad_off = SIZE_MAX;
     if (v->op == AMPC_OP_INPUT || v->op == AMPC_OP_LABELS || v->keep || g->retain_grads)
@@ -169,6 +186,7 @@ static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_
     v->act_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(v)));
     live_by_type[v->dtype] += ampc__value_bytes(v);
     PLAN_PEAK();
+    PLAN_WS(v, 0);
     for (int j = 0; j < v->n_in; j++) {
       if (v->in[j] < 0) continue;
       ampc_value r = ampc__graph_root(g, v->in[j]);
@@ -193,6 +211,7 @@ static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_
       live_by_type[rv->dtype] += ampc__value_bytes(rv);
       PLAN_PEAK();
     }
+    if (v->alias == AMPC_VALUE_NONE && v->op > AMPC_OP_BUFFER) PLAN_WS(v, 1);
     /* after this op's backward its own output gradient is dead */
     if (v->alias == AMPC_VALUE_NONE && v->grad_off != SIZE_MAX && !g->retain_grads) PLAN_FREE(v->grad_off, v);
     /* in one arena: so are the activations it read last */
@@ -207,6 +226,7 @@ static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_
   PLAN_PEAK();
 #undef PLAN_PEAK
 #undef PLAN_FREE
+#undef PLAN_WS
   /* anything left unplaced (not reached by the order) gets its own space */
   for (size_t i = 0; st == 0 && acts && i < nv; i++) {
     ampc__value *v = &g->v[i];
@@ -226,13 +246,13 @@ static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_
 }
 
 ampc_status ampc__graph_plan_activations(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
-  return plan(g, 1, 0, arena, peak_by_type);
+  return plan(g, 1, 0, arena, peak_by_type, NULL);
 }
 
 ampc_status ampc__graph_plan_activation_grads(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
-  return plan(g, 0, 1, arena, peak_by_type);
+  return plan(g, 0, 1, arena, peak_by_type, NULL);
 }
 
-ampc_status ampc__graph_plan_joint(ampc_graph *g, size_t *arena, size_t *peak_by_type) {
-  return plan(g, 1, 1, arena, peak_by_type);
+ampc_status ampc__graph_plan_joint(ampc_graph *g, size_t *arena, size_t *peak_by_type, size_t *peak_ws) {
+  return plan(g, 1, 1, arena, peak_by_type, peak_ws);
 }
