@@ -209,31 +209,28 @@ AMPC__D float out_grad(const void *y, int yt, const void *dy, int dyt, int64_t i
   return relu && !(ld(y, yt, i) > 0.0f) ? 0.0f : gv;
 }
 
-/* (the fused pool's backward kernels, k_bn_dsums and k_bn_dx; without a
- * pool, the _plain ones below take runs of V elements a load)
+/* (the fused pool's backward kernels, _pool; without a pool, the _plain
+ * ones below take runs of V elements a load)
  *
- * block (c, part): sum(dy) and sum(dy * (x - mean)); with a fused pool over
- * the pooled values, each at its window's winner (the other three inputs
- * have no gradient) */
-__global__ void k_bn_dsums(const void *x, int xt, const void *y, int yt, const void *dy, int dyt, const float *aux,
-                           bn_geom g, int relu, int pool, double *parts) {
+ * block (c, part): sum(dy) and sum(dy * (x - mean)) over the pooled values,
+ * each at its window's winner (the other three inputs have no gradient) */
+__global__ void k_bn_dsums_pool(const void *x, int xt, const void *y, int yt, const void *dy, int dyt, const float *aux,
+                                bn_geom g, int relu, double *parts) {
   __shared__ double sh[THREADS];
   int64_t c = blockIdx.x / g.P, part = blockIdx.x - c * g.P, lo, hi;
-  int64_t per = pool ? g.PHW : g.HW;
-  int V = pool ? g.VP : g.V;
+  int64_t per = g.PHW;
+  int V = g.VP;
   part_range(g.N * per / V, g.P, part, &lo, &hi); /* in runs of V */
   float mean = aux[c], a = 0.0f, b = 0.0f;
   const unsigned char *win = winners((float *)aux, g.C);
   for (int64_t u = lo + threadIdx.x; u < hi; u += blockDim.x) {
     int64_t j = u * V, n = idiv(j, per), i0 = j - n * per, o0 = (n * g.C + c) * per + i0;
-    int64_t oy = pool ? idiv(i0, g.OW) : 0, ox0 = i0 - oy * g.OW;
+    int64_t oy = idiv(i0, g.OW), ox0 = i0 - oy * g.OW;
     for (int r = 0; r < V; r++) {
-      int64_t o = o0 + r, xi = o;
+      int64_t o = o0 + r;
       float gv = out_grad(y, yt, dy, dyt, o, relu);
-      if (pool) {
-        int w = win[o];
-        xi = (n * g.C + c) * g.HW + (2 * oy + (w >> 1)) * g.W + 2 * (ox0 + r) + (w & 1);
-      }
+      int w = win[o];
+      int64_t xi = (n * g.C + c) * g.HW + (2 * oy + (w >> 1)) * g.W + 2 * (ox0 + r) + (w & 1);
       a += gv;
       b += gv * (ld(x, xt, xi) - mean);
     }
@@ -294,32 +291,27 @@ __global__ void k_bn_dfinish(const void *gamma, int gt, const float *aux, bn_geo
   if (cnt) count_flush(k, cnt);
 }
 
-/* dx of every input element: with batch statistics
+/* dx of every input element under a fused pool: with batch statistics
  * k * (count * dy - dbeta - xhat * dgamma), after eval-mode statistics (constants)
  * dy * gamma * invstd */
-__global__ void k_bn_dx(const void *x, int xt, const void *gamma, int gt, const void *y, int yt, const void *dy, int dyt,
-                        const float *aux, bn_geom g, int relu, int pool, const float *ch, void *dx, int dxt, int acc,
-                        ampc__cu_count *cnt) {
+__global__ void k_bn_dx_pool(const void *x, int xt, const void *gamma, int gt, const void *y, int yt, const void *dy, int dyt,
+                             const float *aux, bn_geom g, int relu, const float *ch, void *dx, int dxt, int acc,
+                             ampc__cu_count *cnt) {
   counts k = {0, 0};
   int batch_stats = aux[2 * g.C] != 0.0f;
   const unsigned char *win = winners((float *)aux, g.C);
   float count = (float)(g.N * g.HW);
   AMPC_GRID_STRIDE(u, g.N * g.C * g.HW / g.V) {
     int64_t e0 = u * g.V, plane = idiv(e0, g.HW), i0 = e0 - plane * g.HW, c = imod(plane, g.C);
-    int64_t iy = pool ? idiv(i0, g.W) : 0, ix0 = i0 - iy * g.W; /* a run stays in its row */
+    int64_t iy = idiv(i0, g.W), ix0 = i0 - iy * g.W; /* a run stays in its row */
     float mean = aux[c], invstd = aux[g.C + c], kk = ch[3 * c + 2], dbeta = ch[3 * c + 1], dgamma = ch[3 * c];
     float gi = batch_stats ? 0.0f : ld(gamma, gt, c) * invstd;
     for (int r = 0; r < g.V; r++) {
       int64_t e = e0 + r, ix = ix0 + r;
-      float gv;
-      if (pool) {
-        gv = 0.0f;
-        if (iy < 2 * g.OH && ix < 2 * g.OW) {
-          int64_t o = plane * g.PHW + (iy >> 1) * g.OW + (ix >> 1);
-          if (win[o] == (unsigned char)((iy & 1) * 2 + (ix & 1))) gv = out_grad(y, yt, dy, dyt, o, relu);
-        }
-      } else {
-        gv = out_grad(y, yt, dy, dyt, e, relu);
+      float gv = 0.0f; /* (the input at its window's winner gets the pooled gradient) */
+      if (iy < 2 * g.OH && ix < 2 * g.OW) {
+        int64_t o = plane * g.PHW + (iy >> 1) * g.OW + (ix >> 1);
+        if (win[o] == (unsigned char)((iy & 1) * 2 + (ix & 1))) gv = out_grad(y, yt, dy, dyt, o, relu);
       }
       float o;
       if (batch_stats) {
@@ -372,15 +364,15 @@ extern "C" int ampc__cu_bn_bwd(ampc__cu_stream s, const ampc__cu_bn *p) {
   double *parts = ws_parts(p);
   float *ch = ws_channels(p, g);
   if (p->pool)
-    AMPC_LAUNCH(k_bn_dsums, (unsigned)(g.C * g.P), THREADS, 0, s, p->x, p->xt, p->y, p->yt, p->dy, p->dyt, p->aux, g,
-                p->relu, p->pool, parts);
+    AMPC_LAUNCH(k_bn_dsums_pool, (unsigned)(g.C * g.P), THREADS, 0, s, p->x, p->xt, p->y, p->yt, p->dy, p->dyt, p->aux, g,
+                p->relu, parts);
   else
     LAUNCH_V(g.V, k_bn_dsums_plain, (unsigned)(g.C * g.P), p->x, p->xt, p->y, p->yt, p->dy, p->dyt, p->aux, g, p->relu, parts);
   AMPC_LAUNCH(k_bn_dfinish, (unsigned)((g.C + THREADS - 1) / THREADS), THREADS, 0, s, p->gamma, p->gt, p->aux, g, parts,
               p->dgamma, p->dgt, p->dg_acc, p->dbeta, p->dbt_, p->db_acc, ch, p->cnt);
   if (p->dx && p->pool)
-    AMPC_LAUNCH(k_bn_dx, grid_for((size_t)(g.N * g.C * g.HW / g.V)), THREADS, 0, s, p->x, p->xt, p->gamma, p->gt, p->y, p->yt,
-                p->dy, p->dyt, p->aux, g, p->relu, p->pool, ch, p->dx, p->dxt, p->dx_acc, p->cnt);
+    AMPC_LAUNCH(k_bn_dx_pool, grid_for((size_t)(g.N * g.C * g.HW / g.V)), THREADS, 0, s, p->x, p->xt, p->gamma, p->gt, p->y,
+                p->yt, p->dy, p->dyt, p->aux, g, p->relu, ch, p->dx, p->dxt, p->dx_acc, p->cnt);
   else if (p->dx)
     LAUNCH_V(g.V, k_bn_dx_plain, grid_for((size_t)(g.N * g.C * g.HW / g.V)), p->x, p->xt, p->gamma, p->gt, p->y, p->yt, p->dy,
              p->dyt, p->aux, g, p->relu, ch, p->dx, p->dxt, p->dx_acc, p->cnt);
