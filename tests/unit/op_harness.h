@@ -383,6 +383,9 @@ static int build(net *t, const op_case *cs, const ampc_graph_precision *pr, int6
   }
   CHECK_OK(ampc_graph_set_precision(g, pr));
   ampc_graph_set_retain_grads(g, 1); /* the checks read activation gradients */
+  /* AMPC_TEST_FREE_SAVED: one arena, each op's workspace exactly its own
+   * (a kernel that used more would overwrite a value next to it) */
+  if (getenv("AMPC_TEST_FREE_SAVED")) CHECK_OK(ampc_graph_set_free_saved(g, 1));
   ampc_status s = ampc_graph_compile(g);
   CHECK_OK(s);
   if (s < 0) return -1;
