@@ -241,7 +241,7 @@ int cmd_bench(int argc, char **argv) {
   ampc_graph_backend_stats(s.g, &bs, 0); /* of the timed steps */
   /* what the backend chose (cuda: each convolution's cuDNN algorithms) */
   static char notes[1 << 16];
-  ampc_graph_backend_notes(s.g, notes, sizeof notes);
+  if (profile) ampc_graph_backend_notes(s.g, notes, sizeof notes);
   ampc_graph_set_profiling(s.g, 0);
   /* data-parallel: the overlapped steps' communication, and what the same
    * all-reduce costs when nothing overlaps it (after backward, blocking:
@@ -356,7 +356,7 @@ int cmd_bench(int argc, char **argv) {
     for (size_t i = 0; i < nshare; i++) json_object_set_new(sh, share[i].name, json_real(total > 0 ? share[i].t / total : 0));
     json_object_set_new(sh, "other", json_real(total > 0 ? (total - accounted) / total : 0));
     json_object_set_new(o, "time_share", sh);
-    if (profile && notes[0]) json_object_set_new(o, "backend_notes", json_string(notes));
+    if (notes[0]) json_object_set_new(o, "backend_notes", json_string(notes));
     json_object_set_new(o, "memory", cli_memory_json(&mem));
     json_object_set_new(o, "world_size", json_integer(W));
     if (W > 1) {
@@ -404,7 +404,7 @@ int cmd_bench(int argc, char **argv) {
       printf("peak device memory %.1f MB (%.1f MB of it in use at once)\n", (double)bs.mem_reserved_peak / 1e6,
              (double)bs.mem_in_use_peak / 1e6);
     cli_print_memory(stdout, &mem);
-    if (profile && notes[0]) printf("backend's choices:\n%s", notes);
+    if (notes[0]) printf("backend's choices:\n%s", notes);
   }
   cli_session_close(&s);
   return 0;

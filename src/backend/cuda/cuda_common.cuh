@@ -77,16 +77,19 @@ AMPC__D uint16_t f32_to_bf16(float v) {
   return ampc__f32_to_bf16_inline(v);
 }
 
+/* a 16-bit value of type dt (f16 or bf16) as f32, and back */
+AMPC__D float h_to_f32(int dt, uint16_t h) { return dt == F16 ? f16_to_f32(h) : ampc__bf16_to_f32_inline(h); }
+AMPC__D uint16_t f32_to_h(int dt, float v) { return dt == F16 ? f32_to_f16(v) : f32_to_bf16(v); }
+
 /* element i of a tensor of type dt as f32 */
 AMPC__D float ld(const void *p, int dt, int64_t i) {
   if (dt == F32) return ((const float *)p)[i];
-  uint16_t h = ((const uint16_t *)p)[i];
-  return dt == F16 ? f16_to_f32(h) : ampc__bf16_to_f32_inline(h);
+  return h_to_f32(dt, ((const uint16_t *)p)[i]);
 }
 /* v stored as element i of type dt (rounded to nearest even) */
 AMPC__D void st(void *p, int dt, int64_t i, float v) {
   if (dt == F32) ((float *)p)[i] = v;
-  else ((uint16_t *)p)[i] = dt == F16 ? f32_to_f16(v) : f32_to_bf16(v);
+  else ((uint16_t *)p)[i] = f32_to_h(dt, v);
 }
 /* ---- runs of V elements in one load or store ----
  *
@@ -116,8 +119,6 @@ AMPC__D void vstore(void *p, T v) {
   *(T *)p = v;
 #endif
 }
-AMPC__D float h_to_f32(int dt, uint16_t h) { return dt == F16 ? f16_to_f32(h) : ampc__bf16_to_f32_inline(h); }
-AMPC__D uint16_t f32_to_h(int dt, float v) { return dt == F16 ? f32_to_f16(v) : f32_to_bf16(v); }
 AMPC__D unsigned pack2(int dt, float a, float b) { return (unsigned)f32_to_h(dt, a) | (unsigned)f32_to_h(dt, b) << 16; }
 
 template <int V>
@@ -212,11 +213,7 @@ AMPC__D void stv(void *p, int dt, int64_t i, const float *v) {
 }
 
 /* v rounded to type dt and back: what storing and loading gives */
-AMPC__D float round_to(int dt, float v) {
-  if (dt == F16) return f16_to_f32(f32_to_f16(v));
-  if (dt == BF16) return ampc__bf16_to_f32_inline(f32_to_bf16(v));
-  return v;
-}
+AMPC__D float round_to(int dt, float v) { return dt == F32 ? v : h_to_f32(dt, f32_to_h(dt, v)); }
 AMPC__D bool is_nan(float v) { return v != v; }
 /* r = a + b or a * b with the NaN an x86 CPU gives (the GPU gives every NaN
  * as 0x7fffffff): a NaN operand's own, quieted (the first's when both are;
@@ -244,14 +241,12 @@ AMPC__D bool is_finite(float v) { return (ampc__f32_bits(v) & 0x7f800000u) != 0x
 struct counts {
   unsigned long long nonzero, lost;
 };
-AMPC__D void store_grad(void *dx, int dt, int64_t i, float v, int acc, counts &c, bool counting) {
-  if (counting && dt != F32) {
-    float tiny = dt == F16 ? 6.103515625e-05f : 1.17549435e-38f; /* the smallest normal */
-    c.nonzero += v != 0.0f;
-    c.lost += v != 0.0f && fabsf(v) < tiny;
-  }
-  if (acc) v += ld(dx, dt, i);
-  st(dx, dt, i, v);
+/* v counted for a 16-bit tensor of type dt: non-zero, and lost (subnormal
+ * there, or zero once rounded: below the smallest normal) */
+AMPC__D void count_grad(counts &c, int dt, float v) {
+  float tiny = dt == F16 ? 6.103515625e-05f : 1.17549435e-38f; /* the smallest normal */
+  c.nonzero += v != 0.0f;
+  c.lost += v != 0.0f && fabsf(v) < tiny;
 }
 
 /* g[k] kept where the stored output y (elements i..i+V-1) is positive:
@@ -268,12 +263,8 @@ AMPC__D void relu_mask(const void *y, int yt, int64_t i, float *g) {
 template <int V>
 AMPC__D void store_grad_v(void *dx, int dt, int64_t i, float *v, int acc, counts &c, bool counting) {
   if (counting && dt != F32) {
-    float tiny = dt == F16 ? 6.103515625e-05f : 1.17549435e-38f;
     AMPC_UNROLL
-    for (int k = 0; k < V; k++) {
-      c.nonzero += v[k] != 0.0f;
-      c.lost += v[k] != 0.0f && fabsf(v[k]) < tiny;
-    }
+    for (int k = 0; k < V; k++) count_grad(c, dt, v[k]);
   }
   if (acc) {
     float o[V];
@@ -282,6 +273,10 @@ AMPC__D void store_grad_v(void *dx, int dt, int64_t i, float *v, int acc, counts
     for (int k = 0; k < V; k++) v[k] += o[k];
   }
   stv<V>(dx, dt, i, v);
+}
+/* one element: store_grad_v<1> */
+AMPC__D void store_grad(void *dx, int dt, int64_t i, float v, int acc, counts &c, bool counting) {
+  store_grad_v<1>(dx, dt, i, &v, acc, c, counting);
 }
 
 /* Sum of v over the block (every thread calls it; the result is returned

@@ -177,12 +177,7 @@ extern "C" int ampc__cu_store_grad(ampc__cu_stream s, const float *src, void *dx
  * non-zero ones and those subnormal */
 __global__ void k_count_half(const void *p, int dt, size_t n, ampc__cu_count *cnt) {
   counts c = {0, 0};
-  float tiny = dt == F16 ? 6.103515625e-05f : 1.17549435e-38f;
-  AMPC_GRID_STRIDE(i, n) {
-    float v = ld(p, dt, i);
-    c.nonzero += v != 0.0f;
-    c.lost += v != 0.0f && fabsf(v) < tiny;
-  }
+  AMPC_GRID_STRIDE(i, n) count_grad(c, dt, ld(p, dt, i));
   count_flush(c, cnt);
 }
 
