@@ -161,49 +161,67 @@ static inline void cpu_commit(const ampc_tensor *t, int64_t i, const float *src,
   if (t->dtype != AMPC_DTYPE_F32) ampc_store_f32(t->dtype, cpu_at(t, i), src, n);
 }
 
-/* Reductions with eight independent partial sums (lane k takes elements
- * 8i + k; the tail goes to lane 0), so that they pipeline and vectorise; the
- * order is fixed, so results are reproducible (the AVX2 build contracts
- * products into FMAs, so it and the baseline differ in the last bits). */
+/* Reductions with 32 independent partial sums, four vectors of eight (lane
+ * k takes elements 32i + k; a tail of whole vectors goes to the first, the
+ * rest to its lane 0): four chains, so that the additions pipeline instead of
+ * waiting on each other's latency; the order is fixed, so results are
+ * reproducible (the AVX2 build contracts products into FMAs, so it and the
+ * baseline differ in the last bits). */
 typedef float cpu_v8f_al __attribute__((vector_size(32), aligned(4), may_alias));
 #define cpu_hsum8(a) ((((a)[0] + (a)[1]) + ((a)[2] + (a)[3])) + (((a)[4] + (a)[5]) + ((a)[6] + (a)[7])))
+#define cpu_ld8(p) (*(const cpu_v8f_al *)(p))
 /* sum(x), out of line and built for AVX2 and the baseline (eltwise.c): its
- * callers are plain loops, where GCC keeps the 8 sums in memory */
+ * callers are plain loops, where GCC keeps the sums in memory */
 float ampc__cpu_sum(const float *x, size_t n);
 static inline float cpu_sum(const float *x, size_t n) { return ampc__cpu_sum(x, n); }
 /* sum(x - k) and sum((x - k)^2) in one pass */
-static inline void cpu_sum_dev_sq(const float *x, float k, size_t n, float *s1, float *s2) {
-  cpu_v8f_al a = {0}, b = {0};
+static inline __attribute__((always_inline)) void cpu_sum_dev_sq(const float *x, float k, size_t n, float *s1, float *s2) {
+  cpu_v8f_al a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
   size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    cpu_v8f_al d0 = cpu_ld8(x + i) - k, d1 = cpu_ld8(x + i + 8) - k, d2 = cpu_ld8(x + i + 16) - k, d3 = cpu_ld8(x + i + 24) - k;
+    a0 += d0, a1 += d1, a2 += d2, a3 += d3;
+    b0 += d0 * d0, b1 += d1 * d1, b2 += d2 * d2, b3 += d3 * d3;
+  }
   for (; i + 8 <= n; i += 8) {
-    cpu_v8f_al d = *(const cpu_v8f_al *)(x + i) - k;
-    a += d;
-    b += d * d;
+    cpu_v8f_al d = cpu_ld8(x + i) - k;
+    a0 += d;
+    b0 += d * d;
   }
   for (; i < n; i++) {
     float d = x[i] - k;
-    a[0] += d;
-    b[0] += d * d;
+    a0[0] += d;
+    b0[0] += d * d;
   }
-  *s1 = cpu_hsum8(a);
-  *s2 = cpu_hsum8(b);
+  a0 = (a0 + a1) + (a2 + a3);
+  b0 = (b0 + b1) + (b2 + b3);
+  *s1 = cpu_hsum8(a0);
+  *s2 = cpu_hsum8(b0);
 }
 
 /* sum(dy) and sum(dy * (x - mean)) in one pass */
-static inline void cpu_sum_dy_dyx(const float *dy, const float *x, float mean, size_t n, float *sdy, float *sdyx) {
-  cpu_v8f_al a = {0}, b = {0};
+static inline __attribute__((always_inline)) void cpu_sum_dy_dyx(const float *dy, const float *x, float mean, size_t n, float *sdy, float *sdyx) {
+  cpu_v8f_al a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
   size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    cpu_v8f_al d0 = cpu_ld8(dy + i), d1 = cpu_ld8(dy + i + 8), d2 = cpu_ld8(dy + i + 16), d3 = cpu_ld8(dy + i + 24);
+    a0 += d0, a1 += d1, a2 += d2, a3 += d3;
+    b0 += d0 * (cpu_ld8(x + i) - mean), b1 += d1 * (cpu_ld8(x + i + 8) - mean);
+    b2 += d2 * (cpu_ld8(x + i + 16) - mean), b3 += d3 * (cpu_ld8(x + i + 24) - mean);
+  }
   for (; i + 8 <= n; i += 8) {
-    cpu_v8f_al d = *(const cpu_v8f_al *)(dy + i);
-    a += d;
-    b += d * (*(const cpu_v8f_al *)(x + i) - mean);
+    cpu_v8f_al d = cpu_ld8(dy + i);
+    a0 += d;
+    b0 += d * (cpu_ld8(x + i) - mean);
   }
   for (; i < n; i++) {
-    a[0] += dy[i];
-    b[0] += dy[i] * (x[i] - mean);
+    a0[0] += dy[i];
+    b0[0] += dy[i] * (x[i] - mean);
   }
-  *sdy = cpu_hsum8(a);
-  *sdyx = cpu_hsum8(b);
+  a0 = (a0 + a1) + (a2 + a3);
+  b0 = (b0 + b1) + (b2 + b3);
+  *sdy = cpu_hsum8(a0);
+  *sdyx = cpu_hsum8(b0);
 }
 
 /* A 3x3 stride-1 convolution padded by 0..2: what Winograd and the direct

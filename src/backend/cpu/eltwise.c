@@ -119,11 +119,13 @@ ampc_status ampc__cpu_cast_bwd(const ampc__op_call *c) {
 }
 
 CPU_VECTOR static float sum_f32(const float *x, size_t n) {
-  cpu_v8f_al acc = {0};
+  cpu_v8f_al a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) acc += *(const cpu_v8f_al *)(x + i);
-  for (; i < n; i++) acc[0] += x[i];
-  return cpu_hsum8(acc);
+  for (; i + 32 <= n; i += 32) a0 += cpu_ld8(x + i), a1 += cpu_ld8(x + i + 8), a2 += cpu_ld8(x + i + 16), a3 += cpu_ld8(x + i + 24);
+  for (; i + 8 <= n; i += 8) a0 += cpu_ld8(x + i);
+  for (; i < n; i++) a0[0] += x[i];
+  a0 = (a0 + a1) + (a2 + a3);
+  return cpu_hsum8(a0);
 }
 
 /* The entry points the other files call: a multiversioned (target_clones)
