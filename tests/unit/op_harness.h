@@ -308,6 +308,7 @@ extern int ampc__cpu_wino_blas;
 extern int ampc__cpu_conv_blas;
 /* 1: every linear product on the library's sgemm, as on a CPU without AVX-512 */
 extern int ampc__cpu_linear_blas;
+extern int ampc__cpu_bn_by_channel;
 /* the direct loop's 16-wide code on any CPU (conv_direct.c) */
 extern int ampc__cpu_direct_wide;
 

@@ -1320,6 +1320,51 @@ TEST(free_saved_gives_the_same_bits_in_less_memory) {
   }
 }
 
+/* Batch norm over planes of up to 64 values runs a sample at a time; the
+ * channel loop (forced by a hook) must give the same losses and parameters
+ * bit for bit: the cnn on 16x16 images (its second batch norm, 8x8, with
+ * the fused ReLU and pool) and ResNet-18 on 8x8 (every batch norm), four
+ * steps with an accumulated micro-batch, at O0 and O2. */
+extern int ampc__cpu_bn_by_channel;
+TEST(batchnorm_by_sample_gives_the_channel_loops_bits) {
+  static const struct {
+    const char *model;
+    int c, h, w;
+    ampc_opt_level lv;
+  } cases[] = {{"cnn", 1, 16, 16, AMPC_OPT_O0}, {"cnn", 1, 16, 16, AMPC_OPT_O2}, {"resnet18", 3, 8, 8, AMPC_OPT_O0},
+               {"resnet18", 3, 8, 8, AMPC_OPT_O2}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    rig r[2];
+    float loss[2][4];
+    unsigned char *bytes[2] = {NULL, NULL};
+    size_t len[2] = {0, 0};
+    ampc_amp_config cfg = make_config(cases[c].lv, AMPC_DTYPE_F16, NULL);
+    ampc_optim_config oc = optim_config(AMPC_OPTIM_ADAM, 1e-3f);
+    for (int f = 0; f < 2; f++) {
+      ampc__cpu_bn_by_channel = f;
+      if (!rig_model(&r[f], cases[c].model, 6, cases[c].c, cases[c].h, cases[c].w, 10, 5)) return;
+      if (!rig_init(&r[f], &cfg, &oc)) return;
+      for (int s = 0; s < 4; s++) {
+        random_batch(&r[f], 60 + (uint64_t)s, 1.0f);
+        fwd_bwd(&r[f], s == 2);
+        CHECK_OK(ampc_graph_read(r[f].g, r[f].loss, &loss[f][s], AMPC_DTYPE_F32));
+        if (s != 1) CHECK_OK(ampc_amp_step(r[f].amp, 1e-3f, NULL));
+      }
+      bytes[f] = model_bytes(&r[f], &len[f]);
+      ampc__cpu_bn_by_channel = 0;
+    }
+    const char *what = cases[c].model;
+    CHECK_MSG(memcmp(loss[0], loss[1], sizeof loss[0]) == 0, "%s %s: losses differ between the two batch norm loops", what,
+              ampc_opt_level_name(cases[c].lv));
+    CHECK_MSG(len[0] == len[1] && memcmp(bytes[0], bytes[1], len[0]) == 0,
+              "%s %s: parameters differ between the two batch norm loops", what, ampc_opt_level_name(cases[c].lv));
+    for (int f = 0; f < 2; f++) {
+      free(bytes[f]);
+      rig_free(&r[f]);
+    }
+  }
+}
+
 TEST_MAIN(TEST_ENTRY(storage_types_per_level), TEST_ENTRY(o1_casts_a_shared_weight_once),
           TEST_ENTRY(overflow_skips_the_step_bit_identically), TEST_ENTRY(injected_nonfinite_gradient_skips_without_masters),
           TEST_ENTRY(dynamic_scale_grows_after_window_clean_steps), TEST_ENTRY(gradient_accumulation_sums_micro_batches),
@@ -1329,4 +1374,5 @@ TEST_MAIN(TEST_ENTRY(storage_types_per_level), TEST_ENTRY(o1_casts_a_shared_weig
           TEST_ENTRY(failed_initialize_leaves_the_graph_uncompiled),
           TEST_ENTRY(two_losses_overflow_in_one_backs_off_only_its_scaler),
           TEST_ENTRY(two_losses_backward_of_one_loss_touches_only_its_graph), TEST_ENTRY(two_losses_add_each_gradient_once),
-          TEST_ENTRY(free_saved_gives_the_same_bits_in_less_memory))
+          TEST_ENTRY(free_saved_gives_the_same_bits_in_less_memory),
+          TEST_ENTRY(batchnorm_by_sample_gives_the_channel_loops_bits))

@@ -192,10 +192,18 @@ TEST(conv2d_direct) {
   run_kind(K_CONV);
   test_conv_algo = AMPC_CONV_AUTO;
 }
-TEST(batchnorm2d_train) { run_kind(K_BN_TRAIN); }
+/* Batch norm's planes of up to 64 values go a sample at a time: every
+ * case again with the channel loop forced. */
+static void run_kind_both_bn_loops(kind k) {
+  run_kind(k);
+  ampc__cpu_bn_by_channel = 1;
+  run_kind(k);
+  ampc__cpu_bn_by_channel = 0;
+}
+TEST(batchnorm2d_train) { run_kind_both_bn_loops(K_BN_TRAIN); }
 /* PyTorch's eval-mode batch norm is differentiable with the running
  * statistics as constants: dx = dy * gamma / sqrt(running_var + eps). */
-TEST(batchnorm2d_eval) { run_kind(K_BN_EVAL); }
+TEST(batchnorm2d_eval) { run_kind_both_bn_loops(K_BN_EVAL); }
 TEST(relu) { run_kind(K_RELU); }
 TEST(maxpool2d) { run_kind(K_MAXPOOL); }
 TEST(avgpool2d) { run_kind(K_AVGPOOL); }

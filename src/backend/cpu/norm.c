@@ -64,9 +64,31 @@ static double *bn_sync_sums(const ampc__op_call *c, const bn_geom *g, size_t per
   return (double *)((float *)c->ws + (at + 1) / 2 * 2);
 }
 
+/* Small planes go a sample at a time (bn_fwd_by_sample, bn_bwd_by_sample):
+ * a plane of a few hundred values is too little work for the per-plane
+ * calls of the channel loop (ResNet-18's deep layers have 16), while a
+ * sample's C planes are contiguous, converted and stored in one call each.
+ * The sums are the same per-plane sums, added over the samples in the same
+ * order, so both ways give the same bits. */
+enum { BN_SAMPLE_HW = 64, BN_SAMPLE_FLOATS = 1 << 15 };
+
+int ampc__cpu_bn_by_channel = 0; /* a hook for tests: always the channel loop */
+static int bn_sample_fits(const bn_geom *g) { return g->HW <= BN_SAMPLE_HW && g->C * g->HW <= BN_SAMPLE_FLOATS; }
+static int bn_by_sample(const ampc__op_call *c, const bn_geom *g) {
+  return !c->sync && bn_sample_fits(g) && !ampc__cpu_bn_by_channel;
+}
+
+/* per thread: x, dy, output and y staging of a sample, then 3 pooled
+ * planes' worth (dy, y, masked dy); shared: bn_shared, then each plane's two
+ * sums (N x C pairs) */
+static size_t bn_sample_per_thread(const bn_geom *g) { return 4 * (size_t)(g->C * g->HW) + 3 * (size_t)(g->C * g->PHW) + 16; }
+static size_t bn_sample_shared(const bn_geom *g) { return bn_shared(g) + 2 * (size_t)(g->N * g->C); }
+
 size_t ampc__cpu_bn_ws(const ampc__op_call *c, int nthreads) {
   bn_geom g = bn_geometry(c);
-  return ((size_t)nthreads * bn_per_thread(c, &g) + bn_shared(&g) + 2 + 2 * (2 * (size_t)g.C + 1)) * sizeof(float);
+  size_t by_channel = (size_t)nthreads * bn_per_thread(c, &g) + bn_shared(&g) + 2 + 2 * (2 * (size_t)g.C + 1);
+  size_t by_sample = bn_sample_fits(&g) ? (size_t)nthreads * bn_sample_per_thread(&g) + bn_sample_shared(&g) : 0;
+  return (by_channel > by_sample ? by_channel : by_sample) * sizeof(float);
 }
 
 /* The per-plane loops, built for AVX2 and the baseline. */
@@ -181,6 +203,152 @@ static void bn_apply(const ampc__op_call *c, const bn_geom *gp, int64_t ch, floa
   }
 }
 
+/* Forward a sample at a time (small planes; see bn_by_sample): each plane's
+ * sums around the channel's first value, added over the samples in order
+ * as ampc__cpu_bn_fwd adds them; then every sample normalised, through the
+ * fused ReLU and pool, with one conversion in and one out. */
+static void bn_fwd_by_sample(const ampc__op_call *c, const bn_geom *gp) {
+  const bn_geom g = *gp;
+  const ampc_tensor *x = &c->in[0], *y = &c->out;
+  float *rm = c->in[3].data, *rv = c->in[4].data;
+  float *mean_s = c->aux, *invstd_s = c->aux + g.C;
+  float *scale = (float *)c->ws, *shift = scale + g.C, *part = (float *)c->ws + bn_shared(&g);
+  float mom = c->attr.momentum, eps = c->attr.eps;
+  int64_t CHW = g.C * g.HW, CP = g.C * g.PHW, count = g.N * g.HW;
+  size_t per = bn_sample_per_thread(&g), shared = bn_sample_shared(&g);
+  int nt = cpu_ctx(c)->nthreads;
+  if (c->training) {
+    float *k0 = shift; /* each channel's first value, until the shifts */
+    for (int64_t ch = 0; ch < g.C; ch++) ampc_load_f32(&k0[ch], x->dtype, cpu_at(x, ch * g.HW), 1);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t n = 0; n < g.N; n++) {
+      float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared);
+      const float *xp = cpu_load(x, n * CHW, (size_t)CHW, xs);
+      for (int64_t ch = 0; ch < g.C; ch++) {
+        float *s = part + 2 * (n * g.C + ch);
+        plane_sums(xp + ch * g.HW, k0[ch], (size_t)g.HW, &s[0], &s[1]);
+      }
+    }
+    for (int64_t ch = 0; ch < g.C; ch++) {
+      double sum = 0.0, sq = 0.0;
+      for (int64_t n = 0; n < g.N; n++) {
+        sum += part[2 * (n * g.C + ch)];
+        sq += part[2 * (n * g.C + ch) + 1];
+      }
+      double md = sum / (double)count;
+      float mean = (float)(k0[ch] + md);
+      sq -= md * sum;
+      if (sq < 0) sq = 0;
+      float var = (float)(sq / (double)count);
+      mean_s[ch] = mean;
+      invstd_s[ch] = 1.0f / sqrtf(var + eps);
+      float unbiased = (float)(sq / (double)(count - 1));
+      rm[ch] = (1.0f - mom) * rm[ch] + mom * mean;
+      rv[ch] = (1.0f - mom) * rv[ch] + mom * unbiased;
+    }
+  } else {
+    for (int64_t ch = 0; ch < g.C; ch++) {
+      mean_s[ch] = rm[ch];
+      invstd_s[ch] = 1.0f / sqrtf(rv[ch] + eps);
+    }
+  }
+  for (int64_t ch = 0; ch < g.C; ch++) {
+    scale[ch] = param_at(&c->in[1], ch) * invstd_s[ch];
+    shift[ch] = param_at(&c->in[2], ch) - mean_s[ch] * scale[ch];
+  }
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t n = 0; n < g.N; n++) {
+    float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *ys = xs + CHW, *ps = ys + 3 * CHW;
+    const float *xp = cpu_load(x, n * CHW, (size_t)CHW, xs);
+    float *yp = c->attr.pool ? ys : cpu_out(y, n * CHW, ys);
+    for (int64_t ch = 0; ch < g.C; ch++) plane_apply(xp + ch * g.HW, (size_t)g.HW, scale[ch], shift[ch], c->attr.relu, yp + ch * g.HW);
+    if (!c->attr.pool) {
+      cpu_commit(y, n * CHW, yp, (size_t)CHW);
+      continue;
+    }
+    ampc__round_f32(y->dtype, yp, (size_t)CHW); /* pooled after rounding, as the unfused graph */
+    for (int64_t ch = 0; ch < g.C; ch++)
+      ampc__cpu_pool2_select(yp + ch * g.HW, g.H, g.W, ps + ch * g.PHW, bn_winners(c, &g) + (n * g.C + ch) * g.PHW);
+    cpu_store(y, n * CP, ps, (size_t)CP, 0, NULL);
+  }
+}
+
+/* dy of sample n at full size, masked by a fused ReLU and sent through a
+ * fused pool's winners; d and ys: CHW floats, pt: 3 x CP. */
+static const float *sample_dy(const ampc__op_call *c, const bn_geom *g, int64_t n, float *d, float *ys, float *pt) {
+  int64_t CHW = g->C * g->HW, CP = g->C * g->PHW;
+  if (!c->attr.pool) {
+    const float *dy = cpu_load(&c->dout, n * CHW, (size_t)CHW, d);
+    if (!c->attr.relu) return dy;
+    ampc__cpu_relu_mask(cpu_load(&c->out, n * CHW, (size_t)CHW, ys), dy, (size_t)CHW, d);
+    return d;
+  }
+  const float *dy = cpu_load(&c->dout, n * CP, (size_t)CP, pt);
+  if (c->attr.relu) {
+    ampc__cpu_relu_mask(cpu_load(&c->out, n * CP, (size_t)CP, pt + CP), dy, (size_t)CP, pt + 2 * CP);
+    dy = pt + 2 * CP;
+  }
+  for (int64_t ch = 0; ch < g->C; ch++)
+    ampc__cpu_pool2_scatter(dy + ch * g->PHW, bn_winners(c, g) + (n * g->C + ch) * g->PHW, g->H, g->W, d + ch * g->HW);
+  return d;
+}
+
+/* Backward a sample at a time (small planes): the same per-plane sums as
+ * ampc__cpu_bn_bwd, added over the samples in order, then dx. dg and dbt
+ * receive the parameters' gradients. */
+static void bn_bwd_by_sample(const ampc__op_call *c, const bn_geom *gp, int batch_stats, float *dg, float *dbt) {
+  const bn_geom g = *gp;
+  const ampc_tensor *x = &c->in[0], *dx = &c->din[0];
+  const float *mean_s = c->aux, *invstd_s = c->aux + g.C;
+  float *part = (float *)c->ws + bn_shared(&g);
+  int64_t CHW = g.C * g.HW, count = g.N * g.HW;
+  size_t per = bn_sample_per_thread(&g), shared = bn_sample_shared(&g);
+  int nt = cpu_ctx(c)->nthreads;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t n = 0; n < g.N; n++) {
+    float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *ds = xs + CHW, *ys = ds + 2 * CHW, *pt = ys + CHW;
+    const float *xp = cpu_load(x, n * CHW, (size_t)CHW, xs);
+    const float *dp = sample_dy(c, &g, n, ds, ys, pt);
+    for (int64_t ch = 0; ch < g.C; ch++) {
+      float *s = part + 2 * (n * g.C + ch);
+      plane_dsums(dp + ch * g.HW, xp + ch * g.HW, mean_s[ch], (size_t)g.HW, &s[0], &s[1]);
+    }
+  }
+  for (int64_t ch = 0; ch < g.C; ch++) {
+    double sdy = 0.0, sdyx = 0.0;
+    for (int64_t n = 0; n < g.N; n++) {
+      sdy += part[2 * (n * g.C + ch)];
+      sdyx += part[2 * (n * g.C + ch) + 1];
+    }
+    dg[ch] = (float)(sdyx * invstd_s[ch]);
+    dbt[ch] = (float)sdy;
+  }
+  if (!dx->data) return;
+  float *gm = part, *k = part + g.C; /* the sums are added up: their room holds gamma and gamma * invstd / count */
+  for (int64_t ch = 0; ch < g.C; ch++) {
+    gm[ch] = param_at(&c->in[1], ch);
+    k[ch] = gm[ch] * invstd_s[ch] / (float)count;
+  }
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t n = 0; n < g.N; n++) {
+    float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *ds = xs + CHW, *os = ds + CHW, *ys = os + CHW;
+    float *pt = ys + CHW;
+    const float *xp = cpu_load(x, n * CHW, (size_t)CHW, xs);
+    const float *dp = sample_dy(c, &g, n, ds, ys, pt);
+    float *o = c->din_acc[0] ? os : cpu_out(dx, n * CHW, os);
+    for (int64_t ch = 0; ch < g.C; ch++) {
+      const float *xq = xp + ch * g.HW, *dq = dp + ch * g.HW;
+      float *oq = o + ch * g.HW, invstd = invstd_s[ch];
+      if (batch_stats) {
+        plane_dx(xq, dq, (size_t)g.HW, mean_s[ch], invstd, k[ch], (float)count, dbt[ch], dg[ch], oq);
+      } else {
+        for (int64_t i = 0; i < g.HW; i++) oq[i] = gm[ch] * invstd * dq[i];
+      }
+    }
+    cpu_store_grad(c, dx, n * CHW, o, (size_t)CHW, c->din_acc[0], ys); /* x and dy are read: ys is free */
+  }
+}
+
 /* SyncBatchNorm's forward in training (see the top of the file). */
 static ampc_status bn_fwd_sync(const ampc__op_call *c) {
   bn_geom g = bn_geometry(c);
@@ -239,6 +407,12 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
   if (c->attr.pool && (c->out.shape.d[2] != g.H / 2 || c->out.shape.d[3] != g.W / 2))
     return ampc__error(AMPC_EINVAL, "batchnorm2d: a fused pool's output must be half the input's size");
   if (c->training && count < 2) return ampc__error(AMPC_EINVAL, "batchnorm2d: training needs more than one value per channel (got %lld)", (long long)count);
+  if (bn_by_sample(c, &g)) {
+    bn_fwd_by_sample(c, &g);
+    c->aux[2 * g.C] = c->training ? 1.0f : 0.0f;
+    if (c->training && c->n_in > 5 && c->in[5].data) ((int64_t *)c->in[5].data)[0] += 1;
+    return AMPC_OK;
+  }
   size_t per = bn_per_thread(c, &g);
   int cache = bn_cache(c, &g) && x->dtype != AMPC_DTYPE_F32;
 #pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static)
@@ -349,6 +523,10 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
   int64_t count = g.N * g.HW;
   /* after an eval-mode forward the statistics are constants: dx = dy * gamma * invstd */
   int batch_stats = c->aux[2 * g.C] != 0.0f;
+  if (bn_by_sample(c, &g)) {
+    bn_bwd_by_sample(c, &g, batch_stats, dg, dbt);
+    goto params;
+  }
   size_t per = bn_per_thread(c, &g);
   int cache = bn_cache(c, &g);
   /* backward's two caches (x and dy) together in L2, or dy's alone: x is
@@ -397,6 +575,7 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
       }
     }
   }
+params:;
   float *tmp = dbt + g.C;
   if (dgamma->data) cpu_store_grad(c, dgamma, 0, dg, (size_t)g.C, c->din_acc[1], tmp);
   if (dbeta->data) cpu_store_grad(c, dbeta, 0, dbt, (size_t)g.C, c->din_acc[2], tmp);
