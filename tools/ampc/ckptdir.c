@@ -117,8 +117,26 @@ static int remove_leftovers(const char *dir) {
   return removed;
 }
 
+int cli_mkdirs(const char *dir) {
+  char p[4096];
+  size_t n = strlen(dir);
+  if (n == 0 || n >= sizeof p) {
+    errno = n ? ENAMETOOLONG : ENOENT;
+    return -1;
+  }
+  memcpy(p, dir, n + 1);
+  for (size_t i = 1; i < n; i++) {
+    if (p[i] != '/' || p[i - 1] == '/') continue;
+    p[i] = '\0';
+    if (mkdir(p, 0777) != 0 && errno != EEXIST) return -1;
+    p[i] = '/';
+  }
+  if (mkdir(p, 0777) != 0 && errno != EEXIST) return -1;
+  return 0;
+}
+
 int cli_ckptdir_lock(const char *flag, const char *dir) {
-  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+  if (cli_mkdirs(dir) != 0) {
     cli_error("%s: cannot create '%s': %s", flag, dir, strerror(errno));
     return -1;
   }

@@ -5,7 +5,11 @@
 
 #include <stddef.h>
 
-/* Makes dir if needed (one level), checks that files can be created in it,
+/* Makes dir and the folders above it that are missing (mkdir -p): 0, or -1
+ * with errno set. */
+int cli_mkdirs(const char *dir);
+
+/* Makes dir if needed (and its missing parents), checks that files can be created in it,
  * takes an exclusive lock on dir/.lock (with this process's pid in it) for the
  * rest of the process's life, and removes the temporary files that a killed
  * save left there. Returns the lock's descriptor, or prints one error (for

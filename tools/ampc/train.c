@@ -32,7 +32,7 @@ static void on_signal(int sig) { stop_requested = sig; }
   } while (0)
 
 static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc_train_state *ts, int quiet, char *saved) {
-  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+  if (cli_mkdirs(dir) != 0) {
     cli_error("--checkpoint-dir: cannot create '%s': %s", dir, strerror(errno));
     return -1;
   }
