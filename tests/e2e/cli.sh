@@ -167,5 +167,54 @@ if echo "$s" | grep -q "^layer1.0.relu1 .*ReLU" && echo "$s" | grep -q "^layer1.
   ok "summary lists every layer of every model (ResNet-18's ReLUs, adds and pool too)"
 else bad "summary rows"; fi
 
+# --- grad at O2: f16 gradients times a scale of 2^16 overflow (the last layer's are about 1);
+# the scale backs off until they fit, and the unscaled gradients agree with O0's -----------------
+cat > "$dir/mkbatch.py" <<'EOF'
+import json, random, struct, sys
+out, n = sys.argv[1], int(sys.argv[2])
+r = random.Random(7)
+x = [r.gauss(0.0, 1.0) for _ in range(n * 28 * 28)]
+y = [r.randrange(10) for _ in range(n)]
+xb, yb = struct.pack("<%df" % len(x), *x), struct.pack("<%dq" % n, *y)
+h = {"x": {"dtype": "F32", "shape": [n, 1, 28, 28], "data_offsets": [0, len(xb)]},
+     "y": {"dtype": "I64", "shape": [n], "data_offsets": [len(xb), len(xb) + len(yb)]}}
+hs = json.dumps(h).encode()
+hs += b" " * (-len(hs) % 8)
+open(out, "wb").write(struct.pack("<Q", len(hs)) + hs + xb + yb)
+EOF
+cat > "$dir/gradcmp.py" <<'EOF'
+import array, json, math, struct, sys
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h, d = json.loads(b[8:8 + n]), b[8 + n:]
+    out = {}
+    for k, v in h.items():
+        if k.startswith("grad."):
+            a = array.array("f")
+            a.frombytes(d[v["data_offsets"][0]:v["data_offsets"][1]])
+            out[k] = a
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+bad = [k for k in b if not all(math.isfinite(v) for v in b[k])]
+if bad: sys.exit("non-finite: " + " ".join(bad))
+k = "grad.11.weight"  # the last linear layer's: the largest gradients
+err = math.sqrt(sum((p - q) ** 2 for p, q in zip(a[k], b[k]))) / math.sqrt(sum(p * p for p in a[k]))
+print("%s: O2 against O0, relative error %.4f" % (k, err))
+sys.exit(0 if err < 0.05 else 1)
+EOF
+python3 "$dir/mkbatch.py" "$dir/batch.safetensors" 16
+g0=$("$ampc" grad --model cnn --weights "$dir/w.safetensors" --batch "$dir/batch.safetensors" --out "$dir/g0.safetensors" 2>&1)
+g2=$("$ampc" grad --model cnn --weights "$dir/w.safetensors" --batch "$dir/batch.safetensors" --out "$dir/g2.safetensors" --opt-level O2 2>&1)
+if cmp=$(python3 "$dir/gradcmp.py" "$dir/g0.safetensors" "$dir/g2.safetensors" 2>&1) && ! echo "$g2" | grep -q warning; then
+  ok "grad at O2: finite unscaled gradients, ${g2##*(}; $cmp"
+else bad "grad at O2: '$g2' / '$g0': $cmp"; fi
+
+# --- a checkpoint folder whose parents are missing is made with them --------------------------
+if "$ampc" train --model mlp --train-limit 64 --test-limit 32 --batch-size 32 --epochs 1 --quiet \
+     --checkpoint-dir "$dir/runs/a/ck" > /dev/null 2>&1 && [ -s "$dir/runs/a/ck/ckpt-step-00000002.safetensors" ]; then
+  ok "--checkpoint-dir makes the missing folders above it"
+else bad "--checkpoint-dir runs/a/ck"; fi
+
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -1,10 +1,30 @@
 /* ampc grad: one training-mode forward and backward on a given batch, with
  * given weights; writes loss, logits and the unscaled f32 gradient of every
  * parameter, so they can be checked against another framework. */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "session.h"
+
+/* Which parameter's gradient is not finite, and at what scale. */
+static void grad_warn_nonfinite(cli_session *s, const float *grads, const ampc_scaler *sc) {
+  size_t np = ampc_graph_param_count(s->g);
+  for (size_t i = 0; i < np; i++) {
+    ampc_value v = ampc_graph_param_at(s->g, i);
+    ampc_tensor t = ampc_graph_tensor(s->g, v);
+    const float *p = grads + ampc_graph_param_offset(s->g, v);
+    size_t n = (size_t)ampc_tensor_numel(&t), bad = 0;
+    for (size_t k = 0; k < n; k++) bad += !isfinite(p[k]);
+    if (!bad) continue;
+    fprintf(stderr, "ampc: warning: grad: %zu non-finite values in the gradient of %s at loss scale %g (%s)\n", bad,
+            ampc_graph_name(s->g, v), (double)ampc_scaler_scale(sc),
+            sc->dynamic ? "no smaller scale helped: the forward pass or the loss is not finite"
+                        : "the forward pass, the loss or the gradient itself is not finite");
+    return;
+  }
+}
 
 int cmd_grad(int argc, char **argv) {
   cli_common c;
@@ -36,7 +56,7 @@ int cmd_grad(int argc, char **argv) {
   int shape[4];
   int64_t nb;
   char from[4200];
-  snprintf(from, sizeof from, "the batch %s", batch);
+  snprintf(from, sizeof from, "the batch %s with --classes %d", batch, classes);
   if (cli_check_batch(batch, x, y, classes, shape, &nb) < 0 || cli_check_weights_input("--weights", weights, shape[0], shape[1], shape[2], classes, from) < 0) {
     ampc_st_close(bf);
     return 1;
@@ -56,36 +76,65 @@ int cmd_grad(int argc, char **argv) {
     if (!xf || !yi || ampc_st_read_f32(x, xf, nx) < 0 || ampc_st_read_i32(y, yi, (size_t)y->shape[0]) < 0) {
       cli_lib_error(batch);
       rc = 1;
-    } else if (ampc_graph_write(s.g, ampc_model_input(s.model), xf, AMPC_DTYPE_F32) < 0 ||
-               ampc_graph_write(s.g, ampc_model_labels(s.model), yi, AMPC_DTYPE_I32) < 0) {
+    }
+    for (int64_t i = 0; !rc && i < y->shape[0]; i++)
+      if (yi[i] < 0 || yi[i] >= classes) {
+        cli_error("%s: label %d of sample %lld out of range for %d classes (--classes)", batch, (int)yi[i], (long long)i, classes);
+        rc = 1;
+      }
+    if (!rc && (ampc_graph_write(s.g, ampc_model_input(s.model), xf, AMPC_DTYPE_F32) < 0 ||
+                ampc_graph_write(s.g, ampc_model_labels(s.model), yi, AMPC_DTYPE_I32) < 0)) {
       cli_lib_error(batch);
       rc = 1;
     }
   }
-  if (!rc && (ampc_amp_forward(s.amp, 1) < 0 || ampc_amp_backward(s.amp, ampc_model_loss(s.model), 0, 0) < 0)) {
-    cli_lib_error(NULL);
-    rc = 1;
+  size_t numel = 0, np = 0;
+  int nonfinite = 0;
+  ampc_scaler *sc = NULL;
+  if (!rc) {
+    numel = ampc_graph_param_numel(s.g);
+    np = ampc_graph_param_count(s.g);
+    sc = ampc_amp_scaler(s.amp, 0);
+    grads = malloc((numel ? numel : 1) * sizeof *grads);
+    if (!grads) {
+      cli_error("out of memory");
+      rc = 1;
+    }
+  }
+  /* as a training step's dynamic scale backs off after an overflow, a
+   * dynamic scale (O1, O2) is halved until the 16-bit backward no longer
+   * overflows: the gradients written are the unscaled ones of the first
+   * scale that fits */
+  for (int tries = 0; !rc; tries++) {
+    if (ampc_amp_forward(s.amp, 1) < 0 || ampc_amp_backward(s.amp, ampc_model_loss(s.model), 0, 0) < 0 ||
+        ampc_amp_unscaled_grads(s.amp, grads, &nonfinite) < 0) {
+      cli_lib_error(NULL);
+      rc = 1;
+      break;
+    }
+    float scale = ampc_scaler_scale(sc);
+    if (!nonfinite || !sc->dynamic || tries >= 64 || scale * 0.5f < sc->min_scale) break;
+    ampc_scaler_state st;
+    ampc_scaler_get_state(sc, &st);
+    st.scale = scale * 0.5f;
+    if (ampc_scaler_set_state(sc, &st) < 0) break;
   }
   if (!rc) {
-    size_t numel = ampc_graph_param_numel(s.g), np = ampc_graph_param_count(s.g);
-    grads = malloc((numel ? numel : 1) * sizeof *grads);
     ampc_tensor lg = ampc_graph_tensor(s.g, ampc_model_logits(s.model));
     size_t nl = (size_t)ampc_tensor_numel(&lg);
     logits = malloc(nl * sizeof *logits);
     ampc_st_tensor *ts = calloc(np + 2, sizeof *ts);
     char **names = calloc(np, sizeof *names);
     float loss = 0.0f;
-    int nonfinite = 0;
-    if (!grads || !logits || !ts || !names) {
+    if (!logits || !ts || !names) {
       cli_error("out of memory");
       rc = 1;
-    } else if (ampc_amp_unscaled_grads(s.amp, grads, &nonfinite) < 0 ||
-               ampc_graph_read(s.g, ampc_model_logits(s.model), logits, AMPC_DTYPE_F32) < 0 ||
+    } else if (ampc_graph_read(s.g, ampc_model_logits(s.model), logits, AMPC_DTYPE_F32) < 0 ||
                ampc_graph_read(s.g, ampc_model_loss(s.model), &loss, AMPC_DTYPE_F32) < 0) {
       cli_lib_error(NULL);
       rc = 1;
     } else {
-      if (nonfinite) fprintf(stderr, "ampc: warning: non-finite gradients\n");
+      if (nonfinite) grad_warn_nonfinite(&s, grads, sc);
       ts[0] = (ampc_st_tensor){.name = "loss", .dtype = AMPC_DTYPE_F32, .ndim = 0, .values = &loss, .nbytes = 4};
       ts[1] = (ampc_st_tensor){.name = "logits", .dtype = AMPC_DTYPE_F32, .ndim = 2, .shape = {lg.shape.d[0], lg.shape.d[1]}, .values = logits, .nbytes = nl * 4};
       for (size_t i = 0; i < np && !rc; i++) {
@@ -111,7 +160,7 @@ int cmd_grad(int argc, char **argv) {
         cli_lib_error(NULL);
         rc = 1;
       }
-      if (!rc) printf("loss %.6f, %zu gradients written to %s\n", loss, np, out);
+      if (!rc) printf("loss %.6f, %zu gradients written to %s (loss scale %g)\n", loss, np, out, (double)ampc_scaler_scale(sc));
     }
     if (names)
       for (size_t i = 0; i < np; i++) free(names[i]);
