@@ -144,6 +144,7 @@ int cmd_bench(int argc, char **argv) {
   int steps = 3, warmup = 1, json = 0, sgemm_n = 2048, profile = 1;
   cli_opt opts[48];
   int n = cli_common_opts(&c, opts, CLI_OPTS_BATCH | CLI_OPTS_SEED | CLI_OPTS_PRECISION | CLI_OPTS_STEP | CLI_OPTS_DIST);
+  opts[0].help = "mlp, cnn or resnet18 (default resnet18)"; /* the first common option: --model */
   opts[n++] = (cli_opt){"--steps", OPT_INT, &steps, "N", "timed training steps (default 3)", 1, NULL};
   opts[n++] = (cli_opt){"--warmup", OPT_INT, &warmup, "N", "untimed steps first (default 1)", 0, NULL};
   opts[n++] = (cli_opt){"--sgemm-size", OPT_INT, &sgemm_n, "N", "size of the baseline sgemm, 64..16384 (default 2048)", 64, NULL};
@@ -374,16 +375,17 @@ int cmd_bench(int argc, char **argv) {
     json_decref(o);
   } else {
     if (W > 1)
-      printf("model %s, %d ranks x batch %lld (global %lld), %s (%s), device %s, %d thread%s a rank, %d steps after %d warm-up\n", c.model, W,
+      printf("model %s, %d ranks x batch %lld (global %lld), %s (%s), device %s, %d thread%s a rank, %d step%s after %d warm-up\n", c.model, W,
              (long long)c.batch_size, (long long)c.batch_size * W, ampc_opt_level_name(s.amp_cfg.opt_level), precision,
-             ampc_graph_backend_name(s.g), threads, threads == 1 ? "" : "s", steps, warmup);
+             ampc_graph_backend_name(s.g), threads, threads == 1 ? "" : "s", steps, steps == 1 ? "" : "s", warmup);
     else
-      printf("model %s, batch %lld, %s (%s), device %s, %d threads, %d steps after %d warm-up\n", c.model, (long long)c.batch_size,
-             ampc_opt_level_name(s.amp_cfg.opt_level), precision, ampc_graph_backend_name(s.g), threads, steps, warmup);
+      printf("model %s, batch %lld, %s (%s), device %s, %d thread%s, %d step%s after %d warm-up\n", c.model, (long long)c.batch_size,
+             ampc_opt_level_name(s.amp_cfg.opt_level), precision, ampc_graph_backend_name(s.g), threads, threads == 1 ? "" : "s", steps,
+             steps == 1 ? "" : "s", warmup);
     printf("%.3f s/step, %.1f images/s, %.2f GFLOP/image, %.1f GFLOP/s = %.2f of this machine's sgemm (%.1f GFLOP/s at %d^3)\n",
            per_step, ips, flops / (double)c.batch_size / 1e9, gflops, sgemm > 0 ? gflops / sgemm : 0.0, sgemm, sgemm_n);
-    printf("%.1f GFLOP/s = %.2f of this machine's peak (%.1f GFLOP/s: a register-only loop of %s on %d threads)\n",
-           gflops, peak > 0 ? gflops / peak : 0.0, peak, kind_words[peak_kind], threads);
+    printf("%.1f GFLOP/s = %.2f of this machine's peak (%.1f GFLOP/s: a register-only loop of %s on %d thread%s)\n",
+           gflops, peak > 0 ? gflops / peak : 0.0, peak, kind_words[peak_kind], threads, threads == 1 ? "" : "s");
     printf("vector code: kernels %s, conversions %s; blas: %s, core %s\n", ampc_kernel_path(), ampc_convert_path(),
            ampc_blas_name(), ampc_blas_core());
     const char *better = ampc_blas_better_core(), *ct = getenv("OPENBLAS_CORETYPE");
