@@ -120,6 +120,8 @@ expect() { # expected exit, message pattern, args...
 }
 expect 1 "missing.safetensors" "$dir/missing.safetensors" -o "$dir/x.safetensors"
 expect 1 "junk.safetensors" "$dir/junk.safetensors" -o "$dir/x.safetensors"
+# a safetensors file that is no checkpoint (here an export, format "pt"; grad's files alike)
+expect 1 "not an ampc checkpoint or weights file \\(its \"format\" metadata is 'pt'\\)" "$(ls "$dir"/*_f32.safetensors | head -1)" -o "$dir/x.safetensors"
 expect 2 "-o FILE is required" "$ck"
 expect 2 "no checkpoint given" -o "$dir/x.safetensors"
 expect 2 "--dtype: expected f32, f16 or bf16, got 'f64'" "$ck" -o "$dir/x.safetensors" --dtype f64

@@ -103,7 +103,16 @@ int cmd_export(int argc, char **argv) {
   /* what the input says about itself */
   const char *fmt = ampc_st_metadata(f, "format"), *model = ampc_st_metadata(f, "model");
   json_t *info = NULL, *pre = NULL, *pre_owned = NULL;
-  if (fmt && strcmp(fmt, "ampc-checkpoint") == 0) {
+  if (!fmt || (strcmp(fmt, "ampc-checkpoint") != 0 && strncmp(fmt, "ampc-weights-", 13) != 0)) {
+    /* grad's outputs and inputs, exports and other frameworks' files are safetensors too */
+    if (fmt)
+      cli_error("%s: not an ampc checkpoint or weights file (its \"format\" metadata is '%.60s')", in, fmt);
+    else
+      cli_error("%s: not an ampc checkpoint or weights file (no \"format\" metadata)", in);
+    ampc_st_close(f);
+    return 1;
+  }
+  if (strcmp(fmt, "ampc-checkpoint") == 0) {
     json_error_t je;
     const char *js = ampc_st_metadata(f, "ampc");
     info = js ? json_loads(js, 0, &je) : NULL;
