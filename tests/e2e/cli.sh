@@ -216,5 +216,12 @@ if "$ampc" train --model mlp --train-limit 64 --test-limit 32 --batch-size 32 --
   ok "--checkpoint-dir makes the missing folders above it"
 else bad "--checkpoint-dir runs/a/ck"; fi
 
+# --- eval says when its normalisation is not the one the weights were trained with ------------
+w_off=$("$ampc" eval --model cnn --weights "$dir/w.safetensors" --test-limit 64 --normalize off 2>&1 >/dev/null)
+w_on=$("$ampc" eval --model cnn --weights "$dir/w.safetensors" --test-limit 64 2>&1 >/dev/null)
+if echo "$w_off" | grep -q "^ampc: warning: eval: .*w.safetensors was trained with per-channel normalisation of fashion-mnist, and this evaluation runs with --normalize off$" && [ -z "$w_on" ]; then
+  ok "eval --normalize off on weights trained with it warns: ${w_off#ampc: warning: }"
+else bad "eval normalisation warning: '$w_off' / '$w_on'"; fi
+
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -1,7 +1,28 @@
 /* ampc eval: test loss and accuracy of saved weights. */
+#include <jansson.h>
 #include <string.h>
 
 #include "session.h"
+
+/* The normalisation the weights were trained with, from their preprocessing
+ * record (a weights file's own metadata entry, or a checkpoint's "ampc"
+ * object): 1 or 0, -1 when they record none. */
+static int recorded_normalize(const char *path, char *dataset, size_t len) {
+  ampc_st_file *f;
+  if (ampc_st_open_header(&f, path) < 0) return -1;
+  const char *js = ampc_st_metadata(f, "preprocessing");
+  int own = js != NULL;
+  if (!own) js = ampc_st_metadata(f, "ampc");
+  json_error_t je;
+  json_t *root = js ? json_loads(js, 0, &je) : NULL, *p = own ? root : json_object_get(root, "preprocessing");
+  json_t *nz = json_object_get(p, "normalize");
+  const char *ds = json_string_value(json_object_get(p, "dataset"));
+  snprintf(dataset, len, "%s", ds ? ds : "");
+  int r = json_is_boolean(nz) ? json_is_true(nz) : -1;
+  json_decref(root);
+  ampc_st_close(f);
+  return r;
+}
 
 int cmd_eval(int argc, char **argv) {
   cli_common c;
@@ -23,6 +44,11 @@ int cmd_eval(int argc, char **argv) {
   cli_session s;
   int rc = cli_session_open(&s, &c, 0, 1, NULL, NULL, c.batch_size, "--weights", weights) < 0 || cli_load_weights(&s, weights) < 0;
   double loss = 0, acc = 0;
+  char ds[64];
+  int rec = rc ? -1 : recorded_normalize(weights, ds, sizeof ds);
+  if (rec >= 0 && rec != (s.normalize != 0))
+    fprintf(stderr, "ampc: warning: eval: %s was trained %s per-channel normalisation%s%s, and this evaluation runs with --normalize %s\n",
+            weights, rec ? "with" : "without", ds[0] ? " of " : "", ds, s.normalize ? "on" : "off");
   if (!rc) rc = cli_evaluate(&s, s.test, &loss, &acc) < 0;
   if (!rc) printf("test_loss %.4f test_acc %.4f images %zu\n", loss, acc, ampc_dataset_count(s.test));
   cli_session_close(&s);
