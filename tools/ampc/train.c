@@ -587,7 +587,7 @@ int cmd_train(int argc, char **argv) {
       json_object_set_new(o, "global_batch_size", json_integer(G));
       if (W > 1) {
         /* the gradient all-reduce of a step: alone (measured at the
-         * epoch's first step), the time a rank spent in it overlapped with
+         * epoch's second step), the time a rank spent in it overlapped with
          * backward, and the share of it overlap hid */
         json_object_set_new(o, "comm_seconds_per_step", json_real(comm_step[0]));
         json_object_set_new(o, "comm_exposed_seconds_per_step", json_real(comm_step[1]));
