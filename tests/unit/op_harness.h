@@ -228,6 +228,8 @@ static const op_case CASES[] = {
     /* widths of whole vectors of 8, products big enough to split over the threads (by rows forward, by
        columns of 8 backward): ampc's kernel where it runs 16 wide */
     {.name = "linear_wide", .k = K_LINEAR, .n = 64, .c = 72, .o = 64, .bias = 1},
+    /* a weight of more than 2^15 values: its transpose shared between the threads in bands of 8 columns, a partial block at the end */
+    {.name = "linear_long", .k = K_LINEAR, .n = 8, .c = 604, .o = 64, .bias = 1},
     {.name = "add", .k = K_ADD, .n = 2, .c = 3, .h = 5, .w = 5},
     {.name = "add_f32_operand", .k = K_ADD, .n = 3, .c = 2, .h = 3, .w = 5, .h2_f32 = 1},
     {.name = "add_8s", .k = K_ADD, .n = 2, .c = 3, .h = 4, .w = 8},

@@ -412,24 +412,6 @@ WG_VECTOR static void wg_grad_tiles(const float *st, int64_t nty, int64_t tw, fl
 
 /* ---- staging: planes <-> 8-channel interleaved bands ---- */
 
-/* r[j][k] <-> r[k][j] */
-static inline void wg_tr8(v8 r[8]) {
-  v8 a[8], b[8];
-  for (int i = 0; i < 8; i += 2) {
-    a[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
-    a[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
-  }
-  for (int i = 0; i < 8; i += 4) /* b[i + c]: columns c and c + 4 of rows i .. i+3 */
-    for (int h = 0; h < 2; h++) {
-      b[i + 2 * h] = __builtin_shufflevector(a[i + h], a[i + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
-      b[i + 2 * h + 1] = __builtin_shufflevector(a[i + h], a[i + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
-    }
-  for (int i = 0; i < 4; i++) {
-    r[i] = __builtin_shufflevector(b[i], b[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
-    r[i + 4] = __builtin_shufflevector(b[i], b[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
-  }
-}
-
 /* dst[8i + k] = src[k][i] for i < n (a channel without a source made
  * zero), eight positions at a time through a transpose; n >= 8 lets a
  * last partial step overlap the one before. */
@@ -439,7 +421,7 @@ WG_VECTOR static void wg_interleave(const float *const src[WG_VL], int64_t n, fl
       if (i + WG_VL > n) i = n - WG_VL;
       v8 r[8];
       for (int k = 0; k < 8; k++) r[k] = src[k] ? LD(src[k] + i) : (v8){0};
-      wg_tr8(r);
+      cpu_tr8(r);
       for (int j = 0; j < 8; j++) ST(dst + (i + j) * WG_VL, r[j]);
       if (i + WG_VL >= n) return;
     }
@@ -454,7 +436,7 @@ WG_VECTOR static void wg_deinterleave(const float *src, int64_t n, float *const 
       if (i + WG_VL > n) i = n - WG_VL;
       v8 r[8];
       for (int j = 0; j < 8; j++) r[j] = LD(src + (i + j) * WG_VL);
-      wg_tr8(r);
+      cpu_tr8(r);
       for (int q = 0; q < 8; q++) ST(dst[q] + i, r[q]);
       if (i + WG_VL >= n) return;
     }

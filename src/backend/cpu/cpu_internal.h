@@ -291,6 +291,23 @@ typedef int cpu_v8i __attribute__((vector_size(32), aligned(4), may_alias));
 #define CPU_LD8(p) (*(const cpu_v8 *)(p))
 #define CPU_ST8(p, v) (*(cpu_v8 *)(p) = (v))
 #define CPU_SEL8(m, x, y) ((cpu_v8)(((cpu_v8i)(x) & (m)) | ((cpu_v8i)(y) & ~(m)))) /* m ? x : y, per lane */
+/* r[j][k] <-> r[k][j]: an 8 x 8 block transposed in registers */
+static inline __attribute__((always_inline)) void cpu_tr8(cpu_v8 r[8]) {
+  cpu_v8 a[8], b[8];
+  for (int i = 0; i < 8; i += 2) {
+    a[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    a[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int i = 0; i < 8; i += 4) /* b[i + c]: columns c and c + 4 of rows i .. i+3 */
+    for (int h = 0; h < 2; h++) {
+      b[i + 2 * h] = __builtin_shufflevector(a[i + h], a[i + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      b[i + 2 * h + 1] = __builtin_shufflevector(a[i + h], a[i + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  for (int i = 0; i < 4; i++) {
+    r[i] = __builtin_shufflevector(b[i], b[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    r[i + 4] = __builtin_shufflevector(b[i], b[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
 
 #define CPU_CHUNK 1024 /* elements per block in element-wise kernels */
 
@@ -310,7 +327,10 @@ void ampc__cpu_gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda
  * AVX-512 kernels and faster than its AVX2 ones, which OPENBLAS_CORETYPE can
  * hold it to; 8 wide it was level with OpenBLAS's AVX2 kernels at best. */
 int ampc__cpu_gemm_wide(void);
-/* dst (cols x rows) = src (rows x cols)^T, both dense, in 8 x 8 blocks. */
+/* dst (cols x rows) = src (rows x cols)^T, in 8 x 8 blocks transposed in
+ * registers; src rows lds floats apart, dst rows ldd apart (_ld), or both
+ * dense. */
+void ampc__cpu_transpose_ld(const float *src, int64_t rows, int64_t cols, int64_t lds, float *dst, int64_t ldd);
 void ampc__cpu_transpose(const float *src, int64_t rows, int64_t cols, float *dst);
 size_t ampc__cpu_wino_ws(const ampc__op_call *c, int nthreads);
 ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c);

@@ -119,13 +119,24 @@ CPU_VECTOR static void gemm16(int64_t m, int64_t n, int64_t k, const float *A, i
 #else
 #define GEMM_CLONES_EXPORTED CPU_VECTOR
 #endif
-GEMM_CLONES_EXPORTED void ampc__cpu_transpose(const float *src, int64_t rows, int64_t cols, float *dst) {
+GEMM_CLONES_EXPORTED void ampc__cpu_transpose_ld(const float *src, int64_t rows, int64_t cols, int64_t lds, float *dst,
+                                                 int64_t ldd) {
   for (int64_t i0 = 0; i0 < rows; i0 += 8)
     for (int64_t j0 = 0; j0 < cols; j0 += 8) {
+      if (i0 + 8 <= rows && j0 + 8 <= cols) {
+        v8 r[8];
+        for (int i = 0; i < 8; i++) r[i] = CPU_LD8(src + (i0 + i) * lds + j0);
+        cpu_tr8(r);
+        for (int j = 0; j < 8; j++) CPU_ST8(dst + (j0 + j) * ldd + i0, r[j]);
+        continue;
+      }
       int64_t i1 = i0 + 8 < rows ? i0 + 8 : rows, j1 = j0 + 8 < cols ? j0 + 8 : cols;
       for (int64_t j = j0; j < j1; j++)
-        for (int64_t i = i0; i < i1; i++) dst[j * rows + i] = src[i * cols + j];
+        for (int64_t i = i0; i < i1; i++) dst[j * ldd + i] = src[i * lds + j];
     }
+}
+void ampc__cpu_transpose(const float *src, int64_t rows, int64_t cols, float *dst) {
+  ampc__cpu_transpose_ld(src, rows, cols, cols, dst, rows);
 }
 
 /* When set, the products run the 16-wide kernel (its portable build where

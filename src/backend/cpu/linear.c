@@ -80,6 +80,19 @@ static void store_grad_par(const ampc__op_call *c, const ampc_tensor *t, float *
   }
 }
 
+/* dst (cols x rows) = src (rows x cols)^T, over the threads in bands of
+ * columns of src (multiples of 8): the cnn's 3136 -> 128 layer's forward
+ * took 0.36 ms a step with one thread transposing, 0.28 with two */
+static void transpose_par(const ampc__op_call *c, const float *src, int64_t rows, int64_t cols, float *dst) {
+  int parts = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads;
+  if (rows * cols < LIN_CONVERT_BLOCK || cols < 16 * parts) parts = 1;
+#pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
+  for (int p = 0; p < parts; p++) {
+    int64_t lo = cols * p / parts / 8 * 8, hi = p == parts - 1 ? cols : cols * (p + 1) / parts / 8 * 8;
+    if (hi > lo) ampc__cpu_transpose_ld(src + lo, rows, hi - lo, cols, dst + lo * rows, rows);
+  }
+}
+
 static lin_geom lin_geometry(const ampc__op_call *c) {
   lin_geom g = {c->in[0].shape.d[0], c->in[0].shape.d[1], c->in[1].shape.d[0]};
   return g;
@@ -100,7 +113,7 @@ ampc_status ampc__cpu_linear_fwd(const ampc__op_call *c) {
   if (lin_own(0, g.M)) {
     /* w^T (K, M) in the space the backward's dx and dw take */
     float *wt = yb + g.N * g.M + g.M + 16;
-    ampc__cpu_transpose(wf, g.M, g.K, wt);
+    transpose_par(c, wf, g.M, g.K, wt);
     par_sgemm(cpu_ctx(c)->nthreads, g.N >= g.M, 0, 0, g.N, g.M, g.K, xf, g.K, wt, g.M, yf, g.M);
   } else {
     par_sgemm(cpu_ctx(c)->nthreads, g.N >= g.M, 0, 1, g.N, g.M, g.K, xf, g.K, wf, g.K, yf, g.M);
