@@ -4,7 +4,12 @@
  * storage, in training and in eval mode, on even and odd planes. */
 #include "ampc/nn.h"
 #include "ampc/rng.h"
+#include "backend/cpu/cpu_internal.h"
+#include "core/graph_internal.h"
 #include "test.h"
+
+/* the cpu kernels' instruction-set level both graphs run with (NULL: the best the CPU has) */
+static const ampc__cpu_isa *test_isa = NULL;
 
 typedef struct {
   float loss;
@@ -23,6 +28,7 @@ static run_result run(const char *model, int C, int H, int fuse, ampc_dtype act,
   ampc_graph_precision p = {act, AMPC_DTYPE_F32, act, 0, AMPC_DTYPE_F16, NULL};
   CHECK_OK(ampc_graph_set_precision(g, &p));
   CHECK_OK(ampc_graph_compile(g));
+  if (test_isa) ampc__cpu_set_isa(ampc__graph_device(g), test_isa);
   ampc_tensor x = ampc_graph_tensor(g, ampc_model_input(m));
   ampc_rng rng = ampc_rng_make(7, AMPC_RNG_STREAM_USER);
   size_t nx = (size_t)ampc_tensor_numel(&x);
@@ -90,9 +96,27 @@ TEST(cnn_fused_pool_cases) {
   CHECK_MSG(ratio < 0.8, "fused activations %.3f of the plain graph's", ratio);
 }
 
+/* the batch norm's output rounded to f16 for its fused pool in one pass
+ * with the normalisation (the AVX2 and AVX-512 levels) or after it (the
+ * baseline): each level the CPU runs, with a NaN and odd planes */
+TEST(cnn_fused_pool_each_isa) {
+  const ampc__cpu_isa *isas[3] = {&ampc__cpu_isa_baseline, NULL, NULL};
+  if (ampc__cpu_isa_avx2 && ampc__cpu_has_avx2_f16c()) isas[1] = ampc__cpu_isa_avx2;
+  if (ampc__cpu_isa_avx512 && ampc__cpu_has_avx512()) isas[2] = ampc__cpu_isa_avx512;
+  for (int i = 0; i < 3; i++) {
+    if (!isas[i]) continue;
+    test_isa = isas[i];
+    compare_mode("cnn", 1, 12, AMPC_DTYPE_F16, 1, -1);
+    compare_mode("cnn", 2, 19, AMPC_DTYPE_F16, 1, 30);
+    compare_mode("cnn", 1, 12, AMPC_DTYPE_F16, 0, 30);
+  }
+  test_isa = NULL;
+}
+
 TEST(resnet18_fused_equals_plain) {
   compare("resnet18", 3, 8, AMPC_DTYPE_F32);
   compare("resnet18", 3, 8, AMPC_DTYPE_BF16);
 }
 
-TEST_MAIN(TEST_ENTRY(cnn_fused_equals_plain), TEST_ENTRY(cnn_fused_pool_cases), TEST_ENTRY(resnet18_fused_equals_plain))
+TEST_MAIN(TEST_ENTRY(cnn_fused_equals_plain), TEST_ENTRY(cnn_fused_pool_cases), TEST_ENTRY(cnn_fused_pool_each_isa),
+          TEST_ENTRY(resnet18_fused_equals_plain))

@@ -113,6 +113,57 @@ CPU_VECTOR static void plane_dx(const float *x, const float *dy, size_t n, float
   }
 }
 
+/* plane_apply, then each value rounded to f16 (what a fused pool reads: the
+ * unfused graph pools the stored f16 output), in one pass: for the AVX2
+ * (FMA, F16C) and AVX-512 levels, whose builds of plane_apply contract
+ * x * scale + shift into an FMA as these do, so the values are the same. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define BN_X86 1
+__attribute__((target("avx2,fma,f16c"))) static void apply_f16_avx2(const float *x, size_t n, float scale, float shift, int relu,
+                                                                      float *y) {
+  const __m256 s = _mm256_set1_ps(scale), b = _mm256_set1_ps(shift), z = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), s, b);
+    if (relu) v = _mm256_blendv_ps(v, z, _mm256_cmp_ps(v, z, _CMP_LE_OQ)); /* NaN stays */
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)));
+  }
+  for (; i < n; i++) {
+    float v = fmaf(x[i], scale, shift);
+    if (relu && v <= 0.0f) v = 0.0f;
+    y[i] = _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+}
+__attribute__((target("avx512f,avx2,fma,f16c"))) static void apply_f16_avx512(const float *x, size_t n, float scale, float shift,
+                                                                                int relu, float *y) {
+  const __m512 s = _mm512_set1_ps(scale), b = _mm512_set1_ps(shift), z = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), s, b);
+    if (relu) v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, z, _CMP_LE_OQ), z);
+    _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)));
+  }
+  if (i < n) apply_f16_avx2(x + i, n - i, scale, shift, relu, y + i);
+}
+#else
+#define BN_X86 0
+#endif
+
+/* y = x * scale + shift (through a fused ReLU), rounded to the storage type
+ * where a fused pool reads it. */
+static void apply_rounded(const ampc__op_call *c, const float *x, size_t n, float scale, float shift, float *y) {
+#if BN_X86
+  const ampc__cpu_isa *isa = cpu_ctx(c)->isa;
+  if (c->attr.pool && c->out.dtype == AMPC_DTYPE_F16 && isa && isa->avx2) {
+    (isa->avx512 ? apply_f16_avx512 : apply_f16_avx2)(x, n, scale, shift, c->attr.relu, y);
+    return;
+  }
+#endif
+  plane_apply(x, n, scale, shift, c->attr.relu, y);
+  if (c->attr.pool) ampc__round_f32(c->out.dtype, y, n); /* pooled as the unfused graph pools: after rounding */
+}
+
 /* dy of one plane. With a fused ReLU it is masked where the output is not
  * positive, in place: the output's gradient is dead after this backward, so
  * the first pass leaves the masked values for the second. Masking is exact in
@@ -190,13 +241,11 @@ static void bn_apply(const ampc__op_call *c, const bn_geom *gp, int64_t ch, floa
     if (n + CPU_AHEAD < g.N) bn_prefetch_fwd(c, &g, (n + CPU_AHEAD) * g.C + ch, xc == NULL);
     const float *xp = xc ? xc + n * g.HW : cpu_load(x, off, (size_t)g.HW, xs);
     float *yp = c->attr.pool ? ys : cpu_out(y, off, ys);
-    plane_apply(xp, (size_t)g.HW, scale, shift, c->attr.relu, yp);
+    apply_rounded(c, xp, (size_t)g.HW, scale, shift, yp);
     if (!c->attr.pool) {
       cpu_commit(y, off, yp, (size_t)g.HW);
       continue;
     }
-    /* pooled as the unfused graph pools: after rounding to the storage type */
-    ampc__round_f32(y->dtype, yp, (size_t)g.HW);
     int64_t plane = n * g.C + ch;
     ampc__cpu_pool2_select(yp, g.H, g.W, ys + g.HW, bn_winners(c, &g) + plane * g.PHW);
     cpu_store(y, plane * g.PHW, ys + g.HW, (size_t)g.PHW, 0, NULL);
@@ -261,12 +310,11 @@ static void bn_fwd_by_sample(const ampc__op_call *c, const bn_geom *gp) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *ys = xs + CHW, *ps = ys + 3 * CHW;
     const float *xp = cpu_load(x, n * CHW, (size_t)CHW, xs);
     float *yp = c->attr.pool ? ys : cpu_out(y, n * CHW, ys);
-    for (int64_t ch = 0; ch < g.C; ch++) plane_apply(xp + ch * g.HW, (size_t)g.HW, scale[ch], shift[ch], c->attr.relu, yp + ch * g.HW);
+    for (int64_t ch = 0; ch < g.C; ch++) apply_rounded(c, xp + ch * g.HW, (size_t)g.HW, scale[ch], shift[ch], yp + ch * g.HW);
     if (!c->attr.pool) {
       cpu_commit(y, n * CHW, yp, (size_t)CHW);
       continue;
     }
-    ampc__round_f32(y->dtype, yp, (size_t)CHW); /* pooled after rounding, as the unfused graph */
     for (int64_t ch = 0; ch < g.C; ch++)
       ampc__cpu_pool2_select(yp + ch * g.HW, g.H, g.W, ps + ch * g.PHW, bn_winners(c, &g) + (n * g.C + ch) * g.PHW);
     cpu_store(y, n * CP, ps, (size_t)CP, 0, NULL);
