@@ -1247,6 +1247,36 @@ TEST(two_losses_add_each_gradient_once) {
   }
 }
 
+/* Four steps of Adam (the second of two accumulated micro-batches) on
+ * random batches from seed 40 + step: the losses, the parameters' bytes
+ * and the accounted activations, into the rig r, which stays open. With
+ * free_saved set on its graph before initialising. 0 when the rig failed. */
+typedef struct {
+  const char *model;
+  int c, h, w;
+  ampc_opt_level lv;
+} four_case;
+static const four_case four_cases[] = {{"cnn", 1, 12, 12, AMPC_OPT_O0}, {"cnn", 1, 12, 12, AMPC_OPT_O2},
+                                       {"resnet18", 3, 8, 8, AMPC_OPT_O0}, {"resnet18", 3, 8, 8, AMPC_OPT_O2}};
+static int four_steps(rig *r, const four_case *fc, int free_saved, float loss[4], unsigned char **bytes, size_t *len, size_t *act) {
+  ampc_amp_config cfg = make_config(fc->lv, AMPC_DTYPE_F16, NULL);
+  ampc_optim_config oc = optim_config(AMPC_OPTIM_ADAM, 1e-3f);
+  if (!rig_model(r, fc->model, 6, fc->c, fc->h, fc->w, 10, 5)) return 0;
+  CHECK_OK(ampc_graph_set_free_saved(r->g, free_saved));
+  if (!rig_init(r, &cfg, &oc)) return 0;
+  for (int s = 0; s < 4; s++) {
+    random_batch(r, 40 + (uint64_t)s, 1.0f);
+    fwd_bwd(r, s == 2);
+    CHECK_OK(ampc_graph_read(r->g, r->loss, &loss[s], AMPC_DTYPE_F32));
+    if (s != 1) CHECK_OK(ampc_amp_step(r->amp, 1e-3f, NULL));
+  }
+  ampc_mem_report m;
+  ampc_graph_memory(r->g, &m);
+  *act = ampc_mem_total(&m, AMPC_MEM_ACTIVATIONS);
+  *bytes = model_bytes(r, len);
+  return 1;
+}
+
 /* free_saved (one arena over forward and backward) changes where values
  * live, not what is computed: three steps (the second of two accumulated
  * micro-batches) give the same losses and parameters bit for bit as the two
@@ -1254,42 +1284,21 @@ TEST(two_losses_add_each_gradient_once) {
  * refused, and so is a read of an activation it freed (the logits, kept,
  * and the loss stay readable); a forward makes everything readable again. */
 TEST(free_saved_gives_the_same_bits_in_less_memory) {
-  static const struct {
-    const char *model;
-    int c, h, w;
-    ampc_opt_level lv;
-  } cases[] = {{"cnn", 1, 12, 12, AMPC_OPT_O0}, {"cnn", 1, 12, 12, AMPC_OPT_O2}, {"resnet18", 3, 8, 8, AMPC_OPT_O0},
-               {"resnet18", 3, 8, 8, AMPC_OPT_O2}};
-  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+  for (size_t c = 0; c < sizeof four_cases / sizeof four_cases[0]; c++) {
     rig r[2];
     float loss[2][4];
     size_t act[2] = {0, 0};
     unsigned char *bytes[2] = {NULL, NULL};
     size_t len[2] = {0, 0};
-    ampc_amp_config cfg = make_config(cases[c].lv, AMPC_DTYPE_F16, NULL);
-    ampc_optim_config oc = optim_config(AMPC_OPTIM_ADAM, 1e-3f);
-    for (int f = 0; f < 2; f++) {
-      if (!rig_model(&r[f], cases[c].model, 6, cases[c].c, cases[c].h, cases[c].w, 10, 5)) return;
-      CHECK_OK(ampc_graph_set_free_saved(r[f].g, f));
-      if (!rig_init(&r[f], &cfg, &oc)) return;
-      for (int s = 0; s < 4; s++) {
-        random_batch(&r[f], 40 + (uint64_t)s, 1.0f);
-        fwd_bwd(&r[f], s == 2);
-        CHECK_OK(ampc_graph_read(r[f].g, r[f].loss, &loss[f][s], AMPC_DTYPE_F32));
-        if (s != 1) CHECK_OK(ampc_amp_step(r[f].amp, 1e-3f, NULL));
-      }
-      ampc_mem_report m;
-      ampc_graph_memory(r[f].g, &m);
-      act[f] = ampc_mem_total(&m, AMPC_MEM_ACTIVATIONS);
-      bytes[f] = model_bytes(&r[f], &len[f]);
-    }
-    const char *what = cases[c].model;
-    CHECK_MSG(memcmp(loss[0], loss[1], sizeof loss[0]) == 0, "%s %s: losses differ with free_saved", what,
-              ampc_opt_level_name(cases[c].lv));
+    for (int f = 0; f < 2; f++)
+      if (!four_steps(&r[f], &four_cases[c], f, loss[f], &bytes[f], &len[f], &act[f])) return;
+    const char *what = four_cases[c].model;
+    ampc_opt_level lv = four_cases[c].lv;
+    CHECK_MSG(memcmp(loss[0], loss[1], sizeof loss[0]) == 0, "%s %s: losses differ with free_saved", what, ampc_opt_level_name(lv));
     CHECK_MSG(len[0] == len[1] && memcmp(bytes[0], bytes[1], len[0]) == 0, "%s %s: parameters differ with free_saved", what,
-              ampc_opt_level_name(cases[c].lv));
-    CHECK_MSG(act[1] < act[0], "%s %s: activations %zu bytes with free_saved, %zu without", what,
-              ampc_opt_level_name(cases[c].lv), act[1], act[0]);
+              ampc_opt_level_name(lv));
+    CHECK_MSG(act[1] < act[0], "%s %s: activations %zu bytes with free_saved, %zu without", what, ampc_opt_level_name(lv), act[1],
+              act[0]);
     /* after a backward: no second one, no read of what it freed */
     rig *q = &r[1];
     float *lg = malloc((size_t)(q->n * q->classes) * sizeof *lg);
@@ -1327,31 +1336,18 @@ TEST(free_saved_gives_the_same_bits_in_less_memory) {
  * steps with an accumulated micro-batch, at O0 and O2. */
 extern int ampc__cpu_bn_by_channel;
 TEST(batchnorm_by_sample_gives_the_channel_loops_bits) {
-  static const struct {
-    const char *model;
-    int c, h, w;
-    ampc_opt_level lv;
-  } cases[] = {{"cnn", 1, 16, 16, AMPC_OPT_O0}, {"cnn", 1, 16, 16, AMPC_OPT_O2}, {"resnet18", 3, 8, 8, AMPC_OPT_O0},
-               {"resnet18", 3, 8, 8, AMPC_OPT_O2}};
+  static const four_case cases[] = {{"cnn", 1, 16, 16, AMPC_OPT_O0}, {"cnn", 1, 16, 16, AMPC_OPT_O2},
+                                    {"resnet18", 3, 8, 8, AMPC_OPT_O0}, {"resnet18", 3, 8, 8, AMPC_OPT_O2}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     rig r[2];
     float loss[2][4];
     unsigned char *bytes[2] = {NULL, NULL};
-    size_t len[2] = {0, 0};
-    ampc_amp_config cfg = make_config(cases[c].lv, AMPC_DTYPE_F16, NULL);
-    ampc_optim_config oc = optim_config(AMPC_OPTIM_ADAM, 1e-3f);
+    size_t len[2] = {0, 0}, act[2];
     for (int f = 0; f < 2; f++) {
       ampc__cpu_bn_by_channel = f;
-      if (!rig_model(&r[f], cases[c].model, 6, cases[c].c, cases[c].h, cases[c].w, 10, 5)) return;
-      if (!rig_init(&r[f], &cfg, &oc)) return;
-      for (int s = 0; s < 4; s++) {
-        random_batch(&r[f], 60 + (uint64_t)s, 1.0f);
-        fwd_bwd(&r[f], s == 2);
-        CHECK_OK(ampc_graph_read(r[f].g, r[f].loss, &loss[f][s], AMPC_DTYPE_F32));
-        if (s != 1) CHECK_OK(ampc_amp_step(r[f].amp, 1e-3f, NULL));
-      }
-      bytes[f] = model_bytes(&r[f], &len[f]);
+      int ok = four_steps(&r[f], &cases[c], 0, loss[f], &bytes[f], &len[f], &act[f]);
       ampc__cpu_bn_by_channel = 0;
+      if (!ok) return;
     }
     const char *what = cases[c].model;
     CHECK_MSG(memcmp(loss[0], loss[1], sizeof loss[0]) == 0, "%s %s: losses differ between the two batch norm loops", what,
