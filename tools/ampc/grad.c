@@ -9,7 +9,7 @@
 #include "session.h"
 
 /* Which parameter's gradient is not finite, and at what scale. */
-static void grad_warn_nonfinite(cli_session *s, const float *grads, const ampc_scaler *sc) {
+static void grad_warn_nonfinite(cli_session *s, const float *grads, const ampc_scaler *sc, float loss) {
   size_t np = ampc_graph_param_count(s->g);
   for (size_t i = 0; i < np; i++) {
     ampc_value v = ampc_graph_param_at(s->g, i);
@@ -20,8 +20,9 @@ static void grad_warn_nonfinite(cli_session *s, const float *grads, const ampc_s
     if (!bad) continue;
     fprintf(stderr, "ampc: warning: grad: %zu non-finite values in the gradient of %s at loss scale %g (%s)\n", bad,
             ampc_graph_name(s->g, v), (double)ampc_scaler_scale(sc),
-            sc->dynamic ? "no smaller scale helped: the forward pass or the loss is not finite"
-                        : "the forward pass, the loss or the gradient itself is not finite");
+            !isfinite(loss) ? "the loss is not finite: the forward pass overflowed or met a NaN"
+            : sc->dynamic   ? "no smaller scale helped"
+                            : "the gradient itself is not finite");
     return;
   }
 }
@@ -104,16 +105,19 @@ int cmd_grad(int argc, char **argv) {
   /* as a training step's dynamic scale backs off after an overflow, a
    * dynamic scale (O1, O2) is halved until the 16-bit backward no longer
    * overflows: the gradients written are the unscaled ones of the first
-   * scale that fits */
+   * scale that fits. A loss that is not finite itself ends it at once (no
+   * scale helps), and so do 32 halvings (2^16 down to 2^-16). */
   for (int tries = 0; !rc; tries++) {
+    float l = 0.0f;
     if (ampc_amp_forward(s.amp, 1) < 0 || ampc_amp_backward(s.amp, ampc_model_loss(s.model), 0, 0) < 0 ||
-        ampc_amp_unscaled_grads(s.amp, grads, &nonfinite) < 0) {
+        ampc_amp_unscaled_grads(s.amp, grads, &nonfinite) < 0 ||
+        ampc_graph_read(s.g, ampc_model_loss(s.model), &l, AMPC_DTYPE_F32) < 0) {
       cli_lib_error(NULL);
       rc = 1;
       break;
     }
     float scale = ampc_scaler_scale(sc);
-    if (!nonfinite || !sc->dynamic || tries >= 64 || scale * 0.5f < sc->min_scale) break;
+    if (!nonfinite || !isfinite(l) || !sc->dynamic || tries >= 32 || scale * 0.5f < sc->min_scale) break;
     ampc_scaler_state st;
     ampc_scaler_get_state(sc, &st);
     st.scale = scale * 0.5f;
@@ -134,7 +138,7 @@ int cmd_grad(int argc, char **argv) {
       cli_lib_error(NULL);
       rc = 1;
     } else {
-      if (nonfinite) grad_warn_nonfinite(&s, grads, sc);
+      if (nonfinite) grad_warn_nonfinite(&s, grads, sc, loss);
       ts[0] = (ampc_st_tensor){.name = "loss", .dtype = AMPC_DTYPE_F32, .ndim = 0, .values = &loss, .nbytes = 4};
       ts[1] = (ampc_st_tensor){.name = "logits", .dtype = AMPC_DTYPE_F32, .ndim = 2, .shape = {lg.shape.d[0], lg.shape.d[1]}, .values = logits, .nbytes = nl * 4};
       for (size_t i = 0; i < np && !rc; i++) {
