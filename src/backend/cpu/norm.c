@@ -228,6 +228,30 @@ static float param_at(const ampc_tensor *t, int64_t i) {
   return v;
 }
 
+/* Channel ch's mean and inverse std into the saved state: in training from
+ * the sums of (x - k) and (x - k)^2 around k over count values (the channel's
+ * first value: accurate without a second pass), updating the running
+ * statistics (with the unbiased variance); in eval from those. */
+static void bn_channel_stats(const ampc__op_call *c, int64_t C, int64_t ch, float k, double sum, double sq, int64_t count) {
+  float *rm = c->in[3].data, *rv = c->in[4].data, *mean_s = c->aux, *invstd_s = c->aux + C;
+  float mom = c->attr.momentum, eps = c->attr.eps;
+  if (!c->training) {
+    mean_s[ch] = rm[ch];
+    invstd_s[ch] = 1.0f / sqrtf(rv[ch] + eps);
+    return;
+  }
+  double md = sum / (double)count;
+  float mean = (float)(k + md);
+  sq -= md * sum; /* sum of squared deviations from the mean */
+  if (sq < 0) sq = 0;
+  float var = (float)(sq / (double)count);
+  mean_s[ch] = mean;
+  invstd_s[ch] = 1.0f / sqrtf(var + eps);
+  float unbiased = (float)(sq / (double)(count - 1));
+  rm[ch] = (1.0f - mom) * rm[ch] + mom * mean;
+  rv[ch] = (1.0f - mom) * rv[ch] + mom * unbiased;
+}
+
 /* y of channel ch from x, normalised with (mean, invstd), scaled and
  * shifted, through a fused ReLU and pool; xc: the channel's x cached in f32
  * (NULL: loaded again), xs and ys the thread's staging planes. */
@@ -259,15 +283,13 @@ static void bn_apply(const ampc__op_call *c, const bn_geom *gp, int64_t ch, floa
 static void bn_fwd_by_sample(const ampc__op_call *c, const bn_geom *gp) {
   const bn_geom g = *gp;
   const ampc_tensor *x = &c->in[0], *y = &c->out;
-  float *rm = c->in[3].data, *rv = c->in[4].data;
-  float *mean_s = c->aux, *invstd_s = c->aux + g.C;
+  const float *mean_s = c->aux, *invstd_s = c->aux + g.C;
   float *scale = (float *)c->ws, *shift = scale + g.C, *part = (float *)c->ws + bn_shared(&g);
-  float mom = c->attr.momentum, eps = c->attr.eps;
   int64_t CHW = g.C * g.HW, CP = g.C * g.PHW, count = g.N * g.HW;
   size_t per = bn_sample_per_thread(&g), shared = bn_sample_shared(&g);
   int nt = cpu_ctx(c)->nthreads;
+  float *k0 = shift; /* each channel's first value, until the shifts */
   if (c->training) {
-    float *k0 = shift; /* each channel's first value, until the shifts */
     for (int64_t ch = 0; ch < g.C; ch++) ampc_load_f32(&k0[ch], x->dtype, cpu_at(x, ch * g.HW), 1);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t n = 0; n < g.N; n++) {
@@ -278,28 +300,14 @@ static void bn_fwd_by_sample(const ampc__op_call *c, const bn_geom *gp) {
         plane_sums(xp + ch * g.HW, k0[ch], (size_t)g.HW, &s[0], &s[1]);
       }
     }
-    for (int64_t ch = 0; ch < g.C; ch++) {
-      double sum = 0.0, sq = 0.0;
-      for (int64_t n = 0; n < g.N; n++) {
-        sum += part[2 * (n * g.C + ch)];
-        sq += part[2 * (n * g.C + ch) + 1];
-      }
-      double md = sum / (double)count;
-      float mean = (float)(k0[ch] + md);
-      sq -= md * sum;
-      if (sq < 0) sq = 0;
-      float var = (float)(sq / (double)count);
-      mean_s[ch] = mean;
-      invstd_s[ch] = 1.0f / sqrtf(var + eps);
-      float unbiased = (float)(sq / (double)(count - 1));
-      rm[ch] = (1.0f - mom) * rm[ch] + mom * mean;
-      rv[ch] = (1.0f - mom) * rv[ch] + mom * unbiased;
+  }
+  for (int64_t ch = 0; ch < g.C; ch++) {
+    double sum = 0.0, sq = 0.0;
+    for (int64_t n = 0; c->training && n < g.N; n++) {
+      sum += part[2 * (n * g.C + ch)];
+      sq += part[2 * (n * g.C + ch) + 1];
     }
-  } else {
-    for (int64_t ch = 0; ch < g.C; ch++) {
-      mean_s[ch] = rm[ch];
-      invstd_s[ch] = 1.0f / sqrtf(rv[ch] + eps);
-    }
+    bn_channel_stats(c, g.C, ch, c->training ? k0[ch] : 0.0f, sum, sq, count);
   }
   for (int64_t ch = 0; ch < g.C; ch++) {
     scale[ch] = param_at(&c->in[1], ch) * invstd_s[ch];
@@ -443,33 +451,21 @@ static ampc_status bn_fwd_sync(const ampc__op_call *c) {
   return AMPC_OK;
 }
 
-ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
-  if (c->sync && c->training) return bn_fwd_sync(c);
-  bn_geom g = bn_geometry(c);
+/* Forward a channel at a time: each thread a block of channels, a channel's
+ * planes through the sums and then normalised (16-bit ones kept in f32
+ * between the two where they fit: bn_cache). */
+static void bn_fwd_by_channel(const ampc__op_call *c, const bn_geom *gp) {
+  const bn_geom g = *gp;
   const ampc_tensor *x = &c->in[0];
-  float *rm = c->in[3].data, *rv = c->in[4].data;
-  float *mean_s = c->aux, *invstd_s = c->aux + g.C;
-  float mom = c->attr.momentum, eps = c->attr.eps;
-  size_t shared = 64;
+  const float *mean_s = c->aux, *invstd_s = c->aux + g.C;
+  size_t shared = 64, per = bn_per_thread(c, &g);
   int64_t count = g.N * g.HW;
-  if (c->attr.pool && (c->out.shape.d[2] != g.H / 2 || c->out.shape.d[3] != g.W / 2))
-    return ampc__error(AMPC_EINVAL, "batchnorm2d: a fused pool's output must be half the input's size");
-  if (c->training && count < 2) return ampc__error(AMPC_EINVAL, "batchnorm2d: training needs more than one value per channel (got %lld)", (long long)count);
-  if (bn_by_sample(c, &g)) {
-    bn_fwd_by_sample(c, &g);
-    c->aux[2 * g.C] = c->training ? 1.0f : 0.0f;
-    if (c->training && c->n_in > 5 && c->in[5].data) ((int64_t *)c->in[5].data)[0] += 1;
-    return AMPC_OK;
-  }
-  size_t per = bn_per_thread(c, &g);
   int cache = bn_cache(c, &g) && x->dtype != AMPC_DTYPE_F32;
 #pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *ys = xs + 2 * g.HW, *xc = xs + 4 * g.HW;
-    float mean, invstd;
     if (c->training) {
-      /* one pass: sums of (x - k) and (x - k)^2 around k, the channel's first
-       * value, which keeps the variance accurate without a second pass */
+      /* one pass: sums of (x - k) and (x - k)^2 around k, the channel's first value */
       float k0;
       ampc_load_f32(&k0, x->dtype, cpu_at(x, ch * g.HW), 1);
       double sum = 0.0, sq = 0.0;
@@ -481,25 +477,25 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
         sum += a;
         sq += b;
       }
-      double md = sum / (double)count;
-      mean = (float)(k0 + md);
-      sq -= md * sum; /* sum of squared deviations from the mean */
-      if (sq < 0) sq = 0;
-      float var = (float)(sq / (double)count);
-      invstd = 1.0f / sqrtf(var + eps);
-      mean_s[ch] = mean;
-      invstd_s[ch] = invstd;
-      float unbiased = (float)(sq / (double)(count - 1));
-      rm[ch] = (1.0f - mom) * rm[ch] + mom * mean;
-      rv[ch] = (1.0f - mom) * rv[ch] + mom * unbiased;
+      bn_channel_stats(c, g.C, ch, k0, sum, sq, count);
     } else {
-      mean = rm[ch];
-      invstd = 1.0f / sqrtf(rv[ch] + eps);
-      mean_s[ch] = mean;
-      invstd_s[ch] = invstd;
+      bn_channel_stats(c, g.C, ch, 0.0f, 0.0, 0.0, count);
     }
-    bn_apply(c, &g, ch, mean, invstd, cache && c->training ? xc : NULL, xs, ys);
+    bn_apply(c, &g, ch, mean_s[ch], invstd_s[ch], cache && c->training ? xc : NULL, xs, ys);
   }
+}
+
+ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
+  if (c->sync && c->training) return bn_fwd_sync(c);
+  bn_geom g = bn_geometry(c);
+  int64_t count = g.N * g.HW;
+  if (c->attr.pool && (c->out.shape.d[2] != g.H / 2 || c->out.shape.d[3] != g.W / 2))
+    return ampc__error(AMPC_EINVAL, "batchnorm2d: a fused pool's output must be half the input's size");
+  if (c->training && count < 2) return ampc__error(AMPC_EINVAL, "batchnorm2d: training needs more than one value per channel (got %lld)", (long long)count);
+  if (bn_by_sample(c, &g))
+    bn_fwd_by_sample(c, &g);
+  else
+    bn_fwd_by_channel(c, &g);
   c->aux[2 * g.C] = c->training ? 1.0f : 0.0f; /* which statistics backward differentiates */
   if (c->training && c->n_in > 5 && c->in[5].data) ((int64_t *)c->in[5].data)[0] += 1;
   return AMPC_OK;
