@@ -464,11 +464,11 @@ static void bn_fwd_by_channel(const ampc__op_call *c, const bn_geom *gp) {
 #pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *ys = xs + 2 * g.HW, *xc = xs + 4 * g.HW;
+    float k0 = 0.0f;
+    double sum = 0.0, sq = 0.0;
     if (c->training) {
       /* one pass: sums of (x - k) and (x - k)^2 around k, the channel's first value */
-      float k0;
       ampc_load_f32(&k0, x->dtype, cpu_at(x, ch * g.HW), 1);
-      double sum = 0.0, sq = 0.0;
       for (int64_t n = 0; n < g.N; n++) {
         if (n + CPU_AHEAD < g.N) cpu_prefetch(x, ((n + CPU_AHEAD) * g.C + ch) * g.HW, (size_t)g.HW, 0);
         const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, cache ? xc + n * g.HW : xs);
@@ -477,10 +477,8 @@ static void bn_fwd_by_channel(const ampc__op_call *c, const bn_geom *gp) {
         sum += a;
         sq += b;
       }
-      bn_channel_stats(c, g.C, ch, k0, sum, sq, count);
-    } else {
-      bn_channel_stats(c, g.C, ch, 0.0f, 0.0, 0.0, count);
     }
+    bn_channel_stats(c, g.C, ch, k0, sum, sq, count);
     bn_apply(c, &g, ch, mean_s[ch], invstd_s[ch], cache && c->training ? xc : NULL, xs, ys);
   }
 }
@@ -556,21 +554,16 @@ static ampc_status bn_bwd_sync(const ampc__op_call *c) {
   return AMPC_OK;
 }
 
-ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
-  bn_geom g = bn_geometry(c);
-  if (c->sync && c->aux[2 * g.C] != 0.0f) return bn_bwd_sync(c);
-  const ampc_tensor *x = &c->in[0], *gamma = &c->in[1];
-  const ampc_tensor *dx = &c->din[0], *dgamma = &c->din[1], *dbeta = &c->din[2];
+/* Backward a channel at a time: each thread a block of channels, a channel's
+ * sums over its planes, then dx (a channel's values kept in f32 between the
+ * two passes where they fit: bn_cache). dg and dbt receive the parameters'
+ * gradients. */
+static void bn_bwd_by_channel(const ampc__op_call *c, const bn_geom *gp, int batch_stats, float *dg, float *dbt) {
+  const bn_geom g = *gp;
+  const ampc_tensor *x = &c->in[0], *gamma = &c->in[1], *dx = &c->din[0];
   const float *mean_s = c->aux, *invstd_s = c->aux + g.C;
-  float *dg = (float *)c->ws, *dbt = dg + g.C; /* shared: per-channel parameter gradients */
-  size_t shared = 64 + 4 * (size_t)g.C;
+  size_t shared = bn_shared(&g);
   int64_t count = g.N * g.HW;
-  /* after an eval-mode forward the statistics are constants: dx = dy * gamma * invstd */
-  int batch_stats = c->aux[2 * g.C] != 0.0f;
-  if (bn_by_sample(c, &g)) {
-    bn_bwd_by_sample(c, &g, batch_stats, dg, dbt);
-    goto params;
-  }
   size_t per = bn_per_thread(c, &g);
   int cache = bn_cache(c, &g);
   /* backward's two caches (x and dy) together in L2, or dy's alone: x is
@@ -619,7 +612,19 @@ ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
       }
     }
   }
-params:;
+}
+
+ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c) {
+  bn_geom g = bn_geometry(c);
+  if (c->sync && c->aux[2 * g.C] != 0.0f) return bn_bwd_sync(c);
+  const ampc_tensor *dgamma = &c->din[1], *dbeta = &c->din[2];
+  float *dg = (float *)c->ws, *dbt = dg + g.C; /* shared: per-channel parameter gradients */
+  /* after an eval-mode forward the statistics are constants: dx = dy * gamma * invstd */
+  int batch_stats = c->aux[2 * g.C] != 0.0f;
+  if (bn_by_sample(c, &g))
+    bn_bwd_by_sample(c, &g, batch_stats, dg, dbt);
+  else
+    bn_bwd_by_channel(c, &g, batch_stats, dg, dbt);
   float *tmp = dbt + g.C;
   if (dgamma->data) cpu_store_grad(c, dgamma, 0, dg, (size_t)g.C, c->din_acc[1], tmp);
   if (dbeta->data) cpu_store_grad(c, dbeta, 0, dbt, (size_t)g.C, c->din_acc[2], tmp);
