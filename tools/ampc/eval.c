@@ -5,21 +5,15 @@
 #include "session.h"
 
 /* The normalisation the weights were trained with, from their preprocessing
- * record (a weights file's own metadata entry, or a checkpoint's "ampc"
- * object): 1 or 0, -1 when they record none. */
+ * record: 1 or 0, -1 when they record none. */
 static int recorded_normalize(const char *path, char *dataset, size_t len) {
   ampc_st_file *f;
   if (ampc_st_open_header(&f, path) < 0) return -1;
-  const char *js = ampc_st_metadata(f, "preprocessing");
-  int own = js != NULL;
-  if (!own) js = ampc_st_metadata(f, "ampc");
-  json_error_t je;
-  json_t *root = js ? json_loads(js, 0, &je) : NULL, *p = own ? root : json_object_get(root, "preprocessing");
-  json_t *nz = json_object_get(p, "normalize");
+  json_t *p = cli_file_preprocessing(f), *nz = json_object_get(p, "normalize");
   const char *ds = json_string_value(json_object_get(p, "dataset"));
   snprintf(dataset, len, "%s", ds ? ds : "");
   int r = json_is_boolean(nz) ? json_is_true(nz) : -1;
-  json_decref(root);
+  json_decref(p);
   ampc_st_close(f);
   return r;
 }

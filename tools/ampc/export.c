@@ -16,6 +16,7 @@
 #include "ampc/safetensors.h"
 #include "ampc/version.h"
 #include "cli.h"
+#include "session.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -102,7 +103,7 @@ int cmd_export(int argc, char **argv) {
   int rc = 0;
   /* what the input says about itself */
   const char *fmt = ampc_st_metadata(f, "format"), *model = ampc_st_metadata(f, "model");
-  json_t *info = NULL, *pre = NULL, *pre_owned = NULL;
+  json_t *info = NULL, *pre = NULL;
   if (!fmt || (strcmp(fmt, "ampc-checkpoint") != 0 && strncmp(fmt, "ampc-weights-", 13) != 0)) {
     /* grad's outputs and inputs, exports and other frameworks' files are safetensors too */
     if (fmt)
@@ -123,13 +124,8 @@ int cmd_export(int argc, char **argv) {
       return 1;
     }
     model = json_string_value(json_object_get(info, "model"));
-    pre = json_object_get(info, "preprocessing");
-  } else if (ampc_st_metadata(f, "preprocessing")) {
-    /* a weights file (train --save) keeps it as its own metadata entry */
-    json_error_t je;
-    pre_owned = json_loads(ampc_st_metadata(f, "preprocessing"), 0, &je);
-    pre = pre_owned;
   }
+  pre = cli_file_preprocessing(f);
 
   size_t n = ampc_st_count(f), nout = 0, from_master = 0;
   ampc_st_tensor *t = calloc(n ? n : 1, sizeof *t);
@@ -237,7 +233,7 @@ int cmd_export(int argc, char **argv) {
   free(bufs);
   free(t);
   json_decref(info);
-  json_decref(pre_owned);
+  json_decref(pre);
   ampc_st_close(f);
   return rc;
 }

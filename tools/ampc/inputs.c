@@ -2,6 +2,7 @@
  * weights or checkpoint file, a `grad` batch, the counts given as flags --
  * made from their headers and metadata before anything is read or allocated
  * for them. Each prints one error naming both sides and returns -1. */
+#include <jansson.h>
 #include <limits.h>
 #include <string.h>
 
@@ -74,4 +75,14 @@ int cli_check_resume(const char *path, const ampc_train_state *ts, int64_t batch
     return -1;
   }
   return 0;
+}
+
+json_t *cli_file_preprocessing(const ampc_st_file *f) {
+  json_error_t je;
+  const char *own = ampc_st_metadata(f, "preprocessing"), *js = own ? own : ampc_st_metadata(f, "ampc");
+  json_t *root = js ? json_loads(js, 0, &je) : NULL;
+  if (own) return root;
+  json_t *p = json_incref(json_object_get(root, "preprocessing"));
+  json_decref(root);
+  return p;
 }
