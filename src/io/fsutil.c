@@ -140,6 +140,13 @@ ampc_status ampc__write_file_atomic(const char *path,
   if (!path || !*path || !fill) return ampc__error(AMPC_EINVAL, "write: no path or no contents");
   size_t plen = strlen(path);
   if (path[plen - 1] == '/') return ampc__error(AMPC_EINVAL, "%s: path names a folder", path);
+  /* The rename below would replace whatever the path names: a device (as
+   * root, /dev/null itself), a FIFO or a socket is refused, not replaced. */
+  struct stat ost;
+  if (stat(path, &ost) == 0 && !S_ISREG(ost.st_mode))
+    return ampc__error(AMPC_EINVAL, "%s: exists and is not a regular file (%s); not replaced", path,
+                       S_ISDIR(ost.st_mode) ? "a folder" : S_ISFIFO(ost.st_mode) ? "a FIFO"
+                       : S_ISCHR(ost.st_mode) || S_ISBLK(ost.st_mode) ? "a device" : "a socket or other special file");
 
   char *dir = NULL, *tmp = NULL;
   const char *base;

@@ -223,5 +223,29 @@ if echo "$w_off" | grep -q "^ampc: warning: eval: .*w.safetensors was trained wi
   ok "eval --normalize off on weights trained with it warns: ${w_off#ampc: warning: }"
 else bad "eval normalisation warning: '$w_off' / '$w_on'"; fi
 
+# --- a metrics file is emptied only once the run is set to train ----------------------------
+printf '{"epoch":1}\n' > "$dir/keep.jsonl"
+"$ampc" train --model mlp --quiet --data "$dir/nosuch" --metrics "$dir/keep.jsonl" > /dev/null 2>&1
+if [ "$(cat "$dir/keep.jsonl")" = '{"epoch":1}' ]; then ok "a run that fails before training leaves --metrics as it was"
+else bad "--metrics emptied by a run that never trained: '$(cat "$dir/keep.jsonl")'"; fi
+
+# --- writes that fail are errors: the metrics file, standard output --------------------------
+if [ -w /dev/full ] && [ -c /dev/full ]; then
+  "$ampc" train --model mlp --train-limit 64 --test-limit 32 --batch-size 32 --epochs 1 --quiet --metrics /dev/full > /dev/null 2> "$dir/full.txt"
+  rc=$?
+  if [ $rc = 1 ] && grep -q "^ampc: error: --metrics: error writing '/dev/full'" "$dir/full.txt"; then ok "--metrics /dev/full: exit 1, $(head -1 "$dir/full.txt")"
+  else bad "--metrics /dev/full: exit $rc, '$(cat "$dir/full.txt")'"; fi
+  "$ampc" summary --model cnn > /dev/full 2> "$dir/full2.txt"
+  rc=$?
+  if [ $rc = 1 ] && grep -q "^ampc: error: standard output: write error" "$dir/full2.txt"; then ok "summary > /dev/full: exit 1"
+  else bad "summary > /dev/full: exit $rc, '$(cat "$dir/full2.txt")'"; fi
+  [ -c /dev/full ] && ok "/dev/full is still a device" || bad "/dev/full was replaced"
+fi
+
+# --- ampc help COMMAND is that command's help -----------------------------------------------
+if "$ampc" help train 2>&1 | grep -q "^usage: ampc train" && "$ampc" help export 2>&1 | grep -q "^usage: ampc export"; then
+  ok "ampc help train / export print those commands' help"
+else bad "ampc help train: '$("$ampc" help train 2>&1 | head -2)'"; fi
+
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -73,6 +74,10 @@ static int parse_value(const cli_opt *o, const char *v) {
     case OPT_INT:
     case OPT_I64: {
       long long x = strtoll(v, &end, 10);
+      if (*v && !*end && errno == ERANGE) {
+        cli_error("%s: %s is out of range", o->name, v);
+        return -1;
+      }
       if (!*v || *end || errno) {
         cli_error("%s: expected an integer, got '%s'", o->name, v);
         return -1;
@@ -86,11 +91,12 @@ static int parse_value(const cli_opt *o, const char *v) {
         cli_error("%s: must be at most %.0f, got %lld", o->name, max, x);
         return -1;
       }
+      /* every count but a seed: at most 10^9 (as --help and the README say) */
+      if (x > 1000000000LL && strcmp(o->name, "--seed") != 0) {
+        cli_error("%s: %lld is too large (at most 1000000000)", o->name, x);
+        return -1;
+      }
       if (o->kind == OPT_INT) {
-        if (x > 1000000000LL) {
-          cli_error("%s: %lld is too large", o->name, x);
-          return -1;
-        }
         *(int *)o->dest = (int)x;
       } else {
         *(int64_t *)o->dest = x;
@@ -166,6 +172,12 @@ int cli_parse(const char *cmd, const char *usage, const cli_opt *opts, int argc,
     const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
     if (!v) {
       cli_error("%s: missing value", o->name);
+      return -1;
+    }
+    if (!eq && strncmp(v, "--", 2) == 0 && v[2]) {
+      /* "--save --quiet": the value forgotten, not a file named --quiet */
+      cli_error("%s: missing value (the next argument '%s' is an option; write %s=VALUE for a value that starts with --)", o->name, v,
+                o->name);
       return -1;
     }
     if (parse_value(o, v) < 0) return -1;
@@ -282,6 +294,13 @@ int cli_amp_config(const cli_common *c, ampc_amp_config *cfg) {
       cli_lib_error(amp_flags[i].flag);
       return -1;
     }
+  /* the dynamic scale's settings with a static scale would do nothing */
+  for (size_t i = 3; !cfg->loss_scale_dynamic && i < sizeof amp_flags / sizeof amp_flags[0]; i++)
+    if (values[i]) {
+      cli_error("%s: sets the dynamic loss scale, but this run's scale is static (%s); drop it or use --loss-scale dynamic",
+                amp_flags[i].flag, c->loss_scale ? "--loss-scale N" : "the opt level's");
+      return -1;
+    }
   if (ampc_amp_config_validate(cfg) < 0) {
     /* name the flag the refusal is about: the first given one it mentions */
     const char *flag = "--opt-level";
@@ -376,19 +395,45 @@ double cli_opt_max(const char *name) {
 FILE *cli_open_output(const char *flag, const char *path, int append) {
   /* O_NONBLOCK: opening a FIFO that has no reader fails with ENXIO instead
    * of waiting; the flag is dropped again for the writes themselves */
-  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (append ? O_APPEND : O_TRUNC), 0666);
+  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (append == 1 ? O_APPEND : append == 0 ? O_TRUNC : 0), 0666);
   if (fd < 0) {
     int e = errno;
     cli_error("%s: cannot open '%s' for writing: %s", flag, path, e == ENXIO ? "a FIFO with no reader" : strerror(e));
     return NULL;
   }
   int fl = fcntl(fd, F_GETFL);
-  FILE *f = fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ? NULL : fdopen(fd, append ? "a" : "w");
+  FILE *f = fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ? NULL : fdopen(fd, append == 1 ? "a" : "w");
   if (!f) {
     cli_error("%s: cannot open '%s' for writing: %s", flag, path, strerror(errno));
     close(fd);
   }
   return f;
+}
+
+FILE *cli_open_read(const char *flag, const char *path) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  struct stat st;
+  const char *why = NULL;
+  int e = 0;
+  if (fd < 0) e = errno;
+  else if (fstat(fd, &st) != 0) e = errno;
+  else if (!S_ISREG(st.st_mode)) why = S_ISDIR(st.st_mode) ? "a folder, not a file" : "not a regular file";
+  if (!e && !why) {
+    int fl = fcntl(fd, F_GETFL);
+    FILE *f = fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ? NULL : fdopen(fd, "r");
+    if (f) return f;
+    e = errno;
+  }
+  if (fd >= 0) close(fd);
+  if (flag) cli_error("%s: cannot open '%s': %s", flag, path, why ? why : strerror(e));
+  else cli_error("%s: cannot open: %s", path, why ? why : strerror(e));
+  return NULL;
+}
+
+int cli_same_file(const char *a, const char *b) {
+  struct stat sa, sb;
+  if (!a || !b || stat(a, &sa) != 0 || stat(b, &sb) != 0) return 0;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 void cli_set_threads(int threads) {

@@ -109,10 +109,19 @@ int cli_max_threads(void);
  * name; 0 when it has none beyond OPT_INT's 1e9). */
 double cli_opt_max(const char *name);
 
-/* Opens path for writing (append or truncate) without ever blocking: a FIFO
- * with no reader is refused at once instead of waiting for one. Prints the
- * error (prefixed with flag) and returns NULL on failure. */
+/* Opens path for writing without ever blocking: a FIFO with no reader is
+ * refused at once instead of waiting for one. append: 1 appends, 0 empties
+ * the file, 2 leaves its contents for the caller to empty (ftruncate) once
+ * it is sure to write. Prints the error (prefixed with flag) and returns
+ * NULL on failure. */
 FILE *cli_open_output(const char *flag, const char *path, int append);
+/* Opens a regular file for reading without blocking on a FIFO or a device
+ * (which are refused); prints the error, naming flag (or the path alone when
+ * flag is NULL), and returns NULL on failure. */
+FILE *cli_open_read(const char *flag, const char *path);
+/* Whether the paths a and b name one existing file (the same device and
+ * inode; a path that does not exist names none). */
+int cli_same_file(const char *a, const char *b);
 
 /* Memory report as one JSON object {"parameters": {...bytes by dtype...}, ...} */
 struct json_t;

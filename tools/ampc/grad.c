@@ -45,6 +45,10 @@ int cmd_grad(int argc, char **argv) {
     cli_error("grad: --weights, --batch and --out are required");
     return 2;
   }
+  if (cli_same_file(out, weights) || cli_same_file(out, batch)) {
+    cli_error("--out: '%s' is the %s file it reads; choose another output", out, cli_same_file(out, weights) ? "--weights" : "--batch");
+    return 2;
+  }
   ampc_amp_config acfg;
   int cc = cli_common_check(&c, &acfg);
   if (cc < 0) return cc == -2 ? 1 : 2;
@@ -161,7 +165,7 @@ int cmd_grad(int argc, char **argv) {
       }
       const char *meta[] = {"model", c.model, "opt_level", c.opt_level, "half", c.half, NULL};
       if (!rc && ampc_st_write(out, ts, np + 2, meta) < 0) {
-        cli_lib_error(NULL);
+        cli_lib_error("--out");
         rc = 1;
       }
       if (!rc) printf("loss %.6f, %zu gradients written to %s (loss scale %g)\n", loss, np, out, (double)ampc_scaler_scale(sc));

@@ -1,4 +1,5 @@
 /* ampc: train, evaluate and inspect mixed-precision models. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,17 +43,45 @@ static void blas_fit(char **argv) {
   unsetenv("OPENBLAS_CORETYPE");
 }
 
+/* What was printed to standard output must have reached it: a full disk or
+ * a closed pipe is an error, not a silent exit 0. */
+static int stdout_done(int rc) {
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    cli_error("standard output: write error: %s", errno ? strerror(errno) : "unknown");
+    return rc ? rc : 1;
+  }
+  return rc;
+}
+
 int main(int argc, char **argv) {
   blas_fit(argv);
   if (argc < 2) {
     usage(stderr);
     return 2;
   }
+  if (strcmp(argv[1], "help") == 0 && argc == 3) {
+    /* ampc help COMMAND: that command's help */
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+      if (strcmp(argv[2], commands[i].name) == 0) {
+        char *hargv[] = {argv[2], "--help", NULL};
+        return stdout_done(commands[i].fn(1, hargv + 1));
+      }
+    cli_error("help: unknown command '%s' (expected train, eval, grad, summary, bench, report or export)", argv[2]);
+    return 2;
+  }
   if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+    if (argc > 2) {
+      cli_error("%s: unexpected argument '%s' (ampc help COMMAND shows a command's options)", argv[1], argv[2]);
+      return 2;
+    }
     usage(stdout);
-    return 0;
+    return stdout_done(0);
   }
   if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0) {
+    if (argc > 2) {
+      cli_error("%s: unexpected argument '%s'", argv[1], argv[2]);
+      return 2;
+    }
     const ampc_version_info *v = ampc_version_get();
     printf("ampc %s\nbuild type: %s\nbackends: %s\ncommunicators: %s (MPI: %s)\ncpu paths: %s (this cpu: %s)\n", v->version,
            v->build_type, v->backends, v->comms, strstr(v->comms, "mpi") ? "built" : "not built", v->cpu_paths, v->cpu_path);
@@ -62,7 +91,7 @@ int main(int argc, char **argv) {
            ct ? ")" : "");
     if (better) printf("; this cpu fits its %s kernels (unset OPENBLAS_CORETYPE and kernels that fit are chosen)", better);
     printf("\n");
-    return 0;
+    return stdout_done(0);
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
     if (strcmp(argv[1], commands[i].name) != 0) continue;
@@ -71,7 +100,7 @@ int main(int argc, char **argv) {
     if (dist && cli_dist_init() < 0) return 1;
     int rc = commands[i].fn(argc - 2, argv + 2);
     if (dist) cli_dist_finish();
-    return rc;
+    return stdout_done(rc);
   }
   cli_error("unknown command '%s' (expected train, eval, grad, summary, bench, report or export; see ampc --help)", argv[1]);
   return 2;

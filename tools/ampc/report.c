@@ -250,11 +250,8 @@ static int read_run(run_t *r, const char *path) {
   memset(r, 0, sizeof *r);
   r->path = path;
   r->records = json_array();
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    cli_error("%s: cannot open: %s", path, strerror(errno));
-    return -1;
-  }
+  FILE *f = cli_open_read(NULL, path);
+  if (!f) return -1;
   char *line = NULL;
   size_t cap = 0;
   ssize_t len;
@@ -904,6 +901,12 @@ int cmd_report(int argc, char **argv) {
     return 2;
   }
 
+  for (size_t i = 0; strcmp(out, "-") != 0 && i < nfiles; i++)
+    if (cli_same_file(out, files[i])) {
+      cli_error("report: -o '%s' is the metrics file it reads; choose another output", out);
+      free(files);
+      return 2;
+    }
   run_t *runs = calloc(nfiles, sizeof *runs);
   int rc = runs ? 0 : 1;
   size_t nread = 0;

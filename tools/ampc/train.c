@@ -175,8 +175,24 @@ int cmd_train(int argc, char **argv) {
       cli_error("--save: cannot write into the folder of '%s': %s", a.save, strerror(errno));
       goto done;
     }
+    struct stat sb;
+    if (stat(a.save, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+      cli_error("--save: '%s' exists and is %s; give a file's path", a.save, S_ISDIR(sb.st_mode) ? "a folder" : "not a regular file");
+      goto done;
+    }
   }
-  if (root && a.metrics && !(mf = cli_open_output("--metrics", a.metrics, a.resume != NULL))) goto done;
+  /* an output that names an input would destroy it */
+  if (root && a.save && resume_path[0] && cli_same_file(a.save, resume_path)) {
+    cli_error("--save: '%s' is the checkpoint --resume reads; choose another file", a.save);
+    goto done;
+  }
+  if (root && a.metrics && ((resume_path[0] && cli_same_file(a.metrics, resume_path)) || (a.save && cli_same_file(a.metrics, a.save)))) {
+    cli_error("--metrics: '%s' is the %s file; choose another", a.metrics, a.save && cli_same_file(a.metrics, a.save) ? "--save" : "--resume");
+    goto done;
+  }
+  /* opened now (so that an unwritable path stops the run before it starts),
+   * emptied only once the run is set to train */
+  if (root && a.metrics && !(mf = cli_open_output("--metrics", a.metrics, a.resume != NULL ? 1 : 2))) goto done;
   /* data-parallel: each rank takes its share of the cores */
   if (W > 1 && a.c.threads == 0 && !getenv("OMP_NUM_THREADS")) a.c.threads = cli_dist_default_threads();
   const int64_t G = a.c.batch_size * W; /* images per batch over all the ranks */
@@ -271,6 +287,12 @@ int cmd_train(int argc, char **argv) {
   /* every rank is ready, or none trains */
   agreed = 1;
   if (!cli_dist_agree(1)) {
+    rc = 1;
+    goto done;
+  }
+  struct stat mst; /* a device or a pipe has nothing to empty */
+  if (mf && !a.resume && fstat(fileno(mf), &mst) == 0 && S_ISREG(mst.st_mode) && ftruncate(fileno(mf), 0) != 0) {
+    cli_error("--metrics: cannot empty '%s': %s", a.metrics, strerror(errno));
     rc = 1;
     goto done;
   }
@@ -666,7 +688,7 @@ done:
   cli_session_close(&s);
   free(in.x);
   free(in.y);
-  if (mf && fclose(mf) != 0) {
+  if (mf && (ferror(mf) | fclose(mf)) != 0) {
     cli_error("--metrics: error writing '%s'", a.metrics);
     rc = 1;
   }

@@ -79,12 +79,26 @@ int train_args_check(const train_args *a, ampc_optim_config *ocfg, ampc_lr_sched
   sched->eta_min = a->eta_min;
   sched->warmup = a->warmup;
   sched->warmup_start_factor = a->warmup_start;
+  if (!(a->warmup_start > 0.0f && a->warmup_start <= 1.0f)) {
+    cli_error("--warmup-start: must be in (0, 1], got %g", (double)a->warmup_start);
+    return -1;
+  }
   if (ampc_lr_schedule_validate(sched) < 0) {
     cli_lib_error("--lr-schedule");
     return -1;
   }
   if (a->log_every > 0 && !a->metrics) {
     cli_error("--log-every: step records are written to the metrics file: give --metrics FILE too");
+    return -1;
+  }
+  /* options that would otherwise do nothing, silently */
+  if ((a->save_every > 0 || a->keep > 0) && !a->checkpoint_dir) {
+    cli_error("%s: checkpoints are written to the --checkpoint-dir folder: give --checkpoint-dir DIR too",
+              a->save_every > 0 ? "--save-every" : "--keep");
+    return -1;
+  }
+  if (a->save_on_interrupt && !a->save) {
+    cli_error("--save-on-interrupt: it writes the --save file: give --save FILE too");
     return -1;
   }
   *skip_nonfinite = 0;
