@@ -438,23 +438,66 @@ static ampc_status jnum_nonneg(const char *path, json_t *o, const char *k, doubl
   return AMPC_OK;
 }
 
+/* The counters' limits: far beyond any run (2^40 steps is over ten years
+ * at 3000 steps a second), yet small enough that the sums and products made
+ * of them fit: images stay exact in a double (2^53), and a batch's first
+ * image, batch x global_batch, fits in int64. */
+#define MAX_STEPS ((int64_t)1 << 40)
+#define MAX_IMAGES ((int64_t)1 << 53)
+#define MAX_GLOBAL_BATCH ((int64_t)1 << 31)
+#define MAX_MEAN_LOSS 1e30 /* per image: a cross-entropy far past any a run survives */
+
 /* Every number of the run state, range-checked in its full width before any is used. */
 static ampc_status read_train_state(const char *path, json_t *root, ampc_train_state *ts) {
   int64_t seed = 0;
   AMPC_TRY(jint_in(path, root, "", "seed", 0, INT64_MAX, &seed));
   AMPC_TRY(jint_in(path, root, "", "epoch", 0, INT64_MAX, &ts->epoch));
-  AMPC_TRY(jint_in(path, root, "", "batch", 0, INT64_MAX, &ts->batch));
-  AMPC_TRY(jint_in(path, root, "", "step", 0, INT64_MAX, &ts->step));
-  AMPC_TRY(jint_in(path, root, "", "seen", 0, INT64_MAX, &ts->seen));
+  AMPC_TRY(jint_in(path, root, "", "batch", 0, MAX_STEPS, &ts->batch));
+  AMPC_TRY(jint_in(path, root, "", "step", 0, MAX_STEPS, &ts->step));
+  AMPC_TRY(jint_in(path, root, "", "seen", 0, MAX_IMAGES, &ts->seen));
   AMPC_TRY(jint_in(path, root, "", "skipped_total", 0, ts->step, &ts->skipped_total));
   AMPC_TRY(jint_in(path, root, "", "skipped", 0, ts->skipped_total, &ts->skipped));
   AMPC_TRY(jnum_nonneg(path, root, "loss_sum", &ts->loss_sum));
+  /* the epoch's summed loss over its `seen` images: a mean loss past the
+   * bound (or a loss without images) is no run's */
+  if (ts->loss_sum > (double)ts->seen * MAX_MEAN_LOSS)
+    return ampc__error(AMPC_EFORMAT, "checkpoint: %s: 'loss_sum' = %g is more than %g per image of 'seen' = %lld", path, ts->loss_sum,
+                       MAX_MEAN_LOSS, (long long)ts->seen);
   AMPC_TRY(jnum_nonneg(path, root, "train_seconds", &ts->train_seconds));
   /* recorded since data-parallel training: absent in older checkpoints */
   ts->world_size = ts->global_batch = 0;
   if (json_object_get(root, "world_size")) AMPC_TRY(jint_in(path, root, "", "world_size", 1, INT32_MAX, &ts->world_size));
-  if (json_object_get(root, "global_batch")) AMPC_TRY(jint_in(path, root, "", "global_batch", 1, INT64_MAX, &ts->global_batch));
+  if (json_object_get(root, "global_batch")) AMPC_TRY(jint_in(path, root, "", "global_batch", 1, MAX_GLOBAL_BATCH, &ts->global_batch));
+  /* a resume with another global batch starts at image batch x global_batch */
+  if (ts->global_batch > 0 && ts->batch > MAX_IMAGES / ts->global_batch)
+    return ampc__error(AMPC_EFORMAT, "checkpoint: %s: 'batch' = %lld of 'global_batch' = %lld images is more than %lld images in an epoch", path,
+                       (long long)ts->batch, (long long)ts->global_batch, (long long)MAX_IMAGES);
   ts->seed = (uint64_t)seed;
+  return AMPC_OK;
+}
+
+/* The optimizer the checkpoint records ("optimizer": one of ampc's, and
+ * "optimizer_step": at most "step"), and with opt, that it is opt's kind;
+ * *step the recorded step count (0 when none). */
+static ampc_status read_optimizer(const char *path, json_t *root, const ampc_optim *opt, int64_t steps, int64_t *step) {
+  json_t *v = json_object_get(root, "optimizer");
+  const char *name = json_string_value(v);
+  ampc_optim_kind kind = AMPC_OPTIM_SGD;
+  *step = 0;
+  if (v && !name) return ampc__error(AMPC_EFORMAT, "checkpoint: %s: 'optimizer' is not a string", path);
+  if (name && (ampc_optim_kind_parse(name, &kind) < 0 || strcmp(name, ampc_optim_kind_name(kind)) != 0))
+    return ampc__error(AMPC_EFORMAT, "checkpoint: %s: 'optimizer' is '%.40s', not one of sgd, adam or adamw", path, name);
+  if (opt) {
+    const char *want = ampc_optim_kind_name(ampc_optim_get_config(opt)->kind);
+    if (!name) return ampc__error(AMPC_EFORMAT, "checkpoint: %s: 'optimizer' is missing (saved without optimizer state), the run uses %s", path, want);
+    if (strcmp(name, want) != 0)
+      return ampc__error(AMPC_EINVAL, "checkpoint: %s: saved with optimizer %s, the run uses %s", path, name, want);
+  }
+  /* Adam's bias correction counts its steps: never more than the run took */
+  if (!opt && !json_object_get(root, "optimizer_step")) return AMPC_OK;
+  AMPC_TRY(jint_in(path, root, "", "optimizer_step", 0, INT64_MAX, step));
+  if (*step > steps)
+    return ampc__error(AMPC_EFORMAT, "checkpoint: %s: 'optimizer_step' = %lld is more than 'step' = %lld", path, (long long)*step, (long long)steps);
   return AMPC_OK;
 }
 
@@ -545,7 +588,7 @@ ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp,
   }
   if (s < 0) goto done;
   int64_t optim_step = 0;
-  if (opt) s = jint_in(path, root, "", "optimizer_step", 0, INT64_MAX, &optim_step);
+  s = read_optimizer(path, root, opt, st_read.step, &optim_step);
   /* everything checked before anything is changed */
   if (s == 0) s = load_model(f, m, amp, 0, 1);
   if (s == 0 && opt) s = load_optim(f, m, amp, opt, 1);

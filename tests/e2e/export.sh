@@ -8,7 +8,8 @@
 # PyTorch is installed, that load_state_dict(strict=True) takes it and that
 # PyTorch, preprocessing the test images as the metadata says, gets ampc
 # eval's accuracy. The same for ResNet-18 on a generated CIFAR-10 folder.
-# Then the errors.
+# Then the errors, among them a file that is not the whole model (a tensor
+# missing or one too many) and values --dtype f16 cannot hold.
 #   bash export.sh <path to the ampc binary> <scratch dir>
 set -u
 ampc="$1"; dir="$2"
@@ -127,6 +128,59 @@ expect 2 "no checkpoint given" -o "$dir/x.safetensors"
 expect 2 "--dtype: expected f32, f16 or bf16, got 'f64'" "$ck" -o "$dir/x.safetensors" --dtype f64
 expect 2 "is the input file" "$ck" -o "$ck"
 expect 2 "unknown option '--bogus'" "$ck" -o "$dir/x.safetensors" --bogus
+# a file the export would not be the model's state_dict from: a tensor missing, one too many,
+# a value that --dtype f16 would write as inf
+if [ -n "$ck" ]; then
+  # $1 out, $2 drop|add|big; prints the tensor's (model) name
+  alter() {
+    "$py" - "$ck" "$@" <<'PY'
+import json, struct, sys
+src, dst, op = sys.argv[1:4]
+with open(src, "rb") as f:
+    head = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    data = f.read()
+meta = head.pop("__metadata__", None)
+names = sorted(head, key=lambda k: head[k]["data_offsets"][0])
+model = [k for k in names if not k.startswith(("master.", "optim."))]
+# drop: the model's last bias; big: a parameter's exact value (its master copy where there is one) 1e6
+target = [k for k in model if k.endswith(".bias")][-1] if op == "drop" else next(k for k in model if head.get("master." + k, head[k])["dtype"] == "F32")
+if op == "big" and "master." + target in head:
+    target_key = "master." + target
+else:
+    target_key = target
+out, blobs, off = {}, [], 0
+for k in names:
+    b = bytearray(data[head[k]["data_offsets"][0]:head[k]["data_offsets"][1]])
+    if op == "drop" and k == target_key:
+        continue
+    if op == "big" and k == target_key:
+        b[0:4] = struct.pack("<f", 1e6)
+    out[k] = dict(head[k], data_offsets=[off, off + len(b)])
+    blobs.append(bytes(b)); off += len(b)
+if op == "add":
+    target = "extra.weight"
+    out[target] = {"dtype": "F32", "shape": [1], "data_offsets": [off, off + 4]}
+    blobs.append(struct.pack("<f", 1.0))
+if meta is not None:
+    out["__metadata__"] = meta
+h = json.dumps(out, separators=(",", ":")).encode()
+h += b" " * (-len(h) % 8)
+with open(dst, "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+print(target)
+PY
+  }
+  t=$(alter "$dir/drop.safetensors" drop) && expect 1 "drop.safetensors: missing tensor '$t' of model" "$dir/drop.safetensors" -o "$dir/x.safetensors"
+  t=$(alter "$dir/add.safetensors" add) && expect 1 "add.safetensors: unexpected tensor '$t' for model" "$dir/add.safetensors" -o "$dir/x.safetensors"
+  t=$(alter "$dir/big.safetensors" big) &&
+    expect 1 "big.safetensors: tensor '$t' has values up to 1e\+06 in magnitude \(element 0\), beyond f16's range \(largest 65504\).*--dtype f32 or bf16" \
+      "$dir/big.safetensors" -o "$dir/x.safetensors" --dtype f16
+  if "$ampc" export "$dir/big.safetensors" -o "$dir/big_bf16.safetensors" --dtype bf16 2>/dev/null; then
+    ok "export --dtype bf16 holds 1e6"; rm -f "$dir/big_bf16.safetensors"
+  else
+    bad "export --dtype bf16 of 1e6"
+  fi
+fi
 [ ! -e "$dir/x.safetensors" ] && ok "nothing written on errors" || bad "an export was written despite an error"
 
 echo "$pass passed, $fail failed"

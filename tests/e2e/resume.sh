@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Exact resume: N steps in one run == k steps, SIGKILL, resume to N; bit-identical
 # final weights and identical metrics, for O0 and O2. Also: SIGTERM saves a
-# checkpoint and exits 0; --keep prunes; two runs with the same seed are identical.
+# checkpoint and exits 0; --keep prunes; two runs with the same seed are identical. A
+# resume that would change the run (another optimizer or normalisation) or from a
+# checkpoint whose counters are past any run's is refused.
 set -u
 ampc="$1"; dir="$2"
 rm -rf "$dir"; mkdir -p "$dir"
@@ -57,5 +59,57 @@ ls "$dir/term"/ckpt-step-*.safetensors >/dev/null 2>&1 && ok "SIGTERM saved a ch
 "$ampc" train --model cnn --epochs 1 --train-limit 1280 --test-limit 128 --quiet --checkpoint-dir "$dir/keep" --save-every 2 --keep 2 >/dev/null 2>&1
 n=$(ls "$dir/keep" | wc -l)
 [ "$n" = 2 ] && ok "--keep 2 leaves 2 checkpoints" || bad "--keep 2 leaves $n"
+# a resume that would not continue the run as it was: refused with one line naming the flag or
+# the checkpoint's field, exit 1, nothing trained
+A=(--model mlp --train-limit 256 --test-limit 64 --batch-size 32 --threads 1 --quiet)
+"$ampc" train "${A[@]}" --epochs 1 --checkpoint-dir "$dir/r_adam" >/dev/null 2>&1 || bad "mlp adam run"
+"$ampc" train "${A[@]}" --epochs 1 --checkpoint-dir "$dir/r_sgd" --optimizer sgd --momentum 0.9 >/dev/null 2>&1 || bad "mlp sgd run"
+refused() { # message pattern, args...
+  local pat=$1; shift
+  "$ampc" train "${A[@]}" --epochs 2 "$@" </dev/null >"$dir/r.out" 2>"$dir/r.err"
+  local rc=$?
+  if [ $rc = 1 ] && [ "$(wc -l < "$dir/r.err")" = 1 ] && grep -Eq "^ampc: error: .*$pat" "$dir/r.err" && ! grep -q "^epoch" "$dir/r.out"; then
+    ok "resume $(echo "$*" | sed "s|$dir/||g"): $(sed "s|$dir/||g" "$dir/r.err")"
+  else
+    bad "resume $*: exit $rc: $(cat "$dir/r.err" "$dir/r.out")"
+  fi
+}
+refused "was trained with optimizer adam, not sgd \\(--optimizer\\)" --resume "$dir/r_adam" --optimizer sgd
+refused "was trained with optimizer sgd, not adam \\(--optimizer\\)" --resume "$dir/r_sgd" --optimizer adam
+refused "was trained with --normalize on, not off" --resume "$dir/r_adam" --normalize off
+refused "was trained on fashion-mnist, .*not mnist's \\(--dataset\\)" --resume "$dir/r_adam" --dataset mnist --data "$data"
+# the run state's counters, each past any run, written into a copy of the checkpoint
+edit() { # out, key=JSON value ...
+  python3 - "$(ls "$dir"/r_adam/ckpt-step-*.safetensors | tail -1)" "$@" <<'PY'
+import json, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+with open(src, "rb") as f:
+    head = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    data = f.read()
+run = json.loads(head["__metadata__"]["ampc"])
+for kv in sys.argv[3:]:
+    k, v = kv.split("=", 1)
+    run[k] = json.loads(v)
+head["__metadata__"]["ampc"] = json.dumps(run, separators=(",", ":"), sort_keys=True)
+h = json.dumps(head, separators=(",", ":")).encode()
+h += b" " * (-len(h) % 8)
+with open(dst, "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h + data)
+PY
+}
+edit "$dir/r_same.st" && "$ampc" train "${A[@]}" --epochs 2 --resume "$dir/r_same.st" >/dev/null 2>"$dir/r.err" &&
+  ok "resume from an edited copy of the checkpoint, nothing changed: trains" || { bad "resume from an unchanged copy"; cat "$dir/r.err"; }
+while IFS='|' read -r pat kv; do
+  # shellcheck disable=SC2086
+  edit "$dir/r_bad.st" $kv && refused "r_bad.st: $pat" --resume "$dir/r_bad.st"
+done <<'CASES'
+'step' = 9223372036854775807 is outside \[0, 1099511627776\]|step=9223372036854775807
+'seen' = 4611686018427387904 is outside \[0, 9007199254740992\]|seen=4611686018427387904
+'loss_sum' = 1e\+300 is more than 1e\+30 per image of 'seen' = 64|seen=64 loss_sum=1e300
+'optimizer_step' = 9 is more than 'step' = 8|optimizer_step=9
+'optimizer' is 'lamb', not one of sgd, adam or adamw|optimizer="lamb"
+'global_batch' = 4611686018427387904 is outside \[1, 2147483648\]|batch=5 global_batch=4611686018427387904
+'batch' = 4194305 of 'global_batch' = 2147483648 images is more than 9007199254740992|batch=4194305 global_batch=2147483648
+CASES
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -184,7 +184,8 @@ TEST(checks_shapes_and_ranges) {
   rig a, b, c;
   rig_make(&a, "mlp", AMPC_OPT_O0);
   train_steps(&a, 1, 5);
-  ampc_train_state ts = {.seed = 3, .epoch = 1, .batch = 2, .step = 5, .seen = 16, .skipped = 1, .skipped_total = 2, .loss_sum = 3.5};
+  ampc_train_state ts = {.seed = 3, .epoch = 1, .batch = 2, .step = 5, .seen = 16, .skipped = 1, .skipped_total = 2, .loss_sum = 3.5,
+                         .world_size = 1, .global_batch = 8};
   char path[512]; /* tmp()'s buffers are reused */
   snprintf(path, sizeof path, "%s", tmp("mlp_ranges.safetensors"));
   CHECK_OK(ampc_checkpoint_save(path, a.m, a.amp, a.opt, &ts));
@@ -218,14 +219,38 @@ TEST(checks_shapes_and_ranges) {
       {"\"loss_sum\":3.5", "\"loss_sum\":-3.5", "'loss_sum' is negative or not finite"},
       {"\"scale\":1.0", "\"scale\":1e39", "is not a positive finite f32"},
       {"\"optimizer_step\":", "\"optimizer_stepx\":", "'optimizer_step' is missing"},
+      /* counters past any run: the step count would overflow, the sums and
+       * the first image of a batch would be nonsense or overflow */
+      {"\"step\":5,", "\"step\":9223372036854775807,", "'step' = 9223372036854775807 is outside [0, 1099511627776]"},
+      {"\"seen\":16,", "\"seen\":4611686018427387904,", "'seen' = 4611686018427387904 is outside [0, 9007199254740992]"},
+      {"\"loss_sum\":3.5", "\"loss_sum\":1e300", "'loss_sum' = 1e+300 is more than 1e+30 per image of 'seen' = 16"},
+      {"\"seen\":16,", "\"seen\":0,", "'loss_sum' = 3.5 is more than 1e+30 per image of 'seen' = 0"},
+      {"\"global_batch\":8", "\"global_batch\":4611686018427387904", "'global_batch' = 4611686018427387904 is outside [1, 2147483648]"},
+      {"\"batch\":2,", "\"batch\":1099511627777,", "'batch' = 1099511627777 is outside [0, 1099511627776]"},
+      /* Adam's bias correction from more steps than the run took; an optimizer ampc does not have */
+      {"\"optimizer_step\":1", "\"optimizer_step\":6", "'optimizer_step' = 6 is more than 'step' = 5"},
+      {"\"optimizer\":\"adam\"", "\"optimizer\":\"lamb\"", "'optimizer' is 'lamb', not one of sgd, adam or adamw"},
+      {"\"optimizer\":\"adam\"", "\"optimizer\":7", "'optimizer' is not a string"},
   };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+  const size_t nbad = sizeof bad / sizeof bad[0];
+  for (size_t i = 0; i <= nbad; i++) {
     char p2[512];
     snprintf(p2, sizeof p2, "%s", tmp("mlp_bad.safetensors"));
-    edit_state(path, p2, bad[i].from, bad[i].to);
+    const char *msg = i < nbad ? bad[i].msg : "'batch' = 1099511627776 of 'global_batch' = 2147483648 images is more than 9007199254740992";
+    if (i < nbad) {
+      edit_state(path, p2, bad[i].from, bad[i].to);
+    } else {
+      /* last: batch and global_batch each in range, but not the first image
+       * of the batch, batch x global_batch, that a resume with another
+       * global batch starts at */
+      char p3[512];
+      snprintf(p3, sizeof p3, "%s", tmp("mlp_bad2.safetensors"));
+      edit_state(path, p3, "\"batch\":2,", "\"batch\":1099511627776,");
+      edit_state(p3, p2, "\"global_batch\":8", "\"global_batch\":2147483648");
+    }
     ampc_train_state back = {0};
     ampc_status s = ampc_checkpoint_load(p2, c.m, c.amp, c.opt, &back);
-    CHECK_MSG(s < 0 && strstr(ampc_last_error(), bad[i].msg), "case %zu: status %d, '%s'", i, s, ampc_last_error());
+    CHECK_MSG(s < 0 && strstr(ampc_last_error(), msg), "case %zu: status %d, '%s'", i, s, ampc_last_error());
     float *now = params_of(&c);
     CHECK_MSG(memcmp(fresh, now, np * sizeof *now) == 0, "case %zu: a failed load changed the parameters", i);
     CHECK(back.step == 0);
@@ -233,12 +258,61 @@ TEST(checks_shapes_and_ranges) {
   }
   CHECK_OK(ampc_checkpoint_load(path, c.m, c.amp, c.opt, &ts));
   CHECK(ts.epoch == 1 && ts.batch == 2 && ts.step == 5 && ts.seen == 16 && ts.skipped == 1 && ts.skipped_total == 2);
+  CHECK(ts.global_batch == 8 && ts.world_size == 1 && ampc_optim_step_count(c.opt) == 1);
   free(fresh);
   rig_free(&a);
   rig_free(&b);
   rig_free(&c);
 }
 
+/* The mlp with optimizer kind, at O0. */
+static void rig_make_optim(rig *r, ampc_optim_kind kind) {
+  ampc_model_opts o = {.batch = 8, .channels = 1, .height = 8, .width = 8, .classes = 4, .seed = 11};
+  CHECK_OK(ampc_model_create(&r->m, "mlp", &o));
+  ampc_graph *g = ampc_model_graph(r->m);
+  CHECK_OK(ampc_graph_set_backend(g, "cpu", NULL));
+  ampc_optim_config oc;
+  ampc_optim_config_default(&oc, kind);
+  if (kind == AMPC_OPTIM_SGD) oc.momentum = 0.9f; /* with state of its own (momentum_buffer) */
+  CHECK_OK(ampc_optim_create(&r->opt, &oc, ampc_graph_param_numel(g)));
+  ampc_amp_config ac;
+  CHECK_OK(ampc_amp_config_init(&ac, AMPC_OPT_O0, AMPC_DTYPE_F16));
+  CHECK_OK(ampc_amp_initialize(&r->amp, g, r->opt, &ac));
+}
+
+/* The optimizer state is another optimizer's: refused by name before any
+ * tensor is read, either way round, and nothing is changed. */
+TEST(refuses_another_optimizer) {
+  rig adam, sgd, into;
+  rig_make_optim(&adam, AMPC_OPTIM_ADAM);
+  rig_make_optim(&sgd, AMPC_OPTIM_SGD);
+  train_steps(&adam, 2, 1);
+  train_steps(&sgd, 2, 1);
+  ampc_train_state ts = {.seed = 1, .step = 2};
+  char pa[512], ps[512];
+  snprintf(pa, sizeof pa, "%s", tmp("adam.safetensors"));
+  snprintf(ps, sizeof ps, "%s", tmp("sgd.safetensors"));
+  CHECK_OK(ampc_checkpoint_save(pa, adam.m, adam.amp, adam.opt, &ts));
+  CHECK_OK(ampc_checkpoint_save(ps, sgd.m, sgd.amp, sgd.opt, &ts));
+  rig_make_optim(&into, AMPC_OPTIM_SGD);
+  float *fresh = params_of(&into);
+  size_t np = ampc_graph_param_numel(ampc_model_graph(into.m));
+  ampc_train_state back = {0};
+  CHECK_ERR(ampc_checkpoint_load(pa, into.m, into.amp, into.opt, &back), AMPC_EINVAL, "saved with optimizer adam, the run uses sgd");
+  float *now = params_of(&into);
+  CHECK_MSG(memcmp(fresh, now, np * sizeof *now) == 0, "a refused load changed the parameters");
+  CHECK(back.step == 0 && ampc_optim_step_count(into.opt) == 0);
+  CHECK_ERR(ampc_checkpoint_load(ps, adam.m, adam.amp, adam.opt, &back), AMPC_EINVAL, "saved with optimizer sgd, the run uses adam");
+  /* the same optimizer loads */
+  CHECK_OK(ampc_checkpoint_load(ps, into.m, into.amp, into.opt, &back));
+  CHECK(back.step == 2 && ampc_optim_step_count(into.opt) == 2);
+  free(fresh);
+  free(now);
+  rig_free(&adam);
+  rig_free(&sgd);
+  rig_free(&into);
+}
+
 TEST_MAIN(TEST_ENTRY(roundtrip_continues_exactly), TEST_ENTRY(roundtrip_on_the_guarded_backend),
           TEST_ENTRY(refuses_other_model_level_version), TEST_ENTRY(failed_write_keeps_previous_checkpoint),
-          TEST_ENTRY(checks_shapes_and_ranges))
+          TEST_ENTRY(checks_shapes_and_ranges), TEST_ENTRY(refuses_another_optimizer))

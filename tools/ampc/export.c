@@ -5,14 +5,20 @@
  * its own (PyTorch) name; a parameter whose f32 master copy the checkpoint
  * holds ("master.<name>") is written from that copy, the exact weights, rather
  * than from the 16-bit model copy. Floating-point tensors are converted to
- * --dtype; integer buffers (num_batches_tracked) keep their type. No model is
- * built: this works on the file alone, so it needs neither the data nor the
- * model's shapes. */
+ * --dtype; integer buffers (num_batches_tracked) keep their type, and a value
+ * the type cannot hold is refused, not written as inf. The model is built
+ * from the file's own metadata (its name, input shape and classes), only to
+ * check that the file holds all of its tensors and no others: this needs
+ * neither the data nor the model's shapes. */
 #include <jansson.h>
+#include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "ampc/checkpoint.h"
+#include "ampc/nn.h"
 #include "ampc/safetensors.h"
 #include "ampc/version.h"
 #include "cli.h"
@@ -40,6 +46,78 @@ static int same_shape(const ampc_st_tensor *a, const ampc_st_tensor *b) {
   for (int i = 0; i < a->ndim; i++)
     if (a->shape[i] != b->shape[i]) return 0;
   return 1;
+}
+
+/* Every parameter and buffer of the model the file names, built for the input
+ * shape and classes it records, is in the file under its name with its shape,
+ * and no other model tensor is: what PyTorch's load_state_dict(strict=True)
+ * asks of the export. A file that records no model or no input shape is
+ * passed over (nothing to check it against). Prints the error, returns -1. */
+static int check_complete(const char *in, const ampc_st_file *f, const char *model) {
+  int c, h, w, k;
+  ampc_status st = ampc_checkpoint_input(f, &c, &h, &w, &k);
+  if (st < 0) {
+    cli_lib_error(NULL);
+    return -1;
+  }
+  if (!model || st == 0) return 0;
+  if (!ampc_model_known(model)) {
+    cli_error("%s: saved from model '%.60s', which this ampc does not know (expected one of: %s)", in, model, ampc_model_names());
+    return -1;
+  }
+  ampc_model_opts mo = {.batch = 1, .channels = c, .height = h, .width = w, .classes = k};
+  ampc_model *m;
+  if (ampc_model_create(&m, model, &mo) < 0) {
+    cli_lib_error(in);
+    return -1;
+  }
+  ampc_graph *g = ampc_model_graph(m);
+  size_t np = ampc_graph_param_count(g), nb = ampc_graph_buffer_count(g);
+  int rc = 0;
+  for (size_t i = 0; rc == 0 && i < np + nb; i++) {
+    ampc_value v = i < np ? ampc_graph_param_at(g, i) : ampc_graph_buffer_at(g, i - np);
+    const char *name = ampc_graph_name(g, v);
+    ampc_tensor tv = ampc_graph_tensor(g, v);
+    const ampc_st_tensor *t = ampc_st_find(f, name);
+    int same = t && t->ndim == tv.shape.ndim;
+    for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == tv.shape.d[d];
+    if (!t) {
+      cli_error("%s: missing tensor '%s' of model %s (PyTorch's strict load_state_dict would refuse the export)", in, name, model);
+      rc = -1;
+    } else if (!same) {
+      char have[96], want[96];
+      ampc_shape fs = {.ndim = t->ndim < AMPC_MAX_DIMS ? t->ndim : AMPC_MAX_DIMS};
+      for (int d = 0; d < fs.ndim; d++) fs.d[d] = t->shape[d];
+      cli_error("%s: tensor '%s' is %s%s, but model %s (for %dx%dx%d inputs and %d classes) has %s", in, name, ampc_shape_str(&fs, have, sizeof have),
+                t->ndim > AMPC_MAX_DIMS ? "..." : "", model, c, h, w, k, ampc_shape_str(&tv.shape, want, sizeof want));
+      rc = -1;
+    }
+  }
+  for (size_t i = 0; rc == 0 && i < ampc_st_count(f); i++) {
+    const char *name = ampc_st_get(f, i)->name;
+    if (is_prefixed(name)) continue;
+    int found = 0;
+    for (size_t j = 0; !found && j < np + nb; j++)
+      found = strcmp(name, ampc_graph_name(g, j < np ? ampc_graph_param_at(g, j) : ampc_graph_buffer_at(g, j - np))) == 0;
+    if (!found) {
+      cli_error("%s: unexpected tensor '%.200s' for model %s (PyTorch's strict load_state_dict would refuse the export)", in, name, model);
+      rc = -1;
+    }
+  }
+  ampc_model_free(m);
+  return rc;
+}
+
+/* The first finite value of x (n of them) that dt cannot hold (it would be
+ * written as inf), or -1 when there is none. */
+static ptrdiff_t first_out_of_range(ampc_dtype dt, const void *converted, const float *x, size_t n) {
+  if (dt == AMPC_DTYPE_F32) return -1;
+  const uint16_t *h = converted;
+  for (size_t i = 0; i < n; i++) {
+    float back = dt == AMPC_DTYPE_F16 ? ampc_f16_to_f32(h[i]) : ampc_bf16_to_f32(h[i]);
+    if (isfinite(x[i]) && !isfinite(back)) return (ptrdiff_t)i;
+  }
+  return -1;
 }
 
 static int same_file(const char *a, const char *b) {
@@ -126,6 +204,13 @@ int cmd_export(int argc, char **argv) {
     model = json_string_value(json_object_get(info, "model"));
   }
   pre = cli_file_preprocessing(f);
+  /* the export must load as the model's whole state_dict */
+  if (check_complete(in, f, model) < 0) {
+    json_decref(info);
+    json_decref(pre);
+    ampc_st_close(f);
+    return 1;
+  }
 
   size_t n = ampc_st_count(f), nout = 0, from_master = 0;
   ampc_st_tensor *t = calloc(n ? n : 1, sizeof *t);
@@ -172,6 +257,19 @@ int cmd_export(int argc, char **argv) {
       break;
     }
     ampc_store_f32(dt, dst, tmp, ne);
+    ptrdiff_t bad = first_out_of_range(dt, dst, tmp, ne);
+    if (bad >= 0) {
+      /* the largest magnitude, to say how far out of range the tensor goes */
+      float most = 0.0f;
+      for (size_t j = 0; j < ne; j++)
+        if (isfinite(tmp[j]) && fabsf(tmp[j]) > most) most = fabsf(tmp[j]);
+      cli_error("%s: tensor '%s' has values up to %g in magnitude (element %td), beyond %s's range (largest %s): they would be written "
+                "as inf; export with --dtype %s", in, m->name, (double)most, bad, ampc_dtype_name(dt),
+                dt == AMPC_DTYPE_F16 ? "65504" : "3.39e+38", dt == AMPC_DTYPE_F16 ? "f32 or bf16" : "f32");
+      free(tmp);
+      rc = 1;
+      break;
+    }
     free(tmp);
     o->dtype = dt;
     o->values = dst;

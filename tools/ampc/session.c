@@ -1,5 +1,6 @@
 #include "session.h"
 
+#include <jansson.h>
 #include <math.h>
 
 #include "dist.h"
@@ -46,6 +47,46 @@ static int open_dataset(const cli_common *c, int train, const ampc_dataset_info 
   return 0;
 }
 
+/* A checkpoint resumed (given as flag) against the run: the optimizer it
+ * saved the state of, and the normalisation of the inputs it was trained
+ * with, from its "ampc" metadata (its header only is read). A checkpoint that
+ * records neither passes here; the library checks the rest as it loads. */
+static int check_resume_run(const char *flag, const char *path, const cli_common *c, const ampc_optim_config *ocfg) {
+  ampc_st_file *f;
+  if (ampc_st_open_header(&f, path) < 0) {
+    cli_lib_error(flag);
+    return -1;
+  }
+  json_error_t je;
+  const char *js = ampc_st_metadata(f, "ampc");
+  json_t *root = js ? json_loads(js, 0, &je) : NULL, *pre = cli_file_preprocessing(f);
+  ampc_st_close(f);
+  int rc = 0;
+  const char *saved = json_string_value(json_object_get(root, "optimizer")), *want = ampc_optim_kind_name(ocfg->kind);
+  ampc_optim_kind kind;
+  /* (a name ampc does not know is the library's to refuse, as the file's fault) */
+  if (saved && ampc_optim_kind_parse(saved, &kind) == 0 && kind != ocfg->kind) {
+    cli_error("%s: '%s' was trained with optimizer %s, not %s (--optimizer)", flag, path, saved, want);
+    rc = -1;
+  }
+  json_t *nz = json_object_get(pre, "normalize");
+  const char *ds = json_string_value(json_object_get(pre, "dataset"));
+  ampc_dataset_kind dk;
+  const char *here = ampc_dataset_kind_parse(c->dataset, &dk) == 0 ? ampc_dataset_kind_name(dk) : c->dataset;
+  if (rc == 0 && json_is_boolean(nz) && json_is_true(nz) != (c->normalize != 0)) {
+    cli_error("%s: '%s' was trained with --normalize %s, not %s (the model's inputs would differ)", flag, path,
+              json_is_true(nz) ? "on" : "off", c->normalize ? "on" : "off");
+    rc = -1;
+  } else if (rc == 0 && json_is_true(nz) && ds && strcmp(ds, here) != 0) {
+    /* each dataset is normalised with its own mean and std */
+    cli_error("%s: '%s' was trained on %s, normalised with its mean and std, not %s's (--dataset)", flag, path, ds, here);
+    rc = -1;
+  }
+  json_decref(pre);
+  json_decref(root);
+  return rc;
+}
+
 int cli_session_open(cli_session *s, const cli_common *c, int need_train, int need_test, const int *shape,
                      const ampc_optim_config *ocfg, int64_t batch, const char *weights_flag, const char *weights) {
   memset(s, 0, sizeof *s);
@@ -87,6 +128,8 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
     s->classes = shape[3];
   }
   if (weights && d && cli_check_weights_input(weights_flag, weights, s->channels, s->height, s->width, s->classes, s->shape_from) < 0) return -1;
+  /* weights with an optimizer: a checkpoint to resume the run from */
+  if (weights && ocfg && check_resume_run(weights_flag, weights, c, ocfg) < 0) return -1;
   ampc_model_opts mo = {.batch = batch, .channels = s->channels, .height = s->height, .width = s->width,
                         .classes = s->classes, .seed = c->seed, .label_smoothing = c->label_smoothing};
   if (ampc_model_create(&s->model, c->model, &mo) < 0) {

@@ -24,7 +24,8 @@ typedef struct {
  * opened: {C, H, W, classes}), the optimizer (if ocfg) and amp. The data's
  * headers are checked first -- the test set against the training set, and
  * weights (a weights or checkpoint file given as weights_flag, or NULL)
- * against them -- then the
+ * against them; a checkpoint resumed (weights with ocfg) against the run's
+ * optimizer and normalisation -- then the
  * model is built (which refuses a model too large for the machine), and only
  * then is the data read. Prints the error and returns -1 on failure. */
 int cli_session_open(cli_session *s, const cli_common *c, int need_train, int need_test, const int *shape,
