@@ -599,14 +599,22 @@ TEST(atomic_write_errors) {
   CHECK(b && len == 5 && memcmp(b, "hello", 5) == 0);
   free(b);
   CHECK(count_temps(AMPC_TEST_TMPDIR, "atomic_raw.bin") == 0);
-  /* The rename fails when the target is a non-empty folder. */
+  /* A target that is a folder or a FIFO is refused, not replaced (as root
+   * the rename would replace a device node or a FIFO: /dev/null itself). */
   const char *dir = TMP("atomic_dir");
   mkdir(dir, 0777);
   char inner[512];
   snprintf(inner, sizeof inner, "%s/keep", dir);
   CHECK(spit(inner, "x", 1) == 0);
-  CHECK_ERR(ampc__write_file_atomic(dir, fill_hello, "hello"), AMPC_EIO, "cannot replace it with the new file");
+  CHECK_ERR(ampc__write_file_atomic(dir, fill_hello, "hello"), AMPC_EINVAL, "exists and is not a regular file (a folder)");
   CHECK(count_temps(AMPC_TEST_TMPDIR, "atomic_dir") == 0);
+  const char *fifo = TMP("atomic_fifo");
+  unlink(fifo);
+  CHECK(mkfifo(fifo, 0666) == 0);
+  CHECK_ERR(ampc__write_file_atomic(fifo, fill_hello, "hello"), AMPC_EINVAL, "exists and is not a regular file (a FIFO); not replaced");
+  struct stat fst;
+  CHECK(stat(fifo, &fst) == 0 && S_ISFIFO(fst.st_mode));
+  unlink(fifo);
   CHECK_ERR(ampc__write_file_atomic(TMP("x/"), fill_hello, "hello"), AMPC_EINVAL, "path names a folder");
   const ampc__chunk ch[3] = {{"ab", 2}, {NULL, 0}, {"cd", 2}};
   CHECK_OK(ampc__write_file_atomic_chunks(path, ch, 3));
