@@ -145,6 +145,10 @@ st "$D/batch_yfloat.safetensors" \
 st "$D/batch_label.safetensors" \
   '{"x":{"dtype":"F32","shape":[2,1,28,28],"data_offsets":[0,6272]},"y":{"dtype":"I64","shape":[2],"data_offsets":[6272,6288]}}' 6272
 printf '\x32\0\0\0\0\0\0\0\xfd\xff\xff\xff\xff\xff\xff\xff' >>"$D/batch_label.safetensors"
+# a NaN pixel (the first) and valid labels 1, 2
+st "$D/batch_nan.safetensors" \
+  '{"x":{"dtype":"F32","shape":[2,1,28,28],"data_offsets":[0,6272]},"y":{"dtype":"I64","shape":[2],"data_offsets":[6272,6288]}}'
+{ printf '\x00\x00\xc0\x7f'; bytes 6268; printf '\x01\0\0\0\0\0\0\0\x02\0\0\0\0\0\0\0'; } >>"$D/batch_nan.safetensors"
 
 # ---- inputs that disagree with each other (class 1 of issue 11) -------------
 # test sets whose images differ from the training set's 28x28

@@ -113,6 +113,10 @@ static int parse_value(const cli_opt *o, const char *v) {
         cli_error("%s: %s is too large for a 32-bit float", o->name, v);
         return -1;
       }
+      if (x != 0.0 && fabs(x) < FLT_MIN) {
+        cli_error("%s: %s is too small for a 32-bit float (the smallest is %g; it would be 0)", o->name, v, (double)FLT_MIN);
+        return -1;
+      }
       if (x < o->min) {
         cli_error("%s: must be at least %g, got %g", o->name, o->min, x);
         return -1;
@@ -246,7 +250,7 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
   out[n++] = (cli_opt){"--scale-window", OPT_STRING, &c->scale_window, "N", "clean steps before the scale grows (default 2000)", 0, NULL};
   out[n++] = (cli_opt){"--hysteresis", OPT_STRING, &c->hysteresis, "N", "overflows tolerated before backing off (default 1)", 0, NULL};
   out[n++] = (cli_opt){"--stochastic-rounding", OPT_FLAG, &c->stochastic_rounding, NULL, "round half weight updates stochastically (no masters)", 0, NULL};
-  out[n++] = (cli_opt){"--clip-grad-norm", OPT_FLOAT, &c->clip_grad_norm, "X", "clip the global gradient norm to X", 0, NULL};
+  out[n++] = (cli_opt){"--clip-grad-norm", OPT_FLOAT, &c->clip_grad_norm, "X", "clip the global gradient norm to X > 0", 0, &c->clip_given};
   out[n++] = (cli_opt){"--grad-accum", OPT_INT, &c->grad_accum, "N", "micro-batches per optimizer step, 1..the batches of an epoch (default 1)", 1, NULL};
   out[n++] = (cli_opt){"--amp-report", OPT_FLAG, &c->amp_report, NULL, "gradient underflow statistics, in the epoch lines and the metrics", 0, NULL};
   if (!(groups & CLI_OPTS_DIST)) return n;
@@ -317,6 +321,11 @@ int cli_amp_config(const cli_common *c, ampc_amp_config *cfg) {
 
 int cli_common_check(const cli_common *c, ampc_amp_config *cfg) {
   if (cli_amp_config(c, cfg) < 0) return -1;
+  if (c->clip_given && !(c->clip_grad_norm > 0.0f)) {
+    /* (PyTorch's clip_grad_norm_ with 0 zeroes every gradient) */
+    cli_error("--clip-grad-norm: must be more than 0, got %g (leave it out not to clip)", (double)c->clip_grad_norm);
+    return -1;
+  }
   if (!ampc_model_known(c->model)) {
     cli_error("--model: unknown model '%s' (expected one of: %s)", c->model, ampc_model_names());
     return -1;

@@ -52,6 +52,7 @@ typedef struct {
   const char *min_loss_scale, *max_loss_scale, *scale_window, *hysteresis;
   int stochastic_rounding;
   float clip_grad_norm;
+  int clip_given;
   int grad_accum;
   int amp_report;
   /* data-parallel, under mpirun */

@@ -62,7 +62,7 @@ int cmd_grad(int argc, char **argv) {
   int64_t nb;
   char from[4200];
   snprintf(from, sizeof from, "the batch %s with --classes %d", batch, classes);
-  if (cli_check_batch(batch, x, y, classes, shape, &nb) < 0 || cli_check_weights_input("--weights", weights, shape[0], shape[1], shape[2], classes, from) < 0) {
+  if (cli_check_batch(batch, x, y, classes, shape, &nb) < 0 || cli_check_weights_input("--weights", weights, c.model, shape[0], shape[1], shape[2], classes, from) < 0) {
     ampc_st_close(bf);
     return 1;
   }
@@ -82,6 +82,12 @@ int cmd_grad(int argc, char **argv) {
       cli_lib_error(batch);
       rc = 1;
     }
+    /* a NaN or inf image gives NaN gradients, whatever the scale: refused */
+    for (size_t i = 0; !rc && i < nx; i++)
+      if (!isfinite(xf[i])) {
+        cli_error("%s: x holds a non-finite value (%g at element %zu)", batch, (double)xf[i], i);
+        rc = 1;
+      }
     for (int64_t i = 0; !rc && i < y->shape[0]; i++)
       if (yi[i] < 0 || yi[i] >= classes) {
         cli_error("%s: label %d of sample %lld out of range for %d classes (--classes)", batch, (int)yi[i], (long long)i, classes);

@@ -9,15 +9,31 @@
 #include "ampc/checkpoint.h"
 #include "session.h"
 
-int cli_check_weights_input(const char *flag, const char *path, int channels, int height, int width, int classes, const char *against) {
+int cli_check_weights_input(const char *flag, const char *path, const char *model, int channels, int height, int width, int classes,
+                            const char *against) {
   ampc_st_file *f;
   if (ampc_st_open_header(&f, path) < 0) {
     cli_lib_error(flag);
     return -1;
   }
+  /* the model the file holds: a weights file's "model" entry, a checkpoint's in its "ampc" object */
+  char held[64] = "";
+  const char *m = ampc_st_metadata(f, "model"), *js = ampc_st_metadata(f, "ampc");
+  if (m) snprintf(held, sizeof held, "%s", m);
+  else if (js) {
+    json_error_t je;
+    json_t *root = json_loads(js, 0, &je);
+    const char *n = json_string_value(json_object_get(root, "model"));
+    if (n) snprintf(held, sizeof held, "%s", n);
+    json_decref(root);
+  }
   int c, h, w, k;
   ampc_status st = ampc_checkpoint_input(f, &c, &h, &w, &k);
   ampc_st_close(f);
+  if (model && held[0] && strcmp(held, model) != 0) {
+    cli_error("%s: %s holds model %s, not %s (--model)", flag, path, held, model);
+    return -1;
+  }
   if (st < 0) {
     cli_lib_error(flag);
     return -1;

@@ -127,7 +127,7 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
     s->width = shape[2];
     s->classes = shape[3];
   }
-  if (weights && d && cli_check_weights_input(weights_flag, weights, s->channels, s->height, s->width, s->classes, s->shape_from) < 0) return -1;
+  if (weights && d && cli_check_weights_input(weights_flag, weights, c->model, s->channels, s->height, s->width, s->classes, s->shape_from) < 0) return -1;
   /* weights with an optimizer: a checkpoint to resume the run from */
   if (weights && ocfg && check_resume_run(weights_flag, weights, c, ocfg) < 0) return -1;
   ampc_model_opts mo = {.batch = batch, .channels = s->channels, .height = s->height, .width = s->width,

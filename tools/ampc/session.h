@@ -39,11 +39,13 @@ int cli_save_weights(cli_session *s, const char *path, const char *const *meta);
 int cli_evaluate(cli_session *s, const ampc_dataset *d, double *loss, double *acc);
 
 /* inputs.c: checks that inputs agree, each printing one error and returning -1. */
-/* The input shape and classes a weights or checkpoint file (given as flag)
- * records (its header only is read) against those the model is built for,
+/* The model (its name: model) and the input shape and classes a weights or
+ * checkpoint file (given as flag) records (its header only is read) against
+ * those the run builds,
  * which come from `against` ("the test set DIR/t10k-images-idx3-ubyte"); a
  * file that records none passes. */
-int cli_check_weights_input(const char *flag, const char *path, int channels, int height, int width, int classes, const char *against);
+int cli_check_weights_input(const char *flag, const char *path, const char *model, int channels, int height, int width, int classes,
+                            const char *against);
 /* A `grad` batch file's x (N, C, H, W) and y (N): present, of those ranks,
  * and every size in range in its full width; fills shape {C, H, W, classes}
  * and *n. */

@@ -9,26 +9,32 @@ int cmd_summary(int argc, char **argv) {
   int64_t batch = 1;
   cli_opt opts[] = {
       {"--model", OPT_STRING, &model, "NAME", "mlp, cnn or resnet18 (default cnn)", 0, NULL},
-      {"--channels", OPT_INT, &channels, "N", "input channels (default: 1, or 3 for resnet18)", 1, NULL},
-      {"--size", OPT_INT, &size, "N", "input height and width (default: 28, or 32 for resnet18)", 1, NULL},
-      {"--classes", OPT_INT, &classes, "N", "classes (default 10)", 2, NULL},
-      {"--batch-size", OPT_I64, &batch, "N", "batch shown in the output shapes (default 1)", 1, NULL},
+      {"--channels", OPT_INT, &channels, "N", "input channels, 1..4096 (default: 1, or 3 for resnet18)", 1, NULL},
+      {"--size", OPT_INT, &size, "N", "input height and width, 1..4096 (default: 28, or 32 for resnet18)", 1, NULL},
+      {"--classes", OPT_INT, &classes, "N", "classes, 2..100000 (default 10)", 2, NULL},
+      {"--batch-size", OPT_I64, &batch, "N", "batch shown in the output shapes, 1..4096 (default 1)", 1, NULL},
       {0},
   };
   int pr = cli_parse("summary", "--model NAME [options]", opts, argc, argv);
   if (pr) return pr > 0 ? 0 : 2;
   /* the summary builds the model: keep it to sizes that fit in memory */
-  if (classes > 100000 || size > 4096 || channels > 4096 || batch > 4096) {
-    cli_error("summary: --classes (at most 100000), --size, --channels and --batch-size (at most 4096) are too large");
-    return 2;
-  }
+  const struct {
+    const char *flag;
+    int64_t v, max;
+  } lim[] = {{"--classes", classes, 100000}, {"--size", size, 4096}, {"--channels", channels, 4096}, {"--batch-size", batch, 4096}};
+  for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
+    if (lim[i].v > lim[i].max) {
+      cli_error("%s: must be at most %lld for a summary, got %lld", lim[i].flag, (long long)lim[i].max, (long long)lim[i].v);
+      return 2;
+    }
   int is_resnet = strcmp(model, "resnet18") == 0;
   if (!channels) channels = is_resnet ? 3 : 1;
   if (!size) size = is_resnet ? 32 : 28;
   ampc_model_opts mo = {.batch = batch, .channels = channels, .height = size, .width = size, .classes = classes};
   ampc_model *m;
   if (ampc_model_create(&m, model, &mo) < 0) {
-    cli_lib_error("--model");
+    /* a known model refuses the sizes (an input smaller than its pools) */
+    cli_lib_error(ampc_model_known(model) ? "--size" : "--model");
     return 2;
   }
   const ampc_nn *b = ampc_model_builder(m);
