@@ -880,7 +880,7 @@ int cmd_report(int argc, char **argv) {
       return 0;
     } else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0 || strcmp(a, "--title") == 0) {
       if (i + 1 >= argc || !argv[i + 1][0]) {
-        cli_error("report: %s: missing value", a);
+        cli_error("report: %s: %s value", a, i + 1 >= argc ? "missing" : "empty");
         free(files);
         return 2;
       }
