@@ -227,10 +227,10 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
   out[n++] = (cli_opt){"--conv", OPT_STRING, &c->conv, "auto|im2col|winograd|direct",
                        "convolution algorithm: im2col products, Winograd or a direct loop (default auto: for stride-1 3x3, Winograd from 8 channels, direct up to 4)", 0, NULL};
   out[n++] = (cli_opt){"--device", OPT_STRING, &c->device, "NAME", "where the model runs: cpu (default), cpu-guarded (tests), cuda (where built)", 0, NULL};
-  out[n++] = (cli_opt){"--tf32", OPT_ONOFF, &c->tf32, "on|off", "cuda: f32 products and convolutions on TF32 tensor cores (default off: true f32)", 0, NULL};
-  out[n++] = (cli_opt){"--cuda-graphs", OPT_ONOFF, &c->cuda_graphs, "on|off", "cuda: replay each step's kernels as one CUDA graph (default on)", 0, NULL};
+  out[n++] = (cli_opt){"--tf32", OPT_ONOFF, &c->tf32, "on|off", "cuda: f32 products and convolutions on TF32 tensor cores (default off: true f32)", 0, &c->tf32_given};
+  out[n++] = (cli_opt){"--cuda-graphs", OPT_ONOFF, &c->cuda_graphs, "on|off", "cuda: replay each step's kernels as one CUDA graph (default on)", 0, &c->cuda_graphs_given};
   out[n++] = (cli_opt){"--cudnn-deterministic", OPT_ONOFF, &c->cudnn_deterministic, "on|off",
-                       "cuda: deterministic cuDNN convolution algorithms where one fits, the same bits every run (default on; off: the fastest)", 0, NULL};
+                       "cuda: deterministic cuDNN convolution algorithms where one fits, the same bits every run (default on; off: the fastest)", 0, &c->cudnn_det_given};
   if (groups & CLI_OPTS_SEED)
     out[n++] = (cli_opt){"--label-smoothing", OPT_FLOAT, &c->label_smoothing, "X", "cross-entropy label smoothing, 0..1 (default 0)", 0, NULL};
   if (groups & CLI_OPTS_DATA)
@@ -321,6 +321,11 @@ int cli_amp_config(const cli_common *c, ampc_amp_config *cfg) {
 
 int cli_common_check(const cli_common *c, ampc_amp_config *cfg) {
   if (cli_amp_config(c, cfg) < 0) return -1;
+  if ((c->tf32_given || c->cuda_graphs_given || c->cudnn_det_given) && strcmp(c->device, "cuda") != 0) {
+    cli_error("%s: applies to --device cuda only; this run is on %s",
+              c->tf32_given ? "--tf32" : c->cuda_graphs_given ? "--cuda-graphs" : "--cudnn-deterministic", c->device);
+    return -1;
+  }
   if (c->clip_given && !(c->clip_grad_norm > 0.0f)) {
     /* (PyTorch's clip_grad_norm_ with 0 zeroes every gradient) */
     cli_error("--clip-grad-norm: must be more than 0, got %g (leave it out not to clip)", (double)c->clip_grad_norm);

@@ -45,6 +45,7 @@ typedef struct {
   int tf32;             /* cuda: f32 products on TF32 tensor cores */
   int cuda_graphs;      /* cuda: replay a step's kernels as a CUDA graph */
   int cudnn_deterministic; /* cuda: deterministic convolution algorithms only, where one fits */
+  int tf32_given, cuda_graphs_given, cudnn_det_given; /* whether the three above were given */
   /* amp */
   const char *opt_level, *half, *loss_scale;
   int keep_bn_fp32_given, master_weights_given;
