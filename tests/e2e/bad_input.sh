@@ -128,6 +128,8 @@ dlen=$(($(stat -c %s "$D/mlp.safetensors") - 8 - $(od -An -t u8 -N 8 "$D/mlp.saf
 # a tensor the mlp does not have, after all of its own
 st_edit "$D/mlp.safetensors" "$D/mlp_extra.safetensors" \
   "s/^{/{\"zz.extra\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[$dlen,$((dlen + 4))]},/" 4
+# the last bias stored as I32: the same bytes, not a float
+st_edit "$D/mlp.safetensors" "$D/mlp_i32.safetensors" 's/"5.bias":{"dtype":"F32"/"5.bias":{"dtype":"I32"/'
 # the first layer's weight transposed: the same bytes, the wrong shape
 st_edit "$D/mlp.safetensors" "$D/mlp_shape.safetensors" 's/"shape":\[256,784\]/"shape":[784,256]/'
 # a dtype ampc knows but cannot hold

@@ -210,9 +210,13 @@ void cli_session_close(cli_session *s) {
 
 int cli_load_weights(cli_session *s, const char *path) {
   if (ampc_checkpoint_load_weights(path, s->model, s->amp) < 0) {
-    /* say where the model's shape came from: the data, or a grad batch */
-    if (s->shape_from[0]) cli_error("%s; the model is sized from %s", ampc_last_error(), s->shape_from);
-    else cli_lib_error(NULL);
+    /* name the file where the library's message does not, and say where
+     * the model's shape came from (the data, or a grad batch) where a shape
+     * is what disagrees */
+    const char *e = ampc_last_error();
+    cli_error("%s%s%s%s%s", strstr(e, path) ? "" : path, strstr(e, path) ? "" : ": ", e,
+              s->shape_from[0] && strstr(e, "shape") ? "; the model is sized from " : "",
+              s->shape_from[0] && strstr(e, "shape") ? s->shape_from : "");
     return -1;
   }
   return 0;
