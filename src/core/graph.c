@@ -25,13 +25,15 @@ const char *ampc_mem_category_name(ampc_mem_category c) {
 char *ampc_shape_str(const ampc_shape *s, char *buf, size_t len) {
   size_t o = 0;
   o += (size_t)snprintf(buf + o, o < len ? len - o : 0, "(");
-  for (int i = 0; i < s->ndim; i++)
+  int nd = s->ndim < 0 ? 0 : s->ndim > AMPC_MAX_DIMS ? AMPC_MAX_DIMS : s->ndim;
+  for (int i = 0; i < nd; i++)
     o += (size_t)snprintf(buf + o, o < len ? len - o : 0, "%s%lld", i ? ", " : "", (long long)s->d[i]);
   snprintf(buf + o, o < len ? len - o : 0, ")");
   return buf;
 }
 
 ampc_status ampc_graph_create(ampc_graph **out) {
+  if (!out) return ampc__error(AMPC_EINVAL, "ampc_graph_create: out is NULL");
   *out = NULL;
   ampc_graph *g = calloc(1, sizeof *g);
   if (!g) return ampc__error(AMPC_ENOMEM, "graph: out of memory");
@@ -69,7 +71,12 @@ void ampc_graph_free(ampc_graph *g) {
   free(g);
 }
 
-ampc_status ampc_graph_status(const ampc_graph *g) { return g->err; }
+ampc_status ampc__graph_null(const char *fn) { return ampc__error(AMPC_EINVAL, "%s: the graph is NULL", fn); }
+
+ampc_status ampc_graph_status(const ampc_graph *g) {
+  if (!g) return ampc__graph_null(__func__);
+  return g->err;
+}
 
 /* Records the first error and returns NONE. */
 static ampc_value fail(ampc_graph *g, ampc_status code, const char *fmt, ...)
@@ -101,8 +108,16 @@ size_t ampc__value_bytes(const ampc__value *v) {
 static ampc_value add_value(ampc_graph *g, ampc_op_kind op, const char *name, ampc_shape shape) {
   if (g->err) return AMPC_VALUE_NONE;
   if (g->compiled) return fail(g, AMPC_ESTATE, "cannot record '%s' after compile", ampc_op_name(op));
-  for (int i = 0; i < shape.ndim; i++)
+  if (shape.ndim < 0 || shape.ndim > AMPC_MAX_DIMS)
+    return fail(g, AMPC_EINVAL, "%s: %d dimensions (at most %d)", ampc_op_name(op), shape.ndim, AMPC_MAX_DIMS);
+  int64_t numel = 1;
+  for (int i = 0; i < shape.ndim; i++) {
     if (shape.d[i] <= 0) return fail(g, AMPC_EINVAL, "%s: dimension %d is %lld", ampc_op_name(op), i, (long long)shape.d[i]);
+    /* the element count, and its bytes at 8 a value, must fit int64 */
+    if (numel > (INT64_MAX / 8) / shape.d[i])
+      return fail(g, AMPC_EINVAL, "%s: shape %s has too many elements", ampc_op_name(op), ampc_shape_str(&shape, (char[96]){0}, 96));
+    numel *= shape.d[i];
+  }
   if (g->nv == g->cap) {
     size_t cap = g->cap ? g->cap * 2 : 64;
     ampc__value *nv = realloc(g->v, cap * sizeof *nv);
@@ -163,6 +178,7 @@ static int64_t batch_of(ampc_graph *g, int64_t n) {
 }
 
 ampc_value ampc_graph_input(ampc_graph *g, const char *name, ampc_shape shape) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   if (g->err) return AMPC_VALUE_NONE;
   if (shape.ndim < 1) return fail(g, AMPC_EINVAL, "input '%s' needs a batch dimension", name ? name : "");
   if (!batch_of(g, shape.d[0])) return fail(g, AMPC_EINVAL, "input '%s': batch %lld differs from %lld", name ? name : "", (long long)shape.d[0], (long long)g->max_batch);
@@ -172,6 +188,7 @@ ampc_value ampc_graph_input(ampc_graph *g, const char *name, ampc_shape shape) {
 }
 
 ampc_value ampc_graph_labels(ampc_graph *g, const char *name, int64_t n) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   if (g->err) return AMPC_VALUE_NONE;
   if (!batch_of(g, n)) return fail(g, AMPC_EINVAL, "labels '%s': batch %lld differs from %lld", name ? name : "", (long long)n, (long long)g->max_batch);
   ampc_value r = add_leaf(g, AMPC_OP_LABELS, name, ampc_shape1(n));
@@ -227,6 +244,7 @@ float *ampc__graph_init_data(ampc_graph *g, ampc_value v) {
 }
 
 ampc_value ampc_graph_param(ampc_graph *g, const char *name, ampc_shape shape, int is_norm, const float *init) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   ampc_value r = leaf_with_init(g, AMPC_OP_PARAM, name, shape, init);
   if (r >= 0) {
     g->v[r].is_norm = is_norm;
@@ -238,6 +256,7 @@ ampc_value ampc_graph_param(ampc_graph *g, const char *name, ampc_shape shape, i
 }
 
 ampc_value ampc_graph_buffer(ampc_graph *g, const char *name, ampc_dtype dtype, ampc_shape shape, const float *init) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   if (g->err) return AMPC_VALUE_NONE;
   if (dtype != AMPC_DTYPE_F32 && dtype != AMPC_DTYPE_I64)
     return fail(g, AMPC_EINVAL, "buffer '%s': dtype %s (expected f32 or i64)", name ? name : "", ampc_dtype_name(dtype));
@@ -259,6 +278,7 @@ static int is_float_value(const ampc_graph *g, ampc_value v) {
 static int64_t pool_out(int64_t n, int k, int s, int p) { return (n + 2 * p - k) / s + 1; }
 
 ampc_value ampc_graph_conv2d(ampc_graph *g, ampc_value x, ampc_value w, ampc_value b, int stride, int pad) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   NEED(is_float_value(g, x) && is_float_value(g, w), "conv2d: invalid input or weight");
   const ampc_shape *xs = &val(g, x)->shape, *ws = &val(g, w)->shape;
   NEED(xs->ndim == 4 && ws->ndim == 4, "conv2d: expected 4-d input and weight");
@@ -277,6 +297,7 @@ ampc_value ampc_graph_conv2d(ampc_graph *g, ampc_value x, ampc_value w, ampc_val
 
 ampc_value ampc_graph_batchnorm2d(ampc_graph *g, ampc_value x, ampc_value gamma, ampc_value beta, ampc_value rm,
                                   ampc_value rv, ampc_value nbt, float momentum, float eps) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   NEED(is_float_value(g, x) && val(g, x)->shape.ndim == 4, "batchnorm2d: expected a 4-d input");
   int64_t c = val(g, x)->shape.d[1];
   ampc_value chk[4] = {gamma, beta, rm, rv};
@@ -300,6 +321,7 @@ static ampc_value unary(ampc_graph *g, ampc_op_kind op, ampc_value x, ampc_shape
 }
 
 ampc_value ampc_graph_relu(ampc_graph *g, ampc_value x) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   NEED(is_float_value(g, x), "relu: invalid input");
   return unary(g, AMPC_OP_RELU, x, val(g, x)->shape);
 }
@@ -315,16 +337,24 @@ static ampc_value pool(ampc_graph *g, ampc_op_kind op, ampc_value x, int k, int 
   return r;
 }
 
-ampc_value ampc_graph_maxpool2d(ampc_graph *g, ampc_value x, int k, int s, int p) { return pool(g, AMPC_OP_MAXPOOL2D, x, k, s, p); }
-ampc_value ampc_graph_avgpool2d(ampc_graph *g, ampc_value x, int k, int s, int p) { return pool(g, AMPC_OP_AVGPOOL2D, x, k, s, p); }
+ampc_value ampc_graph_maxpool2d(ampc_graph *g, ampc_value x, int k, int s, int p) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
+  return pool(g, AMPC_OP_MAXPOOL2D, x, k, s, p);
+}
+ampc_value ampc_graph_avgpool2d(ampc_graph *g, ampc_value x, int k, int s, int p) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
+  return pool(g, AMPC_OP_AVGPOOL2D, x, k, s, p);
+}
 
 ampc_value ampc_graph_global_avgpool(ampc_graph *g, ampc_value x) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   NEED(is_float_value(g, x) && val(g, x)->shape.ndim == 4, "global_avgpool: expected a 4-d input");
   const ampc_shape *xs = &val(g, x)->shape;
   return unary(g, AMPC_OP_GLOBAL_AVGPOOL, x, ampc_shape2(xs->d[0], xs->d[1]));
 }
 
 ampc_value ampc_graph_linear(ampc_graph *g, ampc_value x, ampc_value w, ampc_value b) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   NEED(is_float_value(g, x) && is_float_value(g, w), "linear: invalid input or weight");
   const ampc_shape *xs = &val(g, x)->shape, *ws = &val(g, w)->shape;
   NEED(xs->ndim == 2 && ws->ndim == 2, "linear: expected a 2-d input and weight (flatten first)");
@@ -335,6 +365,7 @@ ampc_value ampc_graph_linear(ampc_graph *g, ampc_value x, ampc_value w, ampc_val
 }
 
 ampc_value ampc_graph_add(ampc_graph *g, ampc_value a, ampc_value b) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   NEED(is_float_value(g, a) && is_float_value(g, b), "add: invalid input");
   const ampc_shape *as = &val(g, a)->shape, *bs = &val(g, b)->shape;
   int same = as->ndim == bs->ndim;
@@ -346,6 +377,7 @@ ampc_value ampc_graph_add(ampc_graph *g, ampc_value a, ampc_value b) {
 }
 
 ampc_value ampc_graph_flatten(ampc_graph *g, ampc_value x) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   NEED(is_float_value(g, x), "flatten: invalid input");
   const ampc_shape *xs = &val(g, x)->shape;
   int64_t rest = ampc_shape_numel(xs) / xs->d[0];
@@ -355,16 +387,19 @@ ampc_value ampc_graph_flatten(ampc_graph *g, ampc_value x) {
 }
 
 ampc_value ampc_graph_softmax(ampc_graph *g, ampc_value x) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   NEED(is_float_value(g, x) && val(g, x)->shape.ndim == 2, "softmax: expected a 2-d input");
   return unary(g, AMPC_OP_SOFTMAX, x, val(g, x)->shape);
 }
 
 ampc_value ampc_graph_log_softmax(ampc_graph *g, ampc_value x) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   NEED(is_float_value(g, x) && val(g, x)->shape.ndim == 2, "log_softmax: expected a 2-d input");
   return unary(g, AMPC_OP_LOG_SOFTMAX, x, val(g, x)->shape);
 }
 
 ampc_value ampc_graph_cross_entropy(ampc_graph *g, ampc_value logits, ampc_value labels, float s) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   NEED(is_float_value(g, logits) && val(g, logits)->shape.ndim == 2, "cross_entropy: logits must be 2-d");
   NEED(valid(g, labels) && val(g, labels)->op == AMPC_OP_LABELS, "cross_entropy: labels must come from ampc_graph_labels");
   NEED(val(g, labels)->shape.d[0] == val(g, logits)->shape.d[0], "cross_entropy: %lld labels for %lld rows", (long long)val(g, labels)->shape.d[0], (long long)val(g, logits)->shape.d[0]);
@@ -379,6 +414,7 @@ ampc_value ampc_graph_cross_entropy(ampc_graph *g, ampc_value logits, ampc_value
 }
 
 ampc_value ampc_graph_cast(ampc_graph *g, ampc_value x, ampc_dtype to) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   NEED(is_float_value(g, x), "cast: invalid input");
   NEED(to == AMPC_DTYPE_F32 || to == AMPC_DTYPE_F16 || to == AMPC_DTYPE_BF16, "cast: to %s", ampc_dtype_name(to));
   ampc_value r = unary(g, AMPC_OP_CAST, x, val(g, x)->shape);
@@ -393,6 +429,7 @@ ampc_value ampc_graph_cast(ampc_graph *g, ampc_value x, ampc_dtype to) {
 /* ---------------- options ---------------- */
 
 ampc_status ampc_graph_keep(ampc_graph *g, ampc_value v) {
+  if (!g) return ampc__graph_null(__func__);
   if (g->err) return g->err; /* keep the first error's message: v is NONE because of it */
   if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: values to keep must be chosen before compile");
   if (!valid(g, v)) return ampc__error(AMPC_EINVAL, "graph: keep of an invalid value %d", (int)v);
@@ -401,18 +438,21 @@ ampc_status ampc_graph_keep(ampc_graph *g, ampc_value v) {
 }
 
 ampc_status ampc_graph_set_retain_grads(ampc_graph *g, int on) {
+  if (!g) return ampc__graph_null(__func__);
   if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: retain_grads must be chosen before compile");
   g->retain_grads = on;
   return AMPC_OK;
 }
 
 ampc_status ampc_graph_set_free_saved(ampc_graph *g, int on) {
+  if (!g) return ampc__graph_null(__func__);
   if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: free_saved must be chosen before compile");
   g->free_saved = on != 0;
   return AMPC_OK;
 }
 
 ampc_status ampc_graph_set_fusion(ampc_graph *g, int on) {
+  if (!g) return ampc__graph_null(__func__);
   if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: fusion must be chosen before compile");
   g->fuse = on;
   return AMPC_OK;
@@ -421,6 +461,7 @@ ampc_status ampc_graph_set_fusion(ampc_graph *g, int on) {
 /* ---------------- access ---------------- */
 
 double ampc_graph_forward_flops(const ampc_graph *g) {
+  if (!g) return 0;
   double f = 0.0;
   for (size_t i = 0; i < g->nv; i++) {
     const ampc__value *v = &g->v[i];
@@ -442,26 +483,67 @@ static ampc_tensor host_view(const ampc_graph *g, ampc_value v, int grad) {
   if (!g->dev || !g->dev->be->host_memory) t.data = NULL;
   return t;
 }
-ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v) { return host_view(g, v, 0); }
-ampc_tensor ampc_graph_grad(const ampc_graph *g, ampc_value v) { return host_view(g, v, 1); }
-const char *ampc_graph_name(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].name : NULL; }
-ampc_op_kind ampc_graph_op(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].op : AMPC_OP_COUNT; }
+ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v) {
+  if (!g) return (ampc_tensor){0};
+  return host_view(g, v, 0);
+}
+ampc_tensor ampc_graph_grad(const ampc_graph *g, ampc_value v) {
+  if (!g) return (ampc_tensor){0};
+  return host_view(g, v, 1);
+}
+const char *ampc_graph_name(const ampc_graph *g, ampc_value v) {
+  if (!g) return NULL;
+  return valid(g, v) ? g->v[v].name : NULL;
+}
+ampc_op_kind ampc_graph_op(const ampc_graph *g, ampc_value v) {
+  if (!g) return AMPC_OP_COUNT;
+  return valid(g, v) ? g->v[v].op : AMPC_OP_COUNT;
+}
 ampc_value ampc_graph_find(const ampc_graph *g, const char *name) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
   for (size_t i = 0; i < g->nv; i++)
     if (strcmp(g->v[i].name, name) == 0) return (ampc_value)i;
   return AMPC_VALUE_NONE;
 }
-size_t ampc_graph_value_count(const ampc_graph *g) { return g->nv; }
-size_t ampc_graph_param_count(const ampc_graph *g) { return g->nparams; }
-ampc_value ampc_graph_param_at(const ampc_graph *g, size_t i) { return i < g->nparams ? g->params[i] : AMPC_VALUE_NONE; }
-int ampc_graph_param_is_norm(const ampc_graph *g, ampc_value v) { return valid(g, v) && g->v[v].is_norm; }
-size_t ampc_graph_param_numel(const ampc_graph *g) { return g->param_numel; }
-size_t ampc_graph_param_offset(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].param_offset : 0; }
-size_t ampc_graph_buffer_count(const ampc_graph *g) { return g->nbuffers; }
-ampc_value ampc_graph_buffer_at(const ampc_graph *g, size_t i) { return i < g->nbuffers ? g->buffers[i] : AMPC_VALUE_NONE; }
-const float *ampc_graph_param_init(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].init : NULL; }
+size_t ampc_graph_value_count(const ampc_graph *g) {
+  if (!g) return 0;
+  return g->nv;
+}
+size_t ampc_graph_param_count(const ampc_graph *g) {
+  if (!g) return 0;
+  return g->nparams;
+}
+ampc_value ampc_graph_param_at(const ampc_graph *g, size_t i) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
+  return i < g->nparams ? g->params[i] : AMPC_VALUE_NONE;
+}
+int ampc_graph_param_is_norm(const ampc_graph *g, ampc_value v) {
+  if (!g) return 0;
+  return valid(g, v) && g->v[v].is_norm;
+}
+size_t ampc_graph_param_numel(const ampc_graph *g) {
+  if (!g) return 0;
+  return g->param_numel;
+}
+size_t ampc_graph_param_offset(const ampc_graph *g, ampc_value v) {
+  if (!g) return 0;
+  return valid(g, v) ? g->v[v].param_offset : 0;
+}
+size_t ampc_graph_buffer_count(const ampc_graph *g) {
+  if (!g) return 0;
+  return g->nbuffers;
+}
+ampc_value ampc_graph_buffer_at(const ampc_graph *g, size_t i) {
+  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
+  return i < g->nbuffers ? g->buffers[i] : AMPC_VALUE_NONE;
+}
+const float *ampc_graph_param_init(const ampc_graph *g, ampc_value v) {
+  if (!g) return NULL;
+  return valid(g, v) ? g->v[v].init : NULL;
+}
 
 void ampc_graph_release_init(ampc_graph *g) {
+  if (!g) return;
   if (!g->compiled) return; /* compile still needs them */
   for (size_t i = 0; i < g->nv; i++) {
     free(g->v[i].init);
@@ -470,6 +552,10 @@ void ampc_graph_release_init(ampc_graph *g) {
 }
 
 void ampc_graph_memory(const ampc_graph *g, ampc_mem_report *r) {
+  if (!g) {
+    if (r) memset(r, 0, sizeof *r);
+    return;
+  }
   memset(r, 0, sizeof *r);
   for (int t = 0; t < AMPC_DTYPE_COUNT; t++) {
     r->bytes[AMPC_MEM_PARAMETERS][t] = g->bytes_by_type[0][t];

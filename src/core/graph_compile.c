@@ -101,6 +101,7 @@ static ampc_status write_initial_values(ampc_graph *g) {
 }
 
 ampc_status ampc_graph_compile(ampc_graph *g) {
+  if (!g) return ampc__graph_null(__func__);
   if (g->err) return g->err;
   if (g->compiled) return AMPC_OK;
   if (g->nv == 0 || g->max_batch < 1) return ampc__error(AMPC_ESTATE, "graph: nothing to compile (no input)");
@@ -230,4 +231,7 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
   return AMPC_OK;
 }
 
-int ampc_graph_is_compiled(const ampc_graph *g) { return g->compiled; }
+int ampc_graph_is_compiled(const ampc_graph *g) {
+  if (!g) return 0;
+  return g->compiled;
+}

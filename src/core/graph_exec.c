@@ -9,6 +9,7 @@
 /* ---- the device ---- */
 
 ampc_status ampc_graph_set_backend(ampc_graph *g, const char *name, const ampc_backend_opts *o) {
+  if (!g) return ampc__graph_null(__func__);
   if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: the backend must be chosen before compile");
   ampc__device *d;
   AMPC_TRY(ampc__device_create(&d, name, o));
@@ -24,11 +25,21 @@ ampc_status ampc__graph_need_device(ampc_graph *g) {
 
 ampc__device *ampc__graph_device(const ampc_graph *g) { return g->dev; }
 
-const char *ampc_graph_backend_name(const ampc_graph *g) { return g->dev ? g->dev->be->name : "cpu"; }
+const char *ampc_graph_backend_name(const ampc_graph *g) {
+  if (!g) return NULL;
+  return g->dev ? g->dev->be->name : "cpu";
+}
 
-int ampc_graph_threads(const ampc_graph *g) { return g->dev ? g->dev->opts.threads : 1; }
+int ampc_graph_threads(const ampc_graph *g) {
+  if (!g) return 0;
+  return g->dev ? g->dev->opts.threads : 1;
+}
 
 void ampc_graph_backend_stats(const ampc_graph *g, ampc_backend_stats *s, int reset) {
+  if (!g) {
+    if (s) memset(s, 0, sizeof *s);
+    return;
+  }
   memset(s, 0, sizeof *s);
   if (!g->dev) return;
   g->dev->be->stats(g->dev, s, reset ? AMPC__STATS_ALL : 0);
@@ -37,12 +48,14 @@ void ampc_graph_backend_stats(const ampc_graph *g, ampc_backend_stats *s, int re
 }
 
 size_t ampc_graph_backend_notes(const ampc_graph *g, char *buf, size_t n) {
+  if (!g) return 0;
   if (n) buf[0] = 0;
   if (!g->dev || !g->dev->be->notes || n < 2) return 0;
   return g->dev->be->notes(g->dev, buf, n);
 }
 
 void ampc_graph_set_profiling(ampc_graph *g, int on) {
+  if (!g) return;
   if (ampc__graph_need_device(g) < 0) return;
   ampc_backend_stats s;
   g->dev->be->stats(g->dev, &s, AMPC__STATS_TIMES);
@@ -101,13 +114,15 @@ ampc__op_call ampc__graph_call(const ampc_graph *g, const ampc__value *v, int64_
 }
 
 ampc_status ampc_graph_set_batch(ampc_graph *g, int64_t n) {
+  if (!g) return ampc__graph_null(__func__);
   if (n < 1 || n > g->max_batch)
     return ampc__error(AMPC_EINVAL, "graph: batch %lld outside 1..%lld", (long long)n, (long long)g->max_batch);
+  if (n != g->batch) g->forwarded = 0; /* the saved values are another batch's */
   g->batch = n;
   return AMPC_OK;
 }
-int64_t ampc_graph_batch(const ampc_graph *g) { return g->batch; }
-int64_t ampc_graph_max_batch(const ampc_graph *g) { return g->max_batch; }
+int64_t ampc_graph_batch(const ampc_graph *g) { return g ? g->batch : 0; }
+int64_t ampc_graph_max_batch(const ampc_graph *g) { return g ? g->max_batch : 0; }
 
 static ampc_status run(ampc_graph *g, const ampc__op_call *c, int backward) {
   ampc_status s = g->dev->be->run(g->dev, c, backward);
@@ -125,6 +140,7 @@ static void op_workspace(const ampc_graph *g, const ampc__value *v, int dir, amp
 }
 
 ampc_status ampc_graph_forward(ampc_graph *g, int training) {
+  if (!g) return ampc__graph_null(__func__);
   AMPC_TRY(ampc_graph_compile(g));
   g->saved_freed = 0;
   for (size_t k = 0; k < g->norder; k++) {
@@ -135,6 +151,7 @@ ampc_status ampc_graph_forward(ampc_graph *g, int training) {
     op_workspace(g, v, 0, &c);
     AMPC_TRY(run(g, &c, 0));
   }
+  g->forwarded = 1;
   return AMPC_OK;
 }
 
@@ -155,7 +172,8 @@ static int writes_param_grad(const ampc_graph *g, ampc_value x) {
 }
 
 ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int accumulate) {
-  if (!g->compiled) return ampc__error(AMPC_ESTATE, "graph: backward before forward");
+  if (!g) return ampc__graph_null(__func__);
+  if (!g->compiled || !g->forwarded) return ampc__error(AMPC_ESTATE, "graph: backward before forward");
   if (!ampc__graph_valid(g, loss) || g->v[loss].op != AMPC_OP_CROSS_ENTROPY)
     return ampc__error(AMPC_EINVAL, "graph: backward needs a loss value");
   if (g->saved_freed)
@@ -213,6 +231,7 @@ ampc_status ampc_graph_backward(ampc_graph *g, ampc_value loss, float seed, int 
 }
 
 ampc_status ampc_graph_zero_grad(ampc_graph *g) {
+  if (!g) return ampc__graph_null(__func__);
   for (int b = 0; b < g->nbuckets; b++)
     AMPC_TRY(ampc__dev_set(g->dev, g->buckets[b].grad, 0, g->buckets[b].n * ampc_dtype_size(g->buckets[b].type)));
   return AMPC_OK;
@@ -246,16 +265,20 @@ static ampc_status io_view(const ampc_graph *g, ampc_value v, int grad, const ch
 }
 
 ampc_status ampc_graph_write(ampc_graph *g, ampc_value v, const void *src, ampc_dtype src_type) {
+  if (!g) return ampc__graph_null(__func__);
   ampc_tensor t = {0};
   AMPC_TRY(io_view(g, v, 0, "write", &t));
+  if (!src) return ampc__error(AMPC_EINVAL, "graph: write of '%s': the source is NULL", g->v[v].name);
   ampc_status s = ampc__dev_write(g->dev, t.data, t.dtype, src, src_type, (size_t)ampc_tensor_numel(&t));
   if (s < 0) return ampc__error_prefix(s, "graph: write of '%s'", g->v[v].name);
   return AMPC_OK;
 }
 
 ampc_status ampc_graph_write_grad(ampc_graph *g, ampc_value v, const void *src, ampc_dtype src_type) {
+  if (!g) return ampc__graph_null(__func__);
   ampc_tensor t = {0};
   AMPC_TRY(io_view(g, v, 1, "write of a gradient", &t));
+  if (!src) return ampc__error(AMPC_EINVAL, "graph: write of the gradient of '%s': the source is NULL", g->v[v].name);
   ampc_status s = ampc__dev_write(g->dev, t.data, t.dtype, src, src_type, (size_t)ampc_tensor_numel(&t));
   if (s < 0) return ampc__error_prefix(s, "graph: write of the gradient of '%s'", g->v[v].name);
   return AMPC_OK;
@@ -264,15 +287,18 @@ ampc_status ampc_graph_write_grad(ampc_graph *g, ampc_value v, const void *src, 
 static ampc_status read_value(const ampc_graph *g, ampc_value v, int grad, void *dst, ampc_dtype dst_type) {
   ampc_tensor t = {0};
   AMPC_TRY(io_view(g, v, grad, grad ? "read of a gradient" : "read", &t));
+  if (!dst) return ampc__error(AMPC_EINVAL, "graph: read of '%s': the destination is NULL", g->v[v].name);
   ampc_status s = ampc__dev_read(g->dev, dst, dst_type, t.data, t.dtype, (size_t)ampc_tensor_numel(&t));
   if (s < 0) return ampc__error_prefix(s, "graph: read of '%s'", g->v[v].name);
   return AMPC_OK;
 }
 
 ampc_status ampc_graph_read(const ampc_graph *g, ampc_value v, void *dst, ampc_dtype dst_type) {
+  if (!g) return ampc__graph_null(__func__);
   return read_value(g, v, 0, dst, dst_type);
 }
 
 ampc_status ampc_graph_read_grad(const ampc_graph *g, ampc_value v, void *dst, ampc_dtype dst_type) {
+  if (!g) return ampc__graph_null(__func__);
   return read_value(g, v, 1, dst, dst_type);
 }

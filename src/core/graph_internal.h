@@ -72,6 +72,7 @@ struct ampc_graph {
   int retain_grads;      /* every activation gradient its own buffer */
   int free_saved;        /* one arena: what backward reads is freed as backward passes it */
   int saved_freed;       /* free_saved: a backward ran since the last forward */
+  int forwarded;  /* a forward pass has run since compile (backward needs its saved values) */
   int ws_in_arena;       /* free_saved: each op's workspace is its own, in the activation arena */
   size_t ws_report;      /* the workspace's bytes at the peak (the shared one's size, or the arena's part) */
   unsigned char *bw_reach, *bw_written; /* per backward: ops that reach the loss, gradients written */
@@ -89,6 +90,8 @@ struct ampc_graph {
 
 /* graph.c */
 int ampc__graph_valid(const ampc_graph *g, ampc_value v);
+/* The error of a public function given a NULL graph (fn: its name). */
+ampc_status ampc__graph_null(const char *fn);
 ampc_value ampc__graph_root(const ampc_graph *g, ampc_value x);
 size_t ampc__value_bytes(const ampc__value *v);
 static inline size_t ampc__align64(size_t n) { return (n + 63) & ~(size_t)63; }

@@ -387,8 +387,52 @@ TEST(backward_errors) {
   ampc_graph_set_retain_grads(g, 1); /* the checks read activation gradients */
   CHECK_OK(ampc_graph_compile(g));
   CHECK_ERR(ampc_graph_set_precision(g, &PRECS[1].p), AMPC_ESTATE, "before compile");
+  /* compiled but not run forward: nothing saved for backward */
+  CHECK_ERR(ampc_graph_backward(g, loss, 1.0f, 0), AMPC_ESTATE, "backward before forward");
+  float xs[6] = {0};
+  int32_t ys[2] = {0, 1};
+  CHECK_ERR(ampc_graph_write(g, x, NULL, AMPC_DTYPE_F32), AMPC_EINVAL, "the source is NULL");
+  CHECK_ERR(ampc_graph_read(g, x, NULL, AMPC_DTYPE_F32), AMPC_EINVAL, "the destination is NULL");
+  CHECK_OK(ampc_graph_write(g, x, xs, AMPC_DTYPE_F32));
+  CHECK_OK(ampc_graph_write(g, ampc_graph_find(g, "y"), ys, AMPC_DTYPE_I32));
+  CHECK_OK(ampc_graph_forward(g, 1));
+  CHECK_OK(ampc_graph_backward(g, loss, 1.0f, 0));
   ampc_graph_free(g);
   ampc_graph_free(NULL);
+}
+
+/* A NULL graph, shapes past 4 dimensions or past int64's element count:
+ * errors, never a crash. */
+TEST(api_misuse) {
+  CHECK_ERR(ampc_graph_create(NULL), AMPC_EINVAL, "out is NULL");
+  CHECK_ERR(ampc_graph_status(NULL), AMPC_EINVAL, "the graph is NULL");
+  CHECK_ERR(ampc_graph_compile(NULL), AMPC_EINVAL, "ampc_graph_compile: the graph is NULL");
+  CHECK_ERR(ampc_graph_forward(NULL, 1), AMPC_EINVAL, "the graph is NULL");
+  CHECK_ERR(ampc_graph_backward(NULL, 0, 1.0f, 0), AMPC_EINVAL, "the graph is NULL");
+  CHECK_ERR(ampc_graph_write(NULL, 0, NULL, AMPC_DTYPE_F32), AMPC_EINVAL, "the graph is NULL");
+  CHECK(ampc_graph_input(NULL, "x", ampc_shape2(2, 3)) == AMPC_VALUE_NONE);
+  CHECK(ampc_graph_name(NULL, 0) == NULL && ampc_graph_param_count(NULL) == 0 && ampc_graph_batch(NULL) == 0);
+  CHECK(ampc_graph_tensor(NULL, 0).data == NULL && ampc_graph_find(NULL, "x") == AMPC_VALUE_NONE);
+  ampc_mem_report r;
+  memset(&r, 0xff, sizeof r);
+  ampc_graph_memory(NULL, &r);
+  CHECK(ampc_mem_total(&r, AMPC_MEM_ACTIVATIONS) == 0);
+  char buf[64];
+  ampc_shape bad = {7, {1, 2, 3, 4}};
+  CHECK(strcmp(ampc_shape_str(&bad, buf, sizeof buf), "(1, 2, 3, 4)") == 0);
+  ampc_graph *g;
+  CHECK_OK(ampc_graph_create(&g));
+  CHECK(ampc_graph_input(g, "x", bad) == AMPC_VALUE_NONE);
+  CHECK_ERR(ampc_graph_status(g), AMPC_EINVAL, "7 dimensions (at most 4)");
+  ampc_graph_free(g);
+  CHECK_OK(ampc_graph_create(&g));
+  CHECK(ampc_graph_labels(g, "y", INT64_MAX) == AMPC_VALUE_NONE);
+  CHECK_ERR(ampc_graph_compile(g), AMPC_EINVAL, "too many elements");
+  ampc_graph_free(g);
+  CHECK_OK(ampc_graph_create(&g));
+  CHECK(ampc_graph_input(g, "x", ampc_shape4(1 << 20, 1 << 20, 1 << 20, 1 << 20)) == AMPC_VALUE_NONE);
+  CHECK_ERR(ampc_graph_status(g), AMPC_EINVAL, "too many elements");
+  ampc_graph_free(g);
 }
 
 
@@ -483,4 +527,4 @@ TEST_MAIN(TEST_ENTRY(set_batch_matches_smaller_graph), TEST_ENTRY(set_batch_rang
           TEST_ENTRY(batchnorm_running_stats), TEST_ENTRY(batchnorm_needs_two_values),
           TEST_ENTRY(cross_entropy_label_out_of_range), TEST_ENTRY(cross_entropy_values), TEST_ENTRY(recording_errors),
           TEST_ENTRY(backward_errors), TEST_ENTRY(keep_stops_relu_fusion), TEST_ENTRY(cast_of_param),
-          TEST_ENTRY(op_names_and_policies))
+          TEST_ENTRY(op_names_and_policies), TEST_ENTRY(api_misuse))
