@@ -71,7 +71,10 @@ typedef struct {
 ampc_cast_policy ampc_amp_cast_policy(ampc_op_kind k);
 
 /* Applies the opt level to g and compiles it; takes opt's state to g's
- * device. */
+ * device. opt may be NULL (no optimizer: step() is then AMPC_ESTATE); g, cfg
+ * and out may not (AMPC_EINVAL). The amp borrows g and opt: both must outlive
+ * it (free the amp first; freeing the optimizer or the graph -- or the model
+ * that owns it -- while the amp is alive is a use-after-free). */
 ampc_status ampc_amp_initialize(ampc_amp **out, ampc_graph *g, ampc_optim *opt, const ampc_amp_config *cfg);
 void ampc_amp_free(ampc_amp *a);
 const ampc_amp_config *ampc_amp_get_config(const ampc_amp *a);
@@ -180,7 +183,7 @@ ampc_status ampc_amp_write_optim_state(ampc_amp *a, const char *state, const cha
 void ampc_amp_set_grad_stats(ampc_amp *a, int on);
 void ampc_amp_get_grad_stats(ampc_amp *a, ampc_amp_grad_stats *st, int reset);
 /* Everything the training step holds: the graph's bytes plus master weights,
- * master gradients and optimizer state. */
+ * master gradients and optimizer state (all zero for a NULL a). */
 void ampc_amp_memory(const ampc_amp *a, ampc_mem_report *r);
 
 #ifdef __cplusplus

@@ -129,7 +129,7 @@ ampc_status ampc_amp_config_init(ampc_amp_config *c, ampc_opt_level level, ampc_
  *   backoff_factor          number in (0, 1)
  *   hysteresis              integer >= 1
  *   consecutive_hysteresis  bool
- *   num_losses              integer >= 1
+ *   num_losses              integer in 1..1024
  * A bool is true/false/on/off/yes/no/1/0 (any case). A number may be written
  * as a power, "2**16" or "2^16". AMPC_EINVAL on an unknown name or bad value,
  * leaving c unchanged. */

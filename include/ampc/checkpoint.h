@@ -59,6 +59,8 @@ typedef struct {
   ampc_preprocessing preprocessing;
 } ampc_train_state;
 
+/* path, m and amp may not be NULL (AMPC_EINVAL); opt may (no optimizer
+ * state saved), and a NULL ts saves a run state of zeros. */
 ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt,
                                  const ampc_train_state *ts);
 /* Checks that the file is an ampc checkpoint of a supported version for the
@@ -66,13 +68,15 @@ ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp,
  * of its metadata is in range (in its full 64-bit width), then restores
  * everything: the model (as ampc_checkpoint_load_weights does), the
  * optimizer state, each loss scaler's state and the run state. Nothing is
- * restored when a check fails. */
+ * restored when a check fails. opt and ts may be NULL (not restored); path,
+ * m and amp may not (AMPC_EINVAL). */
 ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt,
                                  ampc_train_state *ts);
 
 /* A weights file: every parameter as f32 (the masters' values, or the
  * model's converted) and every buffer as stored, under the PyTorch names;
- * meta as for ampc_st_write. Atomic like a checkpoint. */
+ * meta as for ampc_st_write. Atomic like a checkpoint. amp may be NULL (the
+ * model's own values); path and m may not (AMPC_EINVAL). */
 ampc_status ampc_checkpoint_save_weights(const char *path, ampc_model *m, ampc_amp *amp, const char *const *meta);
 /* Loads every parameter and buffer of m by name from a weights file or a
  * checkpoint (a parameter from its f32 master copy where the file has one),
@@ -86,8 +90,8 @@ ampc_status ampc_checkpoint_load_weights(const char *path, ampc_model *m, ampc_a
  * checkpoint, or weights saved by `ampc train --save`) was made for, from its
  * metadata: "input" ("1x28x28") and "classes" ("10"). Returns 1 with them
  * filled, 0 when the file records neither (weights from another program or
- * an older ampc), AMPC_EFORMAT when they are malformed or out of range. f
- * may come from ampc_st_open_header. */
+ * an older ampc), AMPC_EFORMAT when they are malformed or out of range,
+ * AMPC_EINVAL for a NULL argument. f may come from ampc_st_open_header. */
 ampc_status ampc_checkpoint_input(const ampc_st_file *f, int *channels, int *height, int *width,
                                   int *classes);
 

@@ -98,6 +98,8 @@ ampc_status ampc_dataset_probe(ampc_dataset_info *out, ampc_dataset_kind kind, c
  * message naming both files and both shapes. */
 ampc_status ampc_dataset_check_pair(const ampc_dataset_info *train, const ampc_dataset_info *test);
 
+/* The getters below read a NULL d as an empty dataset: kind -1 (named
+ * "unknown"), count and sizes 0, NULL arrays, and norm() mean 0, std 1. */
 ampc_dataset_kind ampc_dataset_get_kind(const ampc_dataset *d);
 size_t ampc_dataset_count(const ampc_dataset *d);
 int ampc_dataset_channels(const ampc_dataset *d);
@@ -137,13 +139,14 @@ void ampc_dataset_preprocessing(const ampc_dataset *d, int normalize, ampc_prepr
 char *ampc_preprocessing_json(const ampc_preprocessing *p);
 
 typedef struct {
-  int batch_size;          /* B, >= 1 */
+  int batch_size;          /* B, 1..65536 */
   int shuffle;             /* 1: a new permutation every epoch; 0: file order */
   uint64_t seed;           /* shuffle and augmentation both derive from it */
   int drop_last;           /* 1: skip the last batch if it has fewer than B samples */
   int normalize;           /* 1: (pixel/255 - mean_c) / std_c; 0: pixel/255 */
   int random_crop_padding; /* P: pad by P with black and crop back at a random offset in
-                              [0, 2P] per axis, as torchvision RandomCrop(H, padding=P); 0 off */
+                              [0, 2P] per axis, as torchvision RandomCrop(H, padding=P); 0 off;
+                              at most 64 */
   int hflip;               /* 1: mirror left-right with probability 1/2 (after the crop) */
   ampc_dtype dtype;        /* of x: f32, f16 or bf16 */
   int background;          /* 1: prepare the next batches on a thread while the caller works */
@@ -158,7 +161,7 @@ typedef struct {
 } ampc_loader_opts;
 
 /* batch 128, shuffle 1, seed 0, drop_last 0, normalize 1, no augmentation,
- * f32, background 1, rank 0 of 1. */
+ * f32, background 1, rank 0 of 1. A NULL o is a no-op. */
 void ampc_loader_opts_default(ampc_loader_opts *o);
 
 typedef struct ampc_loader ampc_loader;
@@ -189,6 +192,7 @@ ampc_status ampc_loader_next(ampc_loader *l, void *x, int32_t *y, int *n);
  * loader's position: what another framework needs to replay the same batches. */
 ampc_status ampc_loader_epoch_order(const ampc_loader *l, int64_t epoch, size_t *out);
 
+/* For a NULL l: 0 batches, position 0, epoch -1, no samples. */
 int64_t ampc_loader_batches_per_epoch(const ampc_loader *l);
 /* The samples of (global) batch k of an epoch over all the ranks: the
  * divisor of the global mean. */

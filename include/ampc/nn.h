@@ -29,10 +29,15 @@ extern "C" {
 
 typedef struct ampc_nn ampc_nn;
 
+/* Records into g, which must outlive the builder: AMPC_EINVAL for a NULL out
+ * or g. The functions below do nothing for a NULL b (the layers return
+ * AMPC_VALUE_NONE, the getters NULL or 0). */
 ampc_status ampc_nn_create(ampc_nn **out, ampc_graph *g, uint64_t seed);
 void ampc_nn_free(ampc_nn *b);
 ampc_graph *ampc_nn_graph(ampc_nn *b);
-/* Enter / leave a name scope ("layer1", then "0", ...). */
+/* Enter / leave a name scope ("layer1", then "0", ...). Scopes nest at most
+ * 8 deep: a deeper push, or a pop without a push, fails the graph
+ * (AMPC_EINVAL in ampc_graph_status). */
 void ampc_nn_push(ampc_nn *b, const char *scope);
 void ampc_nn_pop(ampc_nn *b);
 
@@ -99,6 +104,7 @@ const char *ampc_model_names(void);
 int ampc_model_known(const char *name);
 ampc_status ampc_model_create(ampc_model **out, const char *name, const ampc_model_opts *o);
 void ampc_model_free(ampc_model *m);
+/* For a NULL m: NULL, AMPC_VALUE_NONE, or a param count of 0. */
 const char *ampc_model_name(const ampc_model *m);
 ampc_graph *ampc_model_graph(ampc_model *m);
 const ampc_nn *ampc_model_builder(const ampc_model *m);

@@ -94,7 +94,8 @@ void ampc_optim_free(ampc_optim *o);
 ampc_status ampc_optim_step(ampc_optim *o, float *w, const float *g, float lr);
 
 /* Steps taken (torch's state['step']). set_step_count restores it from a
- * checkpoint (with the state buffers); AMPC_EINVAL if step < 0. With SGD
+ * checkpoint (with the state buffers); AMPC_EINVAL if step < 0, AMPC_ERANGE
+ * if step > 2^53 (ampc_optim_step at count 2^53 is AMPC_ERANGE too). With SGD
  * momentum, the step after count 0 takes the gradient as the momentum buffer
  * (torch's buffer-is-None case). */
 int64_t ampc_optim_step_count(const ampc_optim *o);

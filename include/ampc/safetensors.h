@@ -91,6 +91,9 @@ ampc_status ampc_st_open_memory(ampc_st_file **out, const void *buf, size_t len,
  * NULL is a no-op. */
 void ampc_st_close(ampc_st_file *f);
 
+/* The accessors below take a NULL f as an empty file (label NULL, count 0,
+ * every lookup NULL). */
+
 /* The path or label the file was opened with. */
 const char *ampc_st_label(const ampc_st_file *f);
 
@@ -139,14 +142,14 @@ ampc_status ampc_st_write_stream(const char *path, const ampc_st_tensor *tensors
 int64_t ampc_st_numel(const ampc_st_tensor *t);
 
 /* Copies the tensor into dst as f32, converting from F32, F16, BF16 or F64.
- * n must equal the tensor's element count. AMPC_EINVAL for a count mismatch
- * or a non-float tensor; AMPC_ERANGE for a finite F64 value too large for
+ * n must equal the tensor's element count. AMPC_EINVAL for a count mismatch,
+ * a NULL t or dst, or a non-float tensor; AMPC_ERANGE for a finite F64 value too large for
  * f32 (NaN and infinities are kept). */
 ampc_status ampc_st_read_f32(const ampc_st_tensor *t, float *dst, size_t n);
 
 /* Copies an integer (or BOOL) tensor into dst as int32: from I64, I32, I16,
  * I8, U8, BOOL. n must equal the element count. AMPC_EINVAL for a count
- * mismatch or a float tensor; AMPC_ERANGE for an I64 value outside int32. */
+ * mismatch, a NULL t or dst, or a float tensor; AMPC_ERANGE for an I64 value outside int32. */
 ampc_status ampc_st_read_i32(const ampc_st_tensor *t, int32_t *dst, size_t n);
 
 #ifdef __cplusplus

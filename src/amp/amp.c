@@ -139,7 +139,9 @@ static ampc_status init_masters(ampc_amp *a) {
 }
 
 ampc_status ampc_amp_initialize(ampc_amp **out, ampc_graph *g, ampc_optim *opt, const ampc_amp_config *cfg) {
+  if (!out) return ampc__error(AMPC_EINVAL, "ampc_amp_initialize: out is NULL");
   *out = NULL;
+  if (!g) return ampc__error(AMPC_EINVAL, "ampc_amp_initialize: graph is NULL");
   AMPC_TRY(ampc_amp_config_validate(cfg));
   if (ampc_graph_is_compiled(g))
     return ampc__error(AMPC_ESTATE, "amp: initialize the graph before it is compiled (the opt level decides its storage types)");
@@ -238,32 +240,42 @@ void ampc_amp_free(ampc_amp *a) {
   free(a);
 }
 
-const ampc_amp_config *ampc_amp_get_config(const ampc_amp *a) { return &a->cfg; }
+const ampc_amp_config *ampc_amp_get_config(const ampc_amp *a) { return a ? &a->cfg : NULL; }
 ampc_scaler *ampc_amp_scaler(ampc_amp *a, int loss_id) {
-  return loss_id >= 0 && loss_id < a->cfg.num_losses ? &a->scalers[loss_id] : NULL;
+  return a && loss_id >= 0 && loss_id < a->cfg.num_losses ? &a->scalers[loss_id] : NULL;
 }
-int ampc_amp_has_master_weights(const ampc_amp *a) { return a->master != NULL; }
-void ampc_amp_set_clip_grad_norm(ampc_amp *a, float max_norm) { a->clip = max_norm; }
-void ampc_amp_set_loss_weight(ampc_amp *a, float w) { a->loss_weight = w; }
+int ampc_amp_has_master_weights(const ampc_amp *a) { return a && a->master != NULL; }
+void ampc_amp_set_clip_grad_norm(ampc_amp *a, float max_norm) {
+  if (a) a->clip = max_norm;
+}
+void ampc_amp_set_loss_weight(ampc_amp *a, float w) {
+  if (a) a->loss_weight = w;
+}
 void ampc_amp_set_stochastic_rounding(ampc_amp *a, int on, uint64_t seed) {
+  if (!a) return;
   a->sr = on;
   a->sr_seed = seed;
 }
 void ampc_amp_set_comm(ampc_amp *a, ampc_comm *c) {
+  if (!a) return;
   a->comm = c;
   a->gb_dirty = 1;
 }
 void ampc_amp_set_allreduce_f32(ampc_amp *a, int on) {
+  if (!a) return;
   a->ar_f32 = on != 0;
   a->gb_dirty = 1;
 }
 ampc_status ampc_amp_set_bucket_bytes(ampc_amp *a, size_t bytes) {
+  if (!a) return ampc__error(AMPC_EINVAL, "ampc_amp_set_bucket_bytes: amp is NULL");
   if (bytes < 1024) return ampc__error(AMPC_EINVAL, "amp: gradient buckets of %zu bytes (at least 1024)", bytes);
   a->bucket_bytes = bytes;
   a->gb_dirty = 1;
   return AMPC_OK;
 }
-void ampc_amp_set_no_sync(ampc_amp *a, int on) { a->no_sync = on != 0; }
+void ampc_amp_set_no_sync(ampc_amp *a, int on) {
+  if (a) a->no_sync = on != 0;
+}
 
 /* ---- data-parallel: the gradient buckets ---- */
 
@@ -431,6 +443,7 @@ static ampc_status on_grad_ready(void *ctx, size_t start, size_t n) {
 }
 
 ampc_status ampc_amp_sync_grads(ampc_amp *a) {
+  if (!a) return ampc__error(AMPC_EINVAL, "ampc_amp_sync_grads: amp is NULL");
   if (!dp(a) || a->sync_state == SYNC_DONE) return AMPC_OK;
   AMPC_TRY(dp_ready(a));
   if (a->sync_state == SYNC_LOCAL) buckets_reset(a);
@@ -438,6 +451,7 @@ ampc_status ampc_amp_sync_grads(ampc_amp *a) {
 }
 
 void ampc_amp_get_comm_stats(ampc_amp *a, ampc_amp_comm_stats *st, int reset) {
+  if (!a || !st) return;
   *st = a->cstats;
   st->buckets = a->ngb;
   if (reset) memset(&a->cstats, 0, sizeof a->cstats);
@@ -446,6 +460,7 @@ void ampc_amp_get_comm_stats(ampc_amp *a, ampc_amp_comm_stats *st, int reset) {
 /* ---- data-parallel: ZeRO-1 and the rank check ---- */
 
 ampc_status ampc_amp_set_zero(ampc_amp *a, int stage) {
+  if (!a) return ampc__error(AMPC_EINVAL, "ampc_amp_set_zero: amp is NULL");
   if (stage != 0 && stage != 1) return ampc__error(AMPC_EINVAL, "amp: ZeRO stage %d (0 or 1)", stage);
   if (stage == a->zero) return AMPC_OK;
   if (stage == 0) return ampc__error(AMPC_ESTATE, "amp: the masters and optimizer state are sharded already");
@@ -484,7 +499,7 @@ ampc_status ampc_amp_set_zero(ampc_amp *a, int stage) {
   return AMPC_OK;
 }
 
-int ampc_amp_zero_stage(const ampc_amp *a) { return a->zero; }
+int ampc_amp_zero_stage(const ampc_amp *a) { return a ? a->zero : 0; }
 
 /* SyncBatchNorm's sums: batch norm's statistics pass hands them over
  * between its two passes. */
@@ -494,6 +509,7 @@ static ampc_status bn_sum(void *ctx, double *v, size_t n) {
 }
 
 ampc_status ampc_amp_set_sync_batchnorm(ampc_amp *a, int on) {
+  if (!a) return ampc__error(AMPC_EINVAL, "ampc_amp_set_sync_batchnorm: amp is NULL");
   /* a device whose batch norm cannot hand its sums over (cuda, so far) */
   if (on && dp(a) && !a->dev->be->sync_batchnorm)
     return ampc__error(AMPC_EUNSUPPORTED, "SyncBatchNorm: not implemented on the %s device (its batch norm keeps per-rank statistics)",
@@ -506,6 +522,7 @@ ampc_status ampc_amp_set_sync_batchnorm(ampc_amp *a, int on) {
 }
 
 ampc_status ampc_amp_gather_state(ampc_amp *a) {
+  if (!a) return ampc__error(AMPC_EINVAL, "ampc_amp_gather_state: amp is NULL");
   if (!a->zero) return AMPC_OK;
   AMPC_TRY(dp_ready(a));
   size_t n = a->shard_hi - a->shard_lo, ns = ampc_optim_state_count(a->opt);
@@ -524,6 +541,7 @@ ampc_status ampc_amp_gather_state(ampc_amp *a) {
 }
 
 void ampc_amp_release_state(ampc_amp *a) {
+  if (!a) return;
   ampc__dev_free(a->dev, a->g_master);
   a->g_master = NULL;
   for (int k = 0; k < 3; k++) {
@@ -533,6 +551,7 @@ void ampc_amp_release_state(ampc_amp *a) {
 }
 
 ampc_status ampc_amp_check_ranks(ampc_amp *a) {
+  if (!a) return ampc__error(AMPC_EINVAL, "ampc_amp_check_ranks: amp is NULL");
   if (!dp(a)) return AMPC_OK;
   int nl = a->cfg.num_losses;
   double *v = a->chk;
@@ -553,7 +572,10 @@ ampc_status ampc_amp_check_ranks(ampc_amp *a) {
   return AMPC_OK;
 }
 
-ampc_status ampc_amp_forward(ampc_amp *a, int training) { return ampc_graph_forward(a->g, training); }
+ampc_status ampc_amp_forward(ampc_amp *a, int training) {
+  if (!a) return ampc__error(AMPC_EINVAL, "ampc_amp_forward: amp is NULL");
+  return ampc_graph_forward(a->g, training);
+}
 
 /* The gradients the step reads: the f32 ones folded into, or the model's. */
 static int grad_spans(const ampc_amp *a, ampc__span *out) {
@@ -582,6 +604,7 @@ static ampc_status fold(ampc_amp *a, float f, int accumulate, int loss_id, float
 }
 
 ampc_status ampc_amp_backward(ampc_amp *a, ampc_value loss, int loss_id, int accumulate) {
+  if (!a) return ampc__error(AMPC_EINVAL, "ampc_amp_backward: amp is NULL");
   if (loss_id < 0 || loss_id >= a->cfg.num_losses)
     return ampc__error(AMPC_EINVAL, "amp: loss id %d outside 0..%d (num_losses=%d)", loss_id, a->cfg.num_losses - 1, a->cfg.num_losses);
   float scale = ampc_scaler_scale(&a->scalers[loss_id]);
@@ -634,6 +657,7 @@ static float step_unscale(const ampc_amp *a) {
 }
 
 ampc_status ampc_amp_unscaled_grads(ampc_amp *a, float *out, int *found_inf) {
+  if (!a || !out) return ampc__error(AMPC_EINVAL, "ampc_amp_unscaled_grads: %s is NULL", a ? "out" : "amp");
   ampc__span s[AMPC__MAX_BUCKETS];
   int ns = grad_spans(a, s);
   float gmul = step_unscale(a);
@@ -712,6 +736,7 @@ ampc_status ampc_amp_step(ampc_amp *a, float lr, ampc_amp_step_info *info) {
   ampc_amp_step_info local;
   if (!info) info = &local;
   memset(info, 0, sizeof *info);
+  if (!a) return ampc__error(AMPC_EINVAL, "ampc_amp_step: amp is NULL");
   if (!a->opt) return ampc__error(AMPC_ESTATE, "amp: step without an optimizer");
   if (!(lr >= 0.0f) || !isfinite(lr)) return ampc__error(AMPC_EINVAL, "amp: learning rate %g", lr);
   if (dp(a)) {
@@ -814,6 +839,7 @@ static int in_shard(const ampc_amp *a, size_t off, size_t n, size_t *x, size_t *
 }
 
 ampc_status ampc_amp_param_values(ampc_amp *a, float *out) {
+  if (!a || !out) return ampc__error(AMPC_EINVAL, "ampc_amp_param_values: %s is NULL", a ? "out" : "amp");
   if (a->master && a->zero) {
     AMPC_TRY(zero_gathered(a, a->g_master, 0, a->numel, "master weights"));
     return ampc__dev_read(a->dev, out, AMPC_DTYPE_F32, a->g_master, AMPC_DTYPE_F32, a->numel);
@@ -825,6 +851,7 @@ ampc_status ampc_amp_param_values(ampc_amp *a, float *out) {
 }
 
 ampc_status ampc_amp_load_params(ampc_amp *a, const float *values) {
+  if (!a || !values) return ampc__error(AMPC_EINVAL, "ampc_amp_load_params: %s is NULL", a ? "values" : "amp");
   for (int i = 0; i < a->nspans; i++)
     AMPC_TRY(ampc__dev_write(a->dev, a->spans[i].model, a->spans[i].type, values + a->spans[i].start, AMPC_DTYPE_F32, a->spans[i].n));
   size_t x = 0, y = a->numel;
@@ -853,6 +880,7 @@ static ampc_status master_range(const ampc_amp *a, const char *name, size_t n, s
 }
 
 ampc_status ampc_amp_read_master(const ampc_amp *a, const char *name, float *dst, size_t n) {
+  if (!a || !dst) return ampc__error(AMPC_EINVAL, "ampc_amp_read_master: %s is NULL", a ? "dst" : "amp");
   size_t off;
   AMPC_TRY(master_range(a, name, n, &off));
   if (!a->zero) return ampc__dev_read(a->dev, dst, AMPC_DTYPE_F32, a->master + off, AMPC_DTYPE_F32, n);
@@ -862,6 +890,7 @@ ampc_status ampc_amp_read_master(const ampc_amp *a, const char *name, float *dst
 }
 
 ampc_status ampc_amp_write_master(ampc_amp *a, const char *name, const float *src, size_t n) {
+  if (!a || !src) return ampc__error(AMPC_EINVAL, "ampc_amp_write_master: %s is NULL", a ? "src" : "amp");
   size_t off, x, y;
   AMPC_TRY(master_range(a, name, n, &off));
   if (!a->zero) return ampc__dev_write(a->dev, a->master + off, AMPC_DTYPE_F32, src, AMPC_DTYPE_F32, n);
@@ -877,6 +906,7 @@ static ampc_status state_at(const ampc_amp *a, const char *state, const char *na
 }
 
 ampc_status ampc_amp_read_optim_state(const ampc_amp *a, const char *state, const char *name, float *dst, size_t n) {
+  if (!a || !dst) return ampc__error(AMPC_EINVAL, "ampc_amp_read_optim_state: %s is NULL", a ? "dst" : "amp");
   size_t k, off;
   AMPC_TRY(state_at(a, state, name, n, &k, &off));
   if (!a->zero) return ampc_optim_state_read(a->opt, k, off, n, dst);
@@ -886,6 +916,7 @@ ampc_status ampc_amp_read_optim_state(const ampc_amp *a, const char *state, cons
 }
 
 ampc_status ampc_amp_write_optim_state(ampc_amp *a, const char *state, const char *name, const float *src, size_t n) {
+  if (!a || !src) return ampc__error(AMPC_EINVAL, "ampc_amp_write_optim_state: %s is NULL", a ? "src" : "amp");
   size_t k, off, x, y;
   AMPC_TRY(state_at(a, state, name, n, &k, &off));
   if (!a->zero) return ampc_optim_state_write(a->opt, k, off, n, src);
@@ -896,9 +927,12 @@ ampc_status ampc_amp_write_optim_state(ampc_amp *a, const char *state, const cha
 
 /* ---- statistics and memory ---- */
 
-void ampc_amp_set_grad_stats(ampc_amp *a, int on) { ampc__graph_count_underflow(a->g, on); }
+void ampc_amp_set_grad_stats(ampc_amp *a, int on) {
+  if (a) ampc__graph_count_underflow(a->g, on);
+}
 
 void ampc_amp_get_grad_stats(ampc_amp *a, ampc_amp_grad_stats *st, int reset) {
+  if (!a || !st) return;
   /* the underflow count comes from the kernels, which see each weight gradient
    * in f32 before it is rounded to its storage type */
   ampc_backend_stats bs;
@@ -910,6 +944,8 @@ void ampc_amp_get_grad_stats(ampc_amp *a, ampc_amp_grad_stats *st, int reset) {
 }
 
 void ampc_amp_memory(const ampc_amp *a, ampc_mem_report *r) {
+  if (r && !a) memset(r, 0, sizeof *r);
+  if (!a || !r) return;
   ampc_graph_memory(a->g, r);
   /* with ZeRO-1, this rank's shard of the masters and the optimizer state */
   size_t held = a->zero ? a->shard_hi - a->shard_lo : a->numel;

@@ -11,9 +11,14 @@
 #include "ampc/amp_config.h"
 #include "core/status_internal.h"
 
+/* More scalers than any model has losses: a bound keeps a typo (or a hostile
+ * flag) from allocating a billion of them. */
+#define AMP_MAX_LOSSES 1024
+
 static const char *const level_names[AMPC_OPT_COUNT] = {"O0", "O1", "O2", "O3"};
 
 ampc_status ampc_opt_level_parse(const char *s, ampc_opt_level *out) {
+  if (!out) return ampc__error(AMPC_EINVAL, "ampc_opt_level_parse: out is NULL");
   if (s && (s[0] == 'O' || s[0] == 'o') && s[1] >= '0' && s[1] <= '3' && s[2] == '\0') {
     *out = (ampc_opt_level)(s[1] - '0');
     return AMPC_OK;
@@ -30,6 +35,7 @@ const char *ampc_opt_level_name(ampc_opt_level level) {
 #define DEFAULT_MAX_SCALE 16777216.0f
 
 ampc_status ampc_amp_config_init(ampc_amp_config *c, ampc_opt_level level, ampc_dtype half_type) {
+  if (!c) return ampc__error(AMPC_EINVAL, "ampc_amp_config_init: config is NULL");
   if ((unsigned)level >= AMPC_OPT_COUNT)
     return ampc__error(AMPC_EINVAL, "amp: opt level %d out of range (O0..O3)", (int)level);
   if (half_type != AMPC_DTYPE_F16 && half_type != AMPC_DTYPE_BF16)
@@ -209,7 +215,13 @@ static ampc_status set_int_min1(int *field, const char *name, const char *v) {
 }
 static ampc_status set_window(ampc_amp_config *c, const char *n, const char *v) { return set_int_min1(&c->scale_window, n, v); }
 static ampc_status set_hysteresis(ampc_amp_config *c, const char *n, const char *v) { return set_int_min1(&c->hysteresis, n, v); }
-static ampc_status set_num_losses(ampc_amp_config *c, const char *n, const char *v) { return set_int_min1(&c->num_losses, n, v); }
+static ampc_status set_num_losses(ampc_amp_config *c, const char *n, const char *v) {
+  int x;
+  if (parse_int(v, &x) < 0 || x < 1 || x > AMP_MAX_LOSSES)
+    return bad_value(n, v, "an integer >= 1 and <= 1024");
+  c->num_losses = x;
+  return AMPC_OK;
+}
 
 static ampc_status set_growth(ampc_amp_config *c, const char *name, const char *v) {
   double x;
@@ -337,11 +349,13 @@ ampc_status ampc_amp_config_validate(const ampc_amp_config *c) {
   if (c->hysteresis < 1) return ampc__error(AMPC_EINVAL, "amp: hysteresis must be >= 1, not %d", c->hysteresis);
   if (c->consecutive_hysteresis != 0 && c->consecutive_hysteresis != 1)
     return ampc__error(AMPC_EINVAL, "amp: consecutive_hysteresis must be 0 or 1");
-  if (c->num_losses < 1) return ampc__error(AMPC_EINVAL, "amp: num_losses must be >= 1, not %d", c->num_losses);
+  if (c->num_losses < 1 || c->num_losses > AMP_MAX_LOSSES)
+    return ampc__error(AMPC_EINVAL, "amp: num_losses must be >= 1 and <= %d, not %d", AMP_MAX_LOSSES, c->num_losses);
   return AMPC_OK;
 }
 
 int ampc_amp_config_uses_master_weights(const ampc_amp_config *c) {
+  if (!c) return 0;
   return c->master_weights == 1 && c->cast_model_type != AMPC_DTYPE_F32;
 }
 

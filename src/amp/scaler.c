@@ -10,7 +10,7 @@
 static float clamp_scale(const ampc_scaler *s, float x) { return fmaxf(s->min_scale, fminf(x, s->max_scale)); }
 
 void ampc_scaler_init(ampc_scaler *s, const ampc_amp_config *c) {
-  AMPC_ASSERT(s && c);
+  if (!s || !c) return; /* void: a NULL scaler or config is a no-op */
   memset(s, 0, sizeof *s);
   s->dynamic = c->loss_scale_dynamic;
   s->growth_factor = c->growth_factor;
@@ -29,6 +29,7 @@ void ampc_scaler_init(ampc_scaler *s, const ampc_amp_config *c) {
 }
 
 int ampc_scaler_update(ampc_scaler *s, int found_inf) {
+  if (!s) return 0; /* no scaler: the step is not applied */
   ampc_scaler_state *st = &s->st;
   st->steps++;
   if (found_inf) {
@@ -63,13 +64,15 @@ int ampc_scaler_update(ampc_scaler *s, int found_inf) {
   return 1;
 }
 
-float ampc_scaler_scale(const ampc_scaler *s) { return s->st.scale; }
+float ampc_scaler_scale(const ampc_scaler *s) { return s ? s->st.scale : 0.0f; }
 
-float ampc_scaler_inv_scale(const ampc_scaler *s) { return (float)(1.0 / (double)s->st.scale); }
+float ampc_scaler_inv_scale(const ampc_scaler *s) { return s ? (float)(1.0 / (double)s->st.scale) : 0.0f; }
 
-int ampc_scaler_diverged(const ampc_scaler *s, int n) { return s->st.min_scale_hits >= (n < 1 ? 1 : n); }
+int ampc_scaler_diverged(const ampc_scaler *s, int n) { return s && s->st.min_scale_hits >= (n < 1 ? 1 : n); }
 
-void ampc_scaler_get_state(const ampc_scaler *s, ampc_scaler_state *out) { *out = s->st; }
+void ampc_scaler_get_state(const ampc_scaler *s, ampc_scaler_state *out) {
+  if (s && out) *out = s->st;
+}
 
 ampc_status ampc_scaler_set_state(ampc_scaler *s, const ampc_scaler_state *st) {
   if (!s || !st) return ampc__error(AMPC_EINVAL, "scaler: set_state: NULL argument");

@@ -62,7 +62,8 @@ const char *ampc_dataset_default_dir(ampc_dataset_kind k) {
 
 ampc_status ampc__dataset_alloc(ampc_dataset **out, ampc_dataset_kind kind, size_t n, int c,
                                 int h, int w, int classes) {
-  AMPC_ASSERT(kind_valid(kind) && n >= 1 && c >= 1 && c <= 3 && h >= 1 && w >= 1);
+  if (!out || !kind_valid(kind) || n < 1 || c < 1 || c > 3 || h < 1 || w < 1)
+    return ampc__error(AMPC_EINVAL, "dataset: no dataset of %zu images of %dx%dx%d (kind %d)", n, c, h, w, (int)kind);
   size_t per = (size_t)c * (size_t)h * (size_t)w;
   if (n > SIZE_MAX / per / 2)
     return ampc__error(AMPC_ENOMEM, "%s: %zu images of %zu bytes do not fit in memory",
@@ -130,19 +131,20 @@ void ampc_dataset_free(ampc_dataset *d) {
   free(d);
 }
 
-ampc_dataset_kind ampc_dataset_get_kind(const ampc_dataset *d) { return d->kind; }
-size_t ampc_dataset_count(const ampc_dataset *d) { return d->n; }
-int ampc_dataset_channels(const ampc_dataset *d) { return d->c; }
-int ampc_dataset_height(const ampc_dataset *d) { return d->h; }
-int ampc_dataset_width(const ampc_dataset *d) { return d->w; }
-int ampc_dataset_classes(const ampc_dataset *d) { return d->classes; }
-const uint8_t *ampc_dataset_images(const ampc_dataset *d) { return d->images; }
-const int32_t *ampc_dataset_labels(const ampc_dataset *d) { return d->labels; }
+/* A NULL d reads as an empty dataset of no kind (-1: "unknown"). */
+ampc_dataset_kind ampc_dataset_get_kind(const ampc_dataset *d) { return d ? d->kind : (ampc_dataset_kind)-1; }
+size_t ampc_dataset_count(const ampc_dataset *d) { return d ? d->n : 0; }
+int ampc_dataset_channels(const ampc_dataset *d) { return d ? d->c : 0; }
+int ampc_dataset_height(const ampc_dataset *d) { return d ? d->h : 0; }
+int ampc_dataset_width(const ampc_dataset *d) { return d ? d->w : 0; }
+int ampc_dataset_classes(const ampc_dataset *d) { return d ? d->classes : 0; }
+const uint8_t *ampc_dataset_images(const ampc_dataset *d) { return d ? d->images : NULL; }
+const int32_t *ampc_dataset_labels(const ampc_dataset *d) { return d ? d->labels : NULL; }
 
 void ampc_dataset_norm(const ampc_dataset *d, float mean[3], float std[3]) {
-  const dataset_info *info = &dataset_infos[d->kind];
+  if (!mean || !std) return;
   for (int c = 0; c < 3; c++) {
-    mean[c] = info->mean[c];
-    std[c] = info->std[c];
+    mean[c] = d ? dataset_infos[d->kind].mean[c] : 0.0f; /* NULL d: the identity, mean 0 and std 1 */
+    std[c] = d ? dataset_infos[d->kind].std[c] : 1.0f;
   }
 }

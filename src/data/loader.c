@@ -22,7 +22,9 @@
 #include "data/data_internal.h"
 
 #define LOADER_SLOTS 2
-#define LOADER_MAX_PADDING 65535
+/* Padding beyond a few pixels only crops black; the CLI's batch limit. */
+#define LOADER_MAX_PADDING 64
+#define LOADER_MAX_BATCH 65536
 
 typedef struct {
   int64_t batch; /* the batch index it holds, -1 for none */
@@ -57,6 +59,7 @@ struct ampc_loader {
 };
 
 void ampc_loader_opts_default(ampc_loader_opts *o) {
+  if (!o) return;
   memset(o, 0, sizeof *o);
   o->batch_size = 128;
   o->shuffle = 1;
@@ -104,6 +107,7 @@ static void make_order(const ampc_loader *l, int64_t epoch, size_t *order) {
 static void loader_make_order(ampc_loader *l, int64_t epoch) { make_order(l, epoch, l->order); }
 
 ampc_status ampc_loader_epoch_order(const ampc_loader *l, int64_t epoch, size_t *out) {
+  if (!l || !out) return ampc__error(AMPC_EINVAL, "ampc_loader_epoch_order: %s is NULL", l ? "out" : "loader");
   if (epoch < 0) return ampc__error(AMPC_EINVAL, "loader: epoch %lld is negative", (long long)epoch);
   make_order(l, epoch, out);
   return AMPC_OK;
@@ -154,6 +158,7 @@ static size_t loader_slice(const ampc_loader *l, int64_t k, size_t *start) {
 }
 
 int64_t ampc_loader_global_samples(const ampc_loader *l, int64_t k) {
+  if (!l) return 0;
   const size_t G = (size_t)l->o.batch_size * (size_t)l->o.world_size;
   if (k < 0 || k >= l->batches) return 0;
   size_t gstart = (size_t)k * G;
@@ -215,6 +220,8 @@ ampc_status ampc_loader_create(ampc_loader **out, const ampc_dataset *d,
   *out = NULL;
   if (o->batch_size < 1)
     return ampc__error(AMPC_EINVAL, "loader: batch_size must be >= 1, got %d", o->batch_size);
+  if (o->batch_size > LOADER_MAX_BATCH)
+    return ampc__error(AMPC_EINVAL, "loader: batch_size must be at most %d, got %d", LOADER_MAX_BATCH, o->batch_size);
   if (o->random_crop_padding < 0 || o->random_crop_padding > LOADER_MAX_PADDING)
     return ampc__error(AMPC_EINVAL, "loader: random_crop_padding must be in [0, %d], got %d",
                        LOADER_MAX_PADDING, o->random_crop_padding);
@@ -360,6 +367,6 @@ ampc_status ampc_loader_next(ampc_loader *l, void *x, int32_t *y, int *n) {
   return AMPC_OK;
 }
 
-int64_t ampc_loader_batches_per_epoch(const ampc_loader *l) { return l->batches; }
-int64_t ampc_loader_position(const ampc_loader *l) { return l->pos; }
-int64_t ampc_loader_epoch(const ampc_loader *l) { return l->epoch; }
+int64_t ampc_loader_batches_per_epoch(const ampc_loader *l) { return l ? l->batches : 0; }
+int64_t ampc_loader_position(const ampc_loader *l) { return l ? l->pos : 0; }
+int64_t ampc_loader_epoch(const ampc_loader *l) { return l ? l->epoch : -1; }

@@ -5,6 +5,7 @@
 #include "ampc/data.h"
 
 void ampc_dataset_preprocessing(const ampc_dataset *d, int normalize, ampc_preprocessing *out) {
+  if (!out) return;
   memset(out, 0, sizeof *out);
   snprintf(out->dataset, sizeof out->dataset, "%s", ampc_dataset_kind_name(ampc_dataset_get_kind(d)));
   out->normalize = normalize != 0;

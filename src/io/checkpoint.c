@@ -122,6 +122,7 @@ static ampc_status make_meta(model_meta *mm, const ampc_model *m, const char *co
 }
 
 ampc_status ampc_checkpoint_save_weights(const char *path, ampc_model *m, ampc_amp *amp, const char *const *meta) {
+  if (!path || !m) return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save_weights: %s is NULL", path ? "model" : "path");
   walk w = {ampc_model_graph(m), amp, NULL, NULL, NULL, 0, 0};
   model_meta mm;
   ampc_status s = make_meta(&mm, m, meta);
@@ -220,6 +221,10 @@ static char *run_json(ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_
 }
 
 ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_train_state *ts) {
+  if (!path || !m || !amp)
+    return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save: %s is NULL", !path ? "path" : !m ? "model" : "amp");
+  static const ampc_train_state no_state; /* a NULL ts: a run state of zeros */
+  if (!ts) ts = &no_state;
   ampc_graph *g = ampc_model_graph(m);
   walk w = {g, amp, NULL, NULL, NULL, 0, 0};
   ampc_status s = walk_model(&w, 0);
@@ -329,6 +334,7 @@ static ampc_status load_model(const ampc_st_file *f, ampc_model *m, ampc_amp *am
 }
 
 ampc_status ampc_checkpoint_load_weights(const char *path, ampc_model *m, ampc_amp *amp) {
+  if (!path || !m) return ampc__error(AMPC_EINVAL, "ampc_checkpoint_load_weights: %s is NULL", path ? "model" : "path");
   ampc_st_file *f;
   AMPC_TRY(ampc_st_open(&f, path));
   /* everything checked before anything is changed */
@@ -394,6 +400,8 @@ static int parse_int_in(const char *p, const char *end, long long lo, long long 
 }
 
 ampc_status ampc_checkpoint_input(const ampc_st_file *f, int *channels, int *height, int *width, int *classes) {
+  if (!f || !channels || !height || !width || !classes)
+    return ampc__error(AMPC_EINVAL, "ampc_checkpoint_input: %s is NULL", f ? "an output pointer" : "file");
   const char *in = ampc_st_metadata(f, "input"), *k = ampc_st_metadata(f, "classes");
   if (!in && !k) return 0;
   long long d[3], kk;
@@ -502,6 +510,8 @@ static ampc_status read_optimizer(const char *path, json_t *root, const ampc_opt
 }
 
 ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt, ampc_train_state *ts) {
+  if (!path || !m || !amp)
+    return ampc__error(AMPC_EINVAL, "ampc_checkpoint_load: %s is NULL", !path ? "path" : !m ? "model" : "amp");
   ampc_st_file *f;
   AMPC_TRY(ampc_st_open(&f, path));
   ampc_status s = AMPC_OK;

@@ -447,11 +447,11 @@ void ampc_st_close(ampc_st_file *f) {
   free(f);
 }
 
-const char *ampc_st_label(const ampc_st_file *f) { return f->label; }
-size_t ampc_st_count(const ampc_st_file *f) { return f->n; }
+const char *ampc_st_label(const ampc_st_file *f) { return f ? f->label : NULL; }
+size_t ampc_st_count(const ampc_st_file *f) { return f ? f->n : 0; }
 
 const ampc_st_tensor *ampc_st_get(const ampc_st_file *f, size_t i) {
-  return i < f->n ? &f->tensors[i] : NULL;
+  return f && i < f->n ? &f->tensors[i] : NULL;
 }
 
 static int cmp_name_key(const void *key, const void *elem) {
@@ -459,7 +459,7 @@ static int cmp_name_key(const void *key, const void *elem) {
 }
 
 const ampc_st_tensor *ampc_st_find(const ampc_st_file *f, const char *name) {
-  if (!name || !f->n) return NULL;
+  if (!f || !name || !f->n) return NULL;
   const ampc_st_tensor *const *p = bsearch(name, f->by_name, f->n, sizeof *f->by_name, cmp_name_key);
   return p ? *p : NULL;
 }
@@ -469,15 +469,15 @@ static int cmp_meta_key(const void *key, const void *elem) {
 }
 
 const char *ampc_st_metadata(const ampc_st_file *f, const char *key) {
-  if (!key || !f->nmeta) return NULL;
+  if (!f || !key || !f->nmeta) return NULL;
   const st_meta *m = bsearch(key, f->meta, f->nmeta, sizeof *f->meta, cmp_meta_key);
   return m ? m->value : NULL;
 }
 
-size_t ampc_st_metadata_count(const ampc_st_file *f) { return f->nmeta; }
+size_t ampc_st_metadata_count(const ampc_st_file *f) { return f ? f->nmeta : 0; }
 
 const char *ampc_st_metadata_key(const ampc_st_file *f, size_t i) {
-  return i < f->nmeta ? f->meta[i].key : NULL;
+  return f && i < f->nmeta ? f->meta[i].key : NULL;
 }
 
 /* ---- element access --------------------------------------------------- */
@@ -515,6 +515,7 @@ static ampc_status check_read(const ampc_st_tensor *t, size_t n, const char *wha
 
 ampc_status ampc_st_read_f32(const ampc_st_tensor *t, float *dst, size_t n) {
   AMPC_TRY(check_read(t, n, "read_f32"));
+  if (!dst && n) return ampc__error(AMPC_EINVAL, "ampc_st_read_f32: dst is NULL");
   const unsigned char *src = t->values;
   switch (t->dtype) {
     case AMPC_DTYPE_F32:
@@ -557,6 +558,7 @@ ampc_status ampc_st_read_f32(const ampc_st_tensor *t, float *dst, size_t n) {
 
 ampc_status ampc_st_read_i32(const ampc_st_tensor *t, int32_t *dst, size_t n) {
   AMPC_TRY(check_read(t, n, "read_i32"));
+  if (!dst && n) return ampc__error(AMPC_EINVAL, "ampc_st_read_i32: dst is NULL");
   const unsigned char *src = t->values;
   switch (t->dtype) {
     case AMPC_DTYPE_I64:

@@ -6,6 +6,8 @@
 #include "core/status_internal.h"
 
 ampc_status ampc_model_evaluate(ampc_model *m, const ampc_dataset *d, int normalize, ampc_eval_result *out) {
+  if (!m || !d || !out)
+    return ampc__error(AMPC_EINVAL, "ampc_model_evaluate: %s is NULL", !m ? "model" : !d ? "dataset" : "out");
   ampc_graph *g = ampc_model_graph(m);
   if (!ampc_graph_is_compiled(g)) return ampc__error(AMPC_ESTATE, "evaluate: the model's graph is not compiled");
   ampc_value xv = ampc_model_input(m), yv = ampc_model_labels(m), lv = ampc_model_logits(m);

@@ -16,12 +16,15 @@ struct ampc_nn {
   ampc_rng rng;
   char scope[NN_MAX_DEPTH][48];
   int depth;
+  int over; /* pushes past NN_MAX_DEPTH, refused (the graph holds the error) */
   ampc_nn_row *rows;
   size_t nrows, caprows;
 };
 
 ampc_status ampc_nn_create(ampc_nn **out, ampc_graph *g, uint64_t seed) {
+  if (!out) return ampc__error(AMPC_EINVAL, "ampc_nn_create: out is NULL");
   *out = NULL;
+  if (!g) return ampc__error(AMPC_EINVAL, "ampc_nn_create: graph is NULL");
   ampc_nn *b = calloc(1, sizeof *b);
   if (!b) return ampc__error(AMPC_ENOMEM, "nn: out of memory");
   b->g = g;
@@ -36,16 +39,29 @@ void ampc_nn_free(ampc_nn *b) {
   free(b);
 }
 
-ampc_graph *ampc_nn_graph(ampc_nn *b) { return b->g; }
+ampc_graph *ampc_nn_graph(ampc_nn *b) { return b ? b->g : NULL; }
+
+/* A misuse of the builder fails its graph, as a bad layer would: the first
+ * error is kept and every later layer records nothing. */
+static void nn_fail(ampc_nn *b, const char *what) {
+  if (b->g->err == 0) b->g->err = ampc__error(AMPC_EINVAL, "nn: %s", what);
+}
 
 void ampc_nn_push(ampc_nn *b, const char *scope) {
-  AMPC_ASSERT(b->depth < NN_MAX_DEPTH);
-  snprintf(b->scope[b->depth++], sizeof b->scope[0], "%s", scope);
+  if (!b) return;
+  if (b->depth >= NN_MAX_DEPTH) {
+    b->over++;
+    nn_fail(b, "name scopes nested more than 8 deep");
+    return;
+  }
+  snprintf(b->scope[b->depth++], sizeof b->scope[0], "%s", scope ? scope : "");
 }
 
 void ampc_nn_pop(ampc_nn *b) {
-  AMPC_ASSERT(b->depth > 0);
-  b->depth--;
+  if (!b) return;
+  if (b->over > 0) b->over--;
+  else if (b->depth > 0) b->depth--;
+  else nn_fail(b, "pop without a matching push");
 }
 
 /* "scope.scope.name.leaf" (name and leaf may be NULL) */
@@ -73,8 +89,8 @@ static void add_row(ampc_nn *b, const char *name, const char *kind, ampc_value o
   r->params = params;
 }
 
-size_t ampc_nn_row_count(const ampc_nn *b) { return b->nrows; }
-const ampc_nn_row *ampc_nn_row_at(const ampc_nn *b, size_t i) { return i < b->nrows ? &b->rows[i] : NULL; }
+size_t ampc_nn_row_count(const ampc_nn *b) { return b ? b->nrows : 0; }
+const ampc_nn_row *ampc_nn_row_at(const ampc_nn *b, size_t i) { return b && i < b->nrows ? &b->rows[i] : NULL; }
 
 static ampc_value uniform_param(ampc_nn *b, const char *name, const char *leaf, ampc_shape s, float bound) {
   size_t n = (size_t)ampc_shape_numel(&s);
@@ -91,7 +107,7 @@ static ampc_value uniform_param(ampc_nn *b, const char *name, const char *leaf, 
 static ampc_shape shape_of(ampc_nn *b, ampc_value x) { return ampc_graph_tensor(b->g, x).shape; }
 
 ampc_value ampc_nn_linear(ampc_nn *b, const char *name, ampc_value x, int64_t out, int bias) {
-  if (ampc_graph_status(b->g) || x < 0) return AMPC_VALUE_NONE;
+  if (!b || ampc_graph_status(b->g) || x < 0) return AMPC_VALUE_NONE;
   int64_t in = shape_of(b, x).d[1];
   float bound = 1.0f / sqrtf((float)in); /* kaiming_uniform(a=sqrt(5)) and the bias rule agree */
   ampc_value w = uniform_param(b, name, "weight", ampc_shape2(out, in), bound);
@@ -102,7 +118,7 @@ ampc_value ampc_nn_linear(ampc_nn *b, const char *name, ampc_value x, int64_t ou
 }
 
 ampc_value ampc_nn_conv2d(ampc_nn *b, const char *name, ampc_value x, int64_t out, int k, int stride, int pad, int bias) {
-  if (ampc_graph_status(b->g) || x < 0) return AMPC_VALUE_NONE;
+  if (!b || ampc_graph_status(b->g) || x < 0) return AMPC_VALUE_NONE;
   int64_t in = shape_of(b, x).d[1];
   float bound = 1.0f / sqrtf((float)(in * k * k));
   ampc_value w = uniform_param(b, name, "weight", ampc_shape4(out, in, k, k), bound);
@@ -113,7 +129,7 @@ ampc_value ampc_nn_conv2d(ampc_nn *b, const char *name, ampc_value x, int64_t ou
 }
 
 ampc_value ampc_nn_batchnorm2d(ampc_nn *b, const char *name, ampc_value x) {
-  if (ampc_graph_status(b->g) || x < 0) return AMPC_VALUE_NONE;
+  if (!b || ampc_graph_status(b->g) || x < 0) return AMPC_VALUE_NONE;
   int64_t c = shape_of(b, x).d[1];
   float *ones = malloc((size_t)c * sizeof *ones);
   if (!ones) return AMPC_VALUE_NONE;
@@ -155,17 +171,20 @@ static ampc_value flatten_as(ampc_nn *b, const char *name, ampc_value x) {
   return y;
 }
 
-ampc_value ampc_nn_relu(ampc_nn *b, ampc_value x) { return relu_as(b, "relu", x); }
-ampc_value ampc_nn_maxpool2d(ampc_nn *b, ampc_value x, int k, int stride) { return maxpool_as(b, "maxpool", x, k, stride); }
-ampc_value ampc_nn_flatten(ampc_nn *b, ampc_value x) { return flatten_as(b, "flatten", x); }
+ampc_value ampc_nn_relu(ampc_nn *b, ampc_value x) { return b ? relu_as(b, "relu", x) : AMPC_VALUE_NONE; }
+ampc_value ampc_nn_maxpool2d(ampc_nn *b, ampc_value x, int k, int stride) {
+  return b ? maxpool_as(b, "maxpool", x, k, stride) : AMPC_VALUE_NONE;
+}
+ampc_value ampc_nn_flatten(ampc_nn *b, ampc_value x) { return b ? flatten_as(b, "flatten", x) : AMPC_VALUE_NONE; }
 ampc_value ampc_nn_global_avgpool(ampc_nn *b, ampc_value x) {
+  if (!b) return AMPC_VALUE_NONE;
   ampc_value y = ampc_graph_global_avgpool(b->g, x);
   add_row(b, "avgpool", "AdaptiveAvgPool2d", y, 0);
   return y;
 }
 
 ampc_value ampc_nn_basic_block(ampc_nn *b, const char *name, ampc_value x, int64_t out, int stride) {
-  if (ampc_graph_status(b->g) || x < 0) return AMPC_VALUE_NONE;
+  if (!b || ampc_graph_status(b->g) || x < 0) return AMPC_VALUE_NONE;
   int64_t in = shape_of(b, x).d[1];
   ampc_nn_push(b, name);
   ampc_value y = relu_as(b, "relu1", ampc_nn_batchnorm2d(b, "bn1", ampc_nn_conv2d(b, "conv1", x, out, 3, stride, 1, 0)));
@@ -184,6 +203,8 @@ ampc_value ampc_nn_basic_block(ampc_nn *b, const char *name, ampc_value x, int64
 }
 
 ampc_value ampc_nn_sequential(ampc_nn *b, const char *name, ampc_value x, const ampc_layer *layers, size_t n) {
+  if (!b) return AMPC_VALUE_NONE;
+  if (n && !layers) return nn_fail(b, "sequential: layers is NULL"), AMPC_VALUE_NONE;
   if (name && *name) ampc_nn_push(b, name);
   for (size_t i = 0; i < n && x >= 0; i++) {
     char idx[24];

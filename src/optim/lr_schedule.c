@@ -26,6 +26,7 @@ ampc_status ampc_lr_kind_parse(const char *name, ampc_lr_kind *out) {
 }
 
 void ampc_lr_schedule_default(ampc_lr_schedule *s, ampc_lr_kind kind) {
+  if (!s) return;
   memset(s, 0, sizeof *s);
   s->kind = kind;
   s->gamma = 0.1f;

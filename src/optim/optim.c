@@ -10,6 +10,9 @@
 #include "optim/optim_internal.h"
 
 enum { OPTIM_MAX_STATE = 3 };
+/* The largest step count: exact as the double the bias corrections use, and
+ * far from int64_t's overflow at the next step. */
+#define OPTIM_MAX_STEP ((int64_t)1 << 53)
 
 struct ampc_optim {
   ampc_optim_config cfg;
@@ -34,6 +37,7 @@ const char *ampc_optim_kind_name(ampc_optim_kind kind) {
 }
 
 ampc_status ampc_optim_kind_parse(const char *name, ampc_optim_kind *out) {
+  if (!out) return ampc__error(AMPC_EINVAL, "ampc_optim_kind_parse: out is NULL");
   for (size_t i = 0; i < sizeof kind_names / sizeof kind_names[0]; i++)
     if (name && strcasecmp(name, kind_names[i]) == 0) {
       *out = (ampc_optim_kind)i;
@@ -44,6 +48,7 @@ ampc_status ampc_optim_kind_parse(const char *name, ampc_optim_kind *out) {
 }
 
 void ampc_optim_config_default(ampc_optim_config *c, ampc_optim_kind kind) {
+  if (!c) return;
   memset(c, 0, sizeof *c);
   c->kind = kind;
   c->lr = 1e-3f;
@@ -91,6 +96,7 @@ ampc_status ampc_optim_config_validate(const ampc_optim_config *c) {
 static size_t state_bytes(const ampc_optim *o) { return o->nstate * o->stride * sizeof(float); }
 
 ampc_status ampc_optim_create(ampc_optim **out, const ampc_optim_config *c, size_t numel) {
+  if (!out) return ampc__error(AMPC_EINVAL, "ampc_optim_create: out is NULL");
   *out = NULL;
   AMPC_TRY(ampc_optim_config_validate(c));
   const char *who = ampc_optim_kind_name(c->kind);
@@ -234,6 +240,7 @@ void ampc__optim_begin_step(ampc_optim *o, float lr, ampc__update *u) {
 }
 
 ampc_status ampc_optim_step(ampc_optim *o, float *w, const float *g, float lr) {
+  if (!o) return ampc__error(AMPC_EINVAL, "ampc_optim_step: optimizer is NULL");
   const char *who = ampc_optim_kind_name(o->cfg.kind);
   if (!w || !g) return ampc__error(AMPC_EINVAL, "%s: step: NULL %s", who, w ? "gradient" : "parameters");
   if (!nonneg(lr)) return ampc__error(AMPC_EINVAL, "%s: step: invalid learning rate: %g (must be finite and >= 0)", who, lr);
@@ -241,15 +248,19 @@ ampc_status ampc_optim_step(ampc_optim *o, float *w, const float *g, float lr) {
     return ampc__error(AMPC_ESTATE, "%s: step on host arrays, but the state lives on backend %s (step through amp)", who,
                        o->dev->be->name);
   if (o->shard_n != o->numel) return ampc__error(AMPC_ESTATE, "%s: step on host arrays with a sharded state (step through amp)", who);
+  if (o->step >= OPTIM_MAX_STEP) return ampc__error(AMPC_ERANGE, "%s: step count %lld at its limit 2^53", who, (long long)o->step);
   ampc__update u;
   ampc__optim_begin_step(o, lr, &u);
   ampc__span s = {0, o->numel, AMPC_DTYPE_F32, w, AMPC_DTYPE_F32, g};
   return o->dev->be->update(o->dev, &s, 1, &u);
 }
 
-int64_t ampc_optim_step_count(const ampc_optim *o) { return o->step; }
+int64_t ampc_optim_step_count(const ampc_optim *o) { return o ? o->step : 0; }
 
 ampc_status ampc_optim_set_step_count(ampc_optim *o, int64_t step) {
+  if (!o) return ampc__error(AMPC_EINVAL, "ampc_optim_set_step_count: optimizer is NULL");
+  if (step > OPTIM_MAX_STEP)
+    return ampc__error(AMPC_ERANGE, "%s: step count %lld is above 2^53", ampc_optim_kind_name(o->cfg.kind), (long long)step);
   if (step < 0)
     return ampc__error(AMPC_EINVAL, "%s: step count %lld is negative", ampc_optim_kind_name(o->cfg.kind),
                        (long long)step);
@@ -257,11 +268,12 @@ ampc_status ampc_optim_set_step_count(ampc_optim *o, int64_t step) {
   return AMPC_OK;
 }
 
-size_t ampc_optim_state_count(const ampc_optim *o) { return o->nstate; }
+size_t ampc_optim_state_count(const ampc_optim *o) { return o ? o->nstate : 0; }
 
-const char *ampc_optim_state_name(const ampc_optim *o, size_t i) { return i < o->nstate ? o->names[i] : NULL; }
+const char *ampc_optim_state_name(const ampc_optim *o, size_t i) { return o && i < o->nstate ? o->names[i] : NULL; }
 
 ampc_status ampc_optim_state_index(const ampc_optim *o, const char *name, size_t *i) {
+  if (!o || !i) return ampc__error(AMPC_EINVAL, "ampc_optim_state_index: %s is NULL", o ? "index" : "optimizer");
   for (size_t k = 0; k < o->nstate; k++)
     if (name && strcmp(name, o->names[k]) == 0) {
       *i = k;
@@ -284,17 +296,19 @@ static ampc_status state_range(const ampc_optim *o, size_t i, size_t offset, siz
 }
 
 ampc_status ampc_optim_state_read(const ampc_optim *o, size_t i, size_t offset, size_t n, float *dst) {
+  if (!o || !dst) return ampc__error(AMPC_EINVAL, "ampc_optim_state_read: %s is NULL", o ? "dst" : "optimizer");
   float *at = NULL;
   AMPC_TRY(state_range(o, i, offset, n, &at));
   return ampc__dev_read(o->dev, dst, AMPC_DTYPE_F32, at, AMPC_DTYPE_F32, n);
 }
 
 ampc_status ampc_optim_state_write(ampc_optim *o, size_t i, size_t offset, size_t n, const float *src) {
+  if (!o || !src) return ampc__error(AMPC_EINVAL, "ampc_optim_state_write: %s is NULL", o ? "src" : "optimizer");
   float *at = NULL;
   AMPC_TRY(state_range(o, i, offset, n, &at));
   o->dirty = 1;
   return ampc__dev_write(o->dev, at, AMPC_DTYPE_F32, src, AMPC_DTYPE_F32, n);
 }
 
-const ampc_optim_config *ampc_optim_get_config(const ampc_optim *o) { return &o->cfg; }
-size_t ampc_optim_numel(const ampc_optim *o) { return o->numel; }
+const ampc_optim_config *ampc_optim_get_config(const ampc_optim *o) { return o ? &o->cfg : NULL; }
+size_t ampc_optim_numel(const ampc_optim *o) { return o ? o->numel : 0; }

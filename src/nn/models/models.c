@@ -70,12 +70,14 @@ int ampc_model_known(const char *name) {
 }
 
 ampc_status ampc_model_create(ampc_model **out, const char *name, const ampc_model_opts *o) {
+  if (!out) return ampc__error(AMPC_EINVAL, "ampc_model_create: out is NULL");
   *out = NULL;
   size_t which = sizeof model_table / sizeof model_table[0];
   for (size_t i = 0; i < sizeof model_table / sizeof model_table[0]; i++)
     if (name && strcmp(name, model_table[i].name) == 0) which = i;
   if (which == sizeof model_table / sizeof model_table[0])
     return ampc__error(AMPC_EINVAL, "unknown model '%s' (expected one of: %s)", name ? name : "", ampc_model_names());
+  if (!o) return ampc__error(AMPC_EINVAL, "ampc_model_create: options are NULL");
   if (o->batch < 1 || o->channels < 1 || o->height < 1 || o->width < 1 || o->classes < 2)
     return ampc__error(AMPC_EINVAL, "model %s: invalid shape batch %lld, input %dx%dx%d, %d classes", name,
                        (long long)o->batch, o->channels, o->height, o->width, o->classes);
@@ -111,16 +113,18 @@ void ampc_model_free(ampc_model *m) {
   free(m);
 }
 
-const char *ampc_model_name(const ampc_model *m) { return m->name; }
-ampc_graph *ampc_model_graph(ampc_model *m) { return m->g; }
-const ampc_nn *ampc_model_builder(const ampc_model *m) { return m->nn; }
-const ampc_model_opts *ampc_model_options(const ampc_model *m) { return &m->opts; }
-ampc_value ampc_model_input(const ampc_model *m) { return m->x; }
-ampc_value ampc_model_labels(const ampc_model *m) { return m->y; }
-ampc_value ampc_model_logits(const ampc_model *m) { return m->logits; }
-ampc_value ampc_model_loss(const ampc_model *m) { return m->loss; }
+/* A NULL m: no name, graph, builder or options, and no values. */
+const char *ampc_model_name(const ampc_model *m) { return m ? m->name : NULL; }
+ampc_graph *ampc_model_graph(ampc_model *m) { return m ? m->g : NULL; }
+const ampc_nn *ampc_model_builder(const ampc_model *m) { return m ? m->nn : NULL; }
+const ampc_model_opts *ampc_model_options(const ampc_model *m) { return m ? &m->opts : NULL; }
+ampc_value ampc_model_input(const ampc_model *m) { return m ? m->x : AMPC_VALUE_NONE; }
+ampc_value ampc_model_labels(const ampc_model *m) { return m ? m->y : AMPC_VALUE_NONE; }
+ampc_value ampc_model_logits(const ampc_model *m) { return m ? m->logits : AMPC_VALUE_NONE; }
+ampc_value ampc_model_loss(const ampc_model *m) { return m ? m->loss : AMPC_VALUE_NONE; }
 
 int64_t ampc_model_param_count(const ampc_model *m) {
+  if (!m) return 0;
   int64_t n = 0;
   for (size_t i = 0; i < ampc_graph_value_count(m->g); i++)
     if (ampc_graph_op(m->g, (ampc_value)i) == AMPC_OP_PARAM) {
