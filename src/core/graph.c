@@ -93,7 +93,7 @@ static ampc_value fail(ampc_graph *g, ampc_status code, const char *fmt, ...) {
   return AMPC_VALUE_NONE;
 }
 
-int ampc__graph_valid(const ampc_graph *g, ampc_value v) { return v >= 0 && (size_t)v < g->nv; }
+int ampc__graph_valid(const ampc_graph *g, ampc_value v) { return g && v >= 0 && (size_t)v < g->nv; }
 static int valid(const ampc_graph *g, ampc_value v) { return ampc__graph_valid(g, v); }
 
 ampc_value ampc__graph_root(const ampc_graph *g, ampc_value x) {
@@ -483,64 +483,26 @@ static ampc_tensor host_view(const ampc_graph *g, ampc_value v, int grad) {
   if (!g->dev || !g->dev->be->host_memory) t.data = NULL;
   return t;
 }
-ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v) {
-  if (!g) return (ampc_tensor){0};
-  return host_view(g, v, 0);
-}
-ampc_tensor ampc_graph_grad(const ampc_graph *g, ampc_value v) {
-  if (!g) return (ampc_tensor){0};
-  return host_view(g, v, 1);
-}
-const char *ampc_graph_name(const ampc_graph *g, ampc_value v) {
-  if (!g) return NULL;
-  return valid(g, v) ? g->v[v].name : NULL;
-}
-ampc_op_kind ampc_graph_op(const ampc_graph *g, ampc_value v) {
-  if (!g) return AMPC_OP_COUNT;
-  return valid(g, v) ? g->v[v].op : AMPC_OP_COUNT;
-}
+/* The getters: a NULL graph (valid() is false for it) gives the neutral value. */
+ampc_tensor ampc_graph_tensor(const ampc_graph *g, ampc_value v) { return g ? host_view(g, v, 0) : (ampc_tensor){0}; }
+ampc_tensor ampc_graph_grad(const ampc_graph *g, ampc_value v) { return g ? host_view(g, v, 1) : (ampc_tensor){0}; }
+const char *ampc_graph_name(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].name : NULL; }
+ampc_op_kind ampc_graph_op(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].op : AMPC_OP_COUNT; }
 ampc_value ampc_graph_find(const ampc_graph *g, const char *name) {
   if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
-  for (size_t i = 0; i < g->nv; i++)
+  for (size_t i = 0; name && i < g->nv; i++)
     if (strcmp(g->v[i].name, name) == 0) return (ampc_value)i;
   return AMPC_VALUE_NONE;
 }
-size_t ampc_graph_value_count(const ampc_graph *g) {
-  if (!g) return 0;
-  return g->nv;
-}
-size_t ampc_graph_param_count(const ampc_graph *g) {
-  if (!g) return 0;
-  return g->nparams;
-}
-ampc_value ampc_graph_param_at(const ampc_graph *g, size_t i) {
-  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
-  return i < g->nparams ? g->params[i] : AMPC_VALUE_NONE;
-}
-int ampc_graph_param_is_norm(const ampc_graph *g, ampc_value v) {
-  if (!g) return 0;
-  return valid(g, v) && g->v[v].is_norm;
-}
-size_t ampc_graph_param_numel(const ampc_graph *g) {
-  if (!g) return 0;
-  return g->param_numel;
-}
-size_t ampc_graph_param_offset(const ampc_graph *g, ampc_value v) {
-  if (!g) return 0;
-  return valid(g, v) ? g->v[v].param_offset : 0;
-}
-size_t ampc_graph_buffer_count(const ampc_graph *g) {
-  if (!g) return 0;
-  return g->nbuffers;
-}
-ampc_value ampc_graph_buffer_at(const ampc_graph *g, size_t i) {
-  if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);
-  return i < g->nbuffers ? g->buffers[i] : AMPC_VALUE_NONE;
-}
-const float *ampc_graph_param_init(const ampc_graph *g, ampc_value v) {
-  if (!g) return NULL;
-  return valid(g, v) ? g->v[v].init : NULL;
-}
+size_t ampc_graph_value_count(const ampc_graph *g) { return g ? g->nv : 0; }
+size_t ampc_graph_param_count(const ampc_graph *g) { return g ? g->nparams : 0; }
+ampc_value ampc_graph_param_at(const ampc_graph *g, size_t i) { return g && i < g->nparams ? g->params[i] : AMPC_VALUE_NONE; }
+int ampc_graph_param_is_norm(const ampc_graph *g, ampc_value v) { return valid(g, v) && g->v[v].is_norm; }
+size_t ampc_graph_param_numel(const ampc_graph *g) { return g ? g->param_numel : 0; }
+size_t ampc_graph_param_offset(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].param_offset : 0; }
+size_t ampc_graph_buffer_count(const ampc_graph *g) { return g ? g->nbuffers : 0; }
+ampc_value ampc_graph_buffer_at(const ampc_graph *g, size_t i) { return g && i < g->nbuffers ? g->buffers[i] : AMPC_VALUE_NONE; }
+const float *ampc_graph_param_init(const ampc_graph *g, ampc_value v) { return valid(g, v) ? g->v[v].init : NULL; }
 
 void ampc_graph_release_init(ampc_graph *g) {
   if (!g) return;

@@ -231,7 +231,4 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
   return AMPC_OK;
 }
 
-int ampc_graph_is_compiled(const ampc_graph *g) {
-  if (!g) return 0;
-  return g->compiled;
-}
+int ampc_graph_is_compiled(const ampc_graph *g) { return g && g->compiled; }

@@ -25,15 +25,9 @@ ampc_status ampc__graph_need_device(ampc_graph *g) {
 
 ampc__device *ampc__graph_device(const ampc_graph *g) { return g->dev; }
 
-const char *ampc_graph_backend_name(const ampc_graph *g) {
-  if (!g) return NULL;
-  return g->dev ? g->dev->be->name : "cpu";
-}
+const char *ampc_graph_backend_name(const ampc_graph *g) { return !g ? NULL : g->dev ? g->dev->be->name : "cpu"; }
 
-int ampc_graph_threads(const ampc_graph *g) {
-  if (!g) return 0;
-  return g->dev ? g->dev->opts.threads : 1;
-}
+int ampc_graph_threads(const ampc_graph *g) { return !g ? 0 : g->dev ? g->dev->opts.threads : 1; }
 
 void ampc_graph_backend_stats(const ampc_graph *g, ampc_backend_stats *s, int reset) {
   if (!g) {
@@ -48,9 +42,8 @@ void ampc_graph_backend_stats(const ampc_graph *g, ampc_backend_stats *s, int re
 }
 
 size_t ampc_graph_backend_notes(const ampc_graph *g, char *buf, size_t n) {
-  if (!g) return 0;
-  if (n) buf[0] = 0;
-  if (!g->dev || !g->dev->be->notes || n < 2) return 0;
+  if (n && buf) buf[0] = 0;
+  if (!g || !buf || !g->dev || !g->dev->be->notes || n < 2) return 0;
   return g->dev->be->notes(g->dev, buf, n);
 }
 
