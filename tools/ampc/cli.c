@@ -266,14 +266,15 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
 }
 
 /* The amp properties and the flags that set them: an error about a
- * property names the flag. */
+ * property names the flag. dynamic: it sets the dynamic loss scale only. */
 static const struct {
   const char *flag, *prop;
+  int dynamic;
 } amp_flags[] = {
-    {"--loss-scale", "loss_scale"},         {"--keep-batchnorm-fp32", "keep_batchnorm_fp32"},
-    {"--master-weights", "master_weights"}, {"--min-loss-scale", "min_loss_scale"},
-    {"--max-loss-scale", "max_loss_scale"}, {"--scale-window", "scale_window"},
-    {"--hysteresis", "hysteresis"},
+    {"--loss-scale", "loss_scale", 0},         {"--keep-batchnorm-fp32", "keep_batchnorm_fp32", 0},
+    {"--master-weights", "master_weights", 0}, {"--min-loss-scale", "min_loss_scale", 1},
+    {"--max-loss-scale", "max_loss_scale", 1}, {"--scale-window", "scale_window", 1},
+    {"--hysteresis", "hysteresis", 1},
 };
 
 int cli_amp_config(const cli_common *c, ampc_amp_config *cfg) {
@@ -299,8 +300,8 @@ int cli_amp_config(const cli_common *c, ampc_amp_config *cfg) {
       return -1;
     }
   /* the dynamic scale's settings with a static scale would do nothing */
-  for (size_t i = 3; !cfg->loss_scale_dynamic && i < sizeof amp_flags / sizeof amp_flags[0]; i++)
-    if (values[i]) {
+  for (size_t i = 0; !cfg->loss_scale_dynamic && i < sizeof amp_flags / sizeof amp_flags[0]; i++)
+    if (values[i] && amp_flags[i].dynamic) {
       cli_error("%s: sets the dynamic loss scale, but this run's scale is static (%s); drop it or use --loss-scale dynamic",
                 amp_flags[i].flag, c->loss_scale ? "--loss-scale N" : "the opt level's");
       return -1;
@@ -406,17 +407,17 @@ double cli_opt_max(const char *name) {
   return 0;
 }
 
-FILE *cli_open_output(const char *flag, const char *path, int append) {
+FILE *cli_open_output(const char *flag, const char *path, cli_out_mode mode) {
   /* O_NONBLOCK: opening a FIFO that has no reader fails with ENXIO instead
    * of waiting; the flag is dropped again for the writes themselves */
-  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (append == 1 ? O_APPEND : append == 0 ? O_TRUNC : 0), 0666);
+  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (mode == CLI_OUT_APPEND ? O_APPEND : mode == CLI_OUT_TRUNCATE ? O_TRUNC : 0), 0666);
   if (fd < 0) {
     int e = errno;
     cli_error("%s: cannot open '%s' for writing: %s", flag, path, e == ENXIO ? "a FIFO with no reader" : strerror(e));
     return NULL;
   }
   int fl = fcntl(fd, F_GETFL);
-  FILE *f = fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ? NULL : fdopen(fd, append == 1 ? "a" : "w");
+  FILE *f = fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ? NULL : fdopen(fd, mode == CLI_OUT_APPEND ? "a" : "w");
   if (!f) {
     cli_error("%s: cannot open '%s' for writing: %s", flag, path, strerror(errno));
     close(fd);

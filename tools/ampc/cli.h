@@ -112,11 +112,11 @@ int cli_max_threads(void);
 double cli_opt_max(const char *name);
 
 /* Opens path for writing without ever blocking: a FIFO with no reader is
- * refused at once instead of waiting for one. append: 1 appends, 0 empties
- * the file, 2 leaves its contents for the caller to empty (ftruncate) once
- * it is sure to write. Prints the error (prefixed with flag) and returns
- * NULL on failure. */
-FILE *cli_open_output(const char *flag, const char *path, int append);
+ * refused at once instead of waiting for one. CLI_OUT_KEEP leaves the old
+ * contents for the caller to empty (ftruncate) once it is sure to write.
+ * Prints the error (prefixed with flag) and returns NULL on failure. */
+typedef enum { CLI_OUT_TRUNCATE, CLI_OUT_APPEND, CLI_OUT_KEEP } cli_out_mode;
+FILE *cli_open_output(const char *flag, const char *path, cli_out_mode mode);
 /* Opens a regular file for reading without blocking on a FIFO or a device
  * (which are refused); prints the error, naming flag (or the path alone when
  * flag is NULL), and returns NULL on failure. */

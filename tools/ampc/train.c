@@ -186,13 +186,17 @@ int cmd_train(int argc, char **argv) {
     cli_error("--save: '%s' is the checkpoint --resume reads; choose another file", a.save);
     goto done;
   }
-  if (root && a.metrics && ((resume_path[0] && cli_same_file(a.metrics, resume_path)) || (a.save && cli_same_file(a.metrics, a.save)))) {
-    cli_error("--metrics: '%s' is the %s file; choose another", a.metrics, a.save && cli_same_file(a.metrics, a.save) ? "--save" : "--resume");
+  const char *clash = !root || !a.metrics                                    ? NULL
+                      : a.save && cli_same_file(a.metrics, a.save)           ? "--save"
+                      : resume_path[0] && cli_same_file(a.metrics, resume_path) ? "--resume"
+                                                                              : NULL;
+  if (clash) {
+    cli_error("--metrics: '%s' is the %s file; choose another", a.metrics, clash);
     goto done;
   }
   /* opened now (so that an unwritable path stops the run before it starts),
    * emptied only once the run is set to train */
-  if (root && a.metrics && !(mf = cli_open_output("--metrics", a.metrics, a.resume != NULL ? 1 : 2))) goto done;
+  if (root && a.metrics && !(mf = cli_open_output("--metrics", a.metrics, a.resume ? CLI_OUT_APPEND : CLI_OUT_KEEP))) goto done;
   /* data-parallel: each rank takes its share of the cores */
   if (W > 1 && a.c.threads == 0 && !getenv("OMP_NUM_THREADS")) a.c.threads = cli_dist_default_threads();
   const int64_t G = a.c.batch_size * W; /* images per batch over all the ranks */
