@@ -92,5 +92,20 @@ kill $holder 2>/dev/null; wait $holder 2>/dev/null
 [ $rc = 1 ] && ok "SIGTERM save into a folder another run holds: exit 1" || bad "SIGTERM into a held folder: exit status $rc"
 grep -q "is in use by another ampc run (pid 4243" "$dir/t.err" && ok "... naming the holder" || { bad "SIGTERM into a held folder: message"; cat "$dir/t.err"; }
 
+# a run that fails before saving anything leaves no trace of the folder it made,
+# and keeps a folder (and lock file) that were there before it
+"$ampc" train "${F[@]}" --data "$dir/no-such-data" --checkpoint-dir "$dir/made/a/b" >/dev/null 2>"$dir/m.err"
+rc=$?
+[ $rc = 1 ] && [ ! -e "$dir/made" ] && ok "a failed run removes the checkpoint folders it made" || { bad "failed run: exit $rc, left: $(find "$dir/made" 2>&1 | tr '\n' ' ')"; cat "$dir/m.err"; }
+mkdir -p "$dir/had"; echo 1 >"$dir/had/.lock"
+"$ampc" train "${F[@]}" --data "$dir/no-such-data" --checkpoint-dir "$dir/had/new" >/dev/null 2>"$dir/m.err"
+[ -f "$dir/had/.lock" ] && [ ! -e "$dir/had/new" ] && ok "... but not the folder or lock that were there" || { bad "failed run removed what it did not make"; ls -A "$dir/had"; }
+"$ampc" train "${F[@]}" --data "$dir/no-such-data" --checkpoint-dir "$dir/had" >/dev/null 2>"$dir/m.err"
+[ -f "$dir/had/.lock" ] && ok "... nor an old lock file" || bad "failed run removed an old lock file"
+mkdir -p "$dir/sym"; ln -s "$dir/elsewhere" "$dir/sym/.lock"
+"$ampc" train "${F[@]}" --checkpoint-dir "$dir/sym" >/dev/null 2>"$dir/s.err"
+rc=$?
+[ $rc = 1 ] && grep -q "sym/.lock is a symbolic link" "$dir/s.err" && [ ! -e "$dir/elsewhere" ] && ok "a symbolic link as the lock file is refused" || { bad "symlink lock: exit $rc"; cat "$dir/s.err"; }
+
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -117,26 +117,45 @@ static int remove_leftovers(const char *dir) {
   return removed;
 }
 
-int cli_mkdirs(const char *dir) {
+/* What cli_ckptdir_lock made, for cli_ckptdir_abandon: the folder it locked,
+ * the topmost folder it created on the way there ("" if none), and whether
+ * the lock file was new. */
+static struct {
+  char dir[4096], made_top[4096];
+  int made_lock;
+} made;
+
+/* mkdir -p; top (when not NULL, sizeof made.made_top long) gets the
+ * topmost folder this call created, "" if none. */
+static int mkdirs(const char *dir, char *top) {
   char p[4096];
   size_t n = strlen(dir);
+  if (top) top[0] = '\0';
   if (n == 0 || n >= sizeof p) {
     errno = n ? ENAMETOOLONG : ENOENT;
     return -1;
   }
   memcpy(p, dir, n + 1);
-  for (size_t i = 1; i < n; i++) {
-    if (p[i] != '/' || p[i - 1] == '/') continue;
+  for (size_t i = 1; i <= n; i++) {
+    if (i < n && (p[i] != '/' || p[i - 1] == '/')) continue;
+    char keep = p[i];
     p[i] = '\0';
-    if (mkdir(p, 0777) != 0 && errno != EEXIST) return -1;
-    p[i] = '/';
+    if (mkdir(p, 0777) == 0) {
+      if (top && !top[0]) memcpy(top, p, i + 1);
+    } else if (errno != EEXIST) {
+      return -1;
+    }
+    p[i] = keep;
   }
-  if (mkdir(p, 0777) != 0 && errno != EEXIST) return -1;
   return 0;
 }
 
+int cli_mkdirs(const char *dir) { return mkdirs(dir, NULL); }
+
 int cli_ckptdir_lock(const char *flag, const char *dir) {
-  if (cli_mkdirs(dir) != 0) {
+  made.dir[0] = '\0';
+  made.made_lock = 0;
+  if (mkdirs(dir, made.made_top) != 0) {
     cli_error("%s: cannot create '%s': %s", flag, dir, strerror(errno));
     return -1;
   }
@@ -148,7 +167,12 @@ int cli_ckptdir_lock(const char *flag, const char *dir) {
   char path[4096];
   snprintf(path, sizeof path, "%s/" LOCK_NAME, dir);
   /* O_NONBLOCK: a FIFO of that name must not hang us */
-  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW, 0666);
+  int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW, 0666), fresh = fd >= 0;
+  if (fd < 0 && errno == EEXIST) fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+  if (fd < 0 && errno == ELOOP) {
+    cli_error("%s: %s is a symbolic link, not ampc's lock file", flag, path);
+    return -1;
+  }
   if (fd < 0) {
     cli_error("%s: cannot write into '%s': %s", flag, dir, strerror(errno));
     return -1;
@@ -193,8 +217,38 @@ int cli_ckptdir_lock(const char *flag, const char *dir) {
   }
   close(pf);
   unlink(probe);
+  snprintf(made.dir, sizeof made.dir, "%s", dir);
+  made.made_lock = fresh;
   int removed = remove_leftovers(dir);
   if (removed) /* even with --quiet: files were deleted */
     fprintf(stderr, "ampc: removed %d unfinished checkpoint file%s left in %s by an interrupted save\n", removed, removed == 1 ? "" : "s", dir);
   return fd; /* held, with the lock, until the process ends */
+}
+
+void cli_ckptdir_abandon(void) {
+  if (!made.dir[0]) return;
+  DIR *d = opendir(made.dir);
+  if (!d) return;
+  int other = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 && strcmp(e->d_name, LOCK_NAME) != 0) other = 1;
+  closedir(d);
+  if (other || !made.made_lock) return;
+  char path[4096 + sizeof LOCK_NAME + 1];
+  snprintf(path, sizeof path, "%s/" LOCK_NAME, made.dir);
+  if (unlink(path) != 0 || !made.made_top[0]) return;
+  /* the folders this run made, deepest first; rmdir leaves any that are not empty */
+  size_t top = strlen(made.made_top);
+  char p[4096];
+  snprintf(p, sizeof p, "%s", made.dir);
+  for (size_t n = strlen(p); n >= top && n > 0;) {
+    while (n > top && p[n - 1] == '/') p[--n] = '\0'; /* a trailing slash */
+    if (rmdir(p) != 0) return;
+    char *slash = strrchr(p, '/');
+    if (!slash || (size_t)(slash - p) < top) return;
+    *slash = '\0';
+    n = (size_t)(slash - p);
+  }
+  made.dir[0] = '\0';
 }

@@ -17,6 +17,12 @@ int cli_mkdirs(const char *dir);
  * -1. A note about removed files goes to stderr. */
 int cli_ckptdir_lock(const char *flag, const char *dir);
 
+/* A run that failed before writing anything into the folder it locked:
+ * removes the lock file, when that run made it, and the folders that
+ * cli_ckptdir_lock made for it, so that a typo'd path leaves nothing behind.
+ * Nothing happens where the folder holds anything else. */
+void cli_ckptdir_abandon(void);
+
 /* 1 (and its step) if name is a checkpoint file's name: ckpt-step-N.safetensors. */
 int cli_checkpoint_step(const char *name, long long *step);
 /* dir/ckpt-step-<step, 8 digits>.safetensors */

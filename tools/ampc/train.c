@@ -688,6 +688,7 @@ done:
   /* a rank whose set-up failed: the ranks agree on it (the first failing
    * rank's errors are printed) before any leaves */
   if (!agreed) cli_dist_agree(rc == 0);
+  if (rc != 0 && root) cli_ckptdir_abandon(); /* a checkpoint folder this run made and never wrote into */
   ampc_loader_free(ld);
   cli_session_close(&s);
   free(in.x);
