@@ -166,7 +166,10 @@ int ampc_amp_config_describe(const ampc_amp_config *c, char *buf, size_t len);
 
 /* The scaler's changing state: plain data, saved into checkpoints as is
  * (apex's loss_scale/unskipped, torch's scale/growth tracker, Megatron's
- * hysteresis tracker) and restored with ampc_scaler_set_state(). */
+ * hysteresis tracker) and restored with ampc_scaler_set_state(), which
+ * takes counters of 0..AMPC_SCALER_MAX_COUNT (2^53: far past any run, and
+ * never near int64's end however many steps follow). */
+#define AMPC_SCALER_MAX_COUNT ((int64_t)1 << 53)
 typedef struct {
   float scale;
   int64_t growth_tracker;  /* clean steps since the last overflow or growth (apex "unskipped") */

@@ -137,6 +137,10 @@ void ampc_dataset_preprocessing(const ampc_dataset *d, int normalize, ampc_prepr
  * "shape": [C, H, W], "mean", "std", "formula"}), for a weights file's
  * metadata; a string the caller frees with free(), NULL when out of memory. */
 char *ampc_preprocessing_json(const ampc_preprocessing *p);
+/* The inverse: a record as ampc_preprocessing_json writes it into *out, every
+ * entry checked (1..3 channels, positive sizes, one finite mean and one std
+ * in 1e-6..1e6 per channel); AMPC_EFORMAT naming the entry otherwise. */
+ampc_status ampc_preprocessing_parse(const char *json, ampc_preprocessing *out);
 
 typedef struct {
   int batch_size;          /* B, 1..65536 */

@@ -176,20 +176,63 @@ char *ampc_preprocessing_json(const ampc_preprocessing *p) {
   return js;
 }
 
-static void preprocessing_from_json(json_t *o, ampc_preprocessing *p) {
+/* A preprocessing record as preprocessing_json writes it, each entry checked:
+ * a dataset name, a boolean, a shape of 1..3 channels and positive int sizes,
+ * one finite mean and one positive std for each channel. */
+static ampc_status preprocessing_from_json(json_t *o, ampc_preprocessing *out) {
+  ampc_preprocessing p;
+  memset(&p, 0, sizeof p);
+  if (!json_is_object(o)) return ampc__error(AMPC_EFORMAT, "preprocessing: not a JSON object");
   const char *ds = json_string_value(json_object_get(o, "dataset"));
-  json_t *shape = json_object_get(o, "shape"), *mean = json_object_get(o, "mean"), *std = json_object_get(o, "std");
-  if (!ds || !json_is_array(shape) || json_array_size(shape) != 3 || !json_is_array(mean) || !json_is_array(std)) return;
-  memset(p, 0, sizeof *p);
-  snprintf(p->dataset, sizeof p->dataset, "%s", ds);
-  p->normalize = json_is_true(json_object_get(o, "normalize"));
-  p->channels = (int)json_integer_value(json_array_get(shape, 0));
-  p->height = (int)json_integer_value(json_array_get(shape, 1));
-  p->width = (int)json_integer_value(json_array_get(shape, 2));
-  for (int c = 0; c < 3; c++) {
-    p->mean[c] = c < (int)json_array_size(mean) ? (float)json_number_value(json_array_get(mean, (size_t)c)) : 0.0f;
-    p->std[c] = c < (int)json_array_size(std) ? (float)json_number_value(json_array_get(std, (size_t)c)) : 1.0f;
+  if (!ds || !ds[0] || strlen(ds) >= sizeof p.dataset)
+    return ampc__error(AMPC_EFORMAT, "preprocessing: 'dataset' is missing or not a name of 1..%zu characters", sizeof p.dataset - 1);
+  for (const char *c = ds; *c; c++)
+    if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f)
+      return ampc__error(AMPC_EFORMAT, "preprocessing: 'dataset' has a character that is not printable ASCII");
+  snprintf(p.dataset, sizeof p.dataset, "%s", ds);
+  json_t *nz = json_object_get(o, "normalize"), *shape = json_object_get(o, "shape");
+  if (!json_is_boolean(nz)) return ampc__error(AMPC_EFORMAT, "preprocessing: 'normalize' is missing or not true/false");
+  p.normalize = json_is_true(nz);
+  static const char *const dim[3] = {"channels", "height", "width"};
+  int *dst[3] = {&p.channels, &p.height, &p.width};
+  if (!json_is_array(shape) || json_array_size(shape) != 3)
+    return ampc__error(AMPC_EFORMAT, "preprocessing: 'shape' is missing or not [channels, height, width]");
+  for (int d = 0; d < 3; d++) {
+    json_t *v = json_array_get(shape, (size_t)d);
+    json_int_t x = json_integer_value(v), most = d == 0 ? 3 : INT32_MAX;
+    if (!json_is_integer(v) || x < 1 || x > most)
+      return ampc__error(AMPC_EFORMAT, "preprocessing: 'shape' has %s that is not an integer in 1..%lld", dim[d], (long long)most);
+    *dst[d] = (int)x;
   }
+  json_t *mean = json_object_get(o, "mean"), *std = json_object_get(o, "std");
+  if (!json_is_array(mean) || !json_is_array(std) || json_array_size(mean) != (size_t)p.channels ||
+      json_array_size(std) != (size_t)p.channels)
+    return ampc__error(AMPC_EFORMAT, "preprocessing: 'mean' and 'std' must each be an array of one number per channel (%d)", p.channels);
+  for (int c = 0; c < 3; c++) {
+    p.mean[c] = 0.0f;
+    p.std[c] = 1.0f;
+    if (c >= p.channels) continue;
+    json_t *m = json_array_get(mean, (size_t)c), *sd = json_array_get(std, (size_t)c);
+    double mv = json_number_value(m), sv = json_number_value(sd);
+    if (!json_is_number(m) || !(fabs(mv) <= 1e6))
+      return ampc__error(AMPC_EFORMAT, "preprocessing: 'mean'[%d] is not a number in -1e6..1e6", c);
+    if (!json_is_number(sd) || !(sv >= 1e-6 && sv <= 1e6))
+      return ampc__error(AMPC_EFORMAT, "preprocessing: 'std'[%d] is not a number in 1e-6..1e6", c);
+    p.mean[c] = (float)mv;
+    p.std[c] = (float)sv;
+  }
+  *out = p;
+  return AMPC_OK;
+}
+
+ampc_status ampc_preprocessing_parse(const char *json, ampc_preprocessing *out) {
+  if (!json || !out) return ampc__error(AMPC_EINVAL, "ampc_preprocessing_parse: NULL argument");
+  json_error_t je;
+  json_t *o = json_loads(json, JSON_REJECT_DUPLICATES, &je);
+  if (!o) return ampc__error(AMPC_EFORMAT, "preprocessing: not JSON: %s", je.text);
+  ampc_status s = preprocessing_from_json(o, out);
+  json_decref(o);
+  return s;
 }
 
 static char *run_json(ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_train_state *ts) {
@@ -459,7 +502,7 @@ static ampc_status jnum_nonneg(const char *path, json_t *o, const char *k, doubl
 static ampc_status read_train_state(const char *path, json_t *root, ampc_train_state *ts) {
   int64_t seed = 0;
   AMPC_TRY(jint_in(path, root, "", "seed", 0, INT64_MAX, &seed));
-  AMPC_TRY(jint_in(path, root, "", "epoch", 0, INT64_MAX, &ts->epoch));
+  AMPC_TRY(jint_in(path, root, "", "epoch", 0, MAX_STEPS, &ts->epoch));
   AMPC_TRY(jint_in(path, root, "", "batch", 0, MAX_STEPS, &ts->batch));
   AMPC_TRY(jint_in(path, root, "", "step", 0, MAX_STEPS, &ts->step));
   AMPC_TRY(jint_in(path, root, "", "seen", 0, MAX_IMAGES, &ts->seen));
@@ -527,7 +570,7 @@ ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp,
     goto done;
   }
   json_error_t je;
-  root = json_loads(js, 0, &je);
+  root = json_loads(js, JSON_REJECT_DUPLICATES, &je);
   if (!root || !json_is_object(root)) {
     s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: malformed metadata: %s", path, root ? "not an object" : je.text);
     goto done;
@@ -588,15 +631,23 @@ ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp,
       s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: %s'scale' = %g is not a positive finite f32", path, what, json_number_value(sj));
       break;
     }
-    if (s == 0) s = jint_in(path, o, what, "growth_tracker", 0, INT64_MAX, &st->growth_tracker);
+    if (s == 0) s = jint_in(path, o, what, "growth_tracker", 0, AMPC_SCALER_MAX_COUNT, &st->growth_tracker);
     if (s == 0) s = jint_in(path, o, what, "hysteresis_left", 1, INT32_MAX, &hl);
-    if (s == 0) s = jint_in(path, o, what, "overflows", 0, INT64_MAX, &st->overflows);
-    if (s == 0) s = jint_in(path, o, what, "skipped_steps", 0, INT64_MAX, &st->skipped_steps);
-    if (s == 0) s = jint_in(path, o, what, "steps", 0, INT64_MAX, &st->steps);
-    if (s == 0) s = jint_in(path, o, what, "min_scale_hits", 0, INT64_MAX, &st->min_scale_hits);
+    if (s == 0) s = jint_in(path, o, what, "overflows", 0, AMPC_SCALER_MAX_COUNT, &st->overflows);
+    if (s == 0) s = jint_in(path, o, what, "skipped_steps", 0, AMPC_SCALER_MAX_COUNT, &st->skipped_steps);
+    if (s == 0) s = jint_in(path, o, what, "steps", 0, AMPC_SCALER_MAX_COUNT, &st->steps);
+    if (s == 0) s = jint_in(path, o, what, "min_scale_hits", 0, AMPC_SCALER_MAX_COUNT, &st->min_scale_hits);
     st->hysteresis_left = (int)hl;
   }
   if (s < 0) goto done;
+  /* kept where the checkpoint has none (the caller's) */
+  ampc_preprocessing pre_read;
+  memset(&pre_read, 0, sizeof pre_read);
+  json_t *pj = json_object_get(root, "preprocessing");
+  if (pj && (s = preprocessing_from_json(pj, &pre_read)) < 0) {
+    ampc__error_prefix(s, "checkpoint: %s", path);
+    goto done;
+  }
   int64_t optim_step = 0;
   s = read_optimizer(path, root, opt, st_read.step, &optim_step);
   /* everything checked before anything is changed */
@@ -611,8 +662,7 @@ ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp,
     if (s < 0) ampc__error_prefix(s, "checkpoint: %s", path);
   }
   if (s == 0 && ts) {
-    st_read.preprocessing = ts->preprocessing; /* kept where the checkpoint has none */
-    preprocessing_from_json(json_object_get(root, "preprocessing"), &st_read.preprocessing);
+    st_read.preprocessing = pj ? pre_read : ts->preprocessing;
     *ts = st_read;
   }
 done:

@@ -185,7 +185,8 @@ TEST(checks_shapes_and_ranges) {
   rig_make(&a, "mlp", AMPC_OPT_O0);
   train_steps(&a, 1, 5);
   ampc_train_state ts = {.seed = 3, .epoch = 1, .batch = 2, .step = 5, .seen = 16, .skipped = 1, .skipped_total = 2, .loss_sum = 3.5,
-                         .world_size = 1, .global_batch = 8};
+                         .world_size = 1, .global_batch = 8,
+                         .preprocessing = {"fashion-mnist", 1, 1, 8, 8, {0.25f, 0, 0}, {0.5f, 1, 1}}};
   char path[512]; /* tmp()'s buffers are reused */
   snprintf(path, sizeof path, "%s", tmp("mlp_ranges.safetensors"));
   CHECK_OK(ampc_checkpoint_save(path, a.m, a.amp, a.opt, &ts));
@@ -231,6 +232,23 @@ TEST(checks_shapes_and_ranges) {
       {"\"optimizer_step\":1", "\"optimizer_step\":6", "'optimizer_step' = 6 is more than 'step' = 5"},
       {"\"optimizer\":\"adam\"", "\"optimizer\":\"lamb\"", "'optimizer' is 'lamb', not one of sgd, adam or adamw"},
       {"\"optimizer\":\"adam\"", "\"optimizer\":7", "'optimizer' is not a string"},
+      /* the epoch (a resume prints epoch + 1) and the scaler's counters (each step adds to them) bounded */
+      {"\"epoch\":1,", "\"epoch\":9223372036854775807,", "'epoch' = 9223372036854775807 is outside [0, 1099511627776]"},
+      {"\"steps\":", "\"steps\":9223372036854775807,\"stepsx\":", "'steps' = 9223372036854775807 is outside [0, 9007199254740992]"},
+      {"\"growth_tracker\":", "\"growth_tracker\":9007199254740993,\"gt\":", "'growth_tracker' = 9007199254740993 is outside"},
+      {"\"overflows\":", "\"overflows\":9007199254740993,\"ov\":", "'overflows' = 9007199254740993 is outside"},
+      /* a duplicate key (the outer header refuses them too) */
+      {"\"epoch\":1,", "\"epoch\":1,\"epoch\":2,", "malformed metadata: duplicate object key"},
+      /* the preprocessing record, which a resumed run copies into its checkpoints and exports */
+      {"\"shape\":[1,8,8]", "\"shape\":[1099511627776,8,8]", "preprocessing: 'shape' has channels that is not an integer in 1..3"},
+      {"\"shape\":[1,8,8]", "\"shape\":[1,-5,8]", "preprocessing: 'shape' has height that is not an integer in 1..2147483647"},
+      {"\"mean\":[", "\"mean\":[1e300,", "'mean' and 'std' must each be an array of one number per channel (1)"},
+      {"\"mean\":[", "\"mean\":[1e300],\"meanx\":[", "preprocessing: 'mean'[0] is not a number in -1e6..1e6"},
+      {"\"std\":[", "\"std\":[0],\"stdx\":[", "preprocessing: 'std'[0] is not a number in 1e-6..1e6"},
+      {"\"std\":[", "\"std\":[null],\"stdx\":[", "preprocessing: 'std'[0] is not a number"},
+      {"\"normalize\":true", "\"normalize\":1", "preprocessing: 'normalize' is missing or not true/false"},
+      {"\"dataset\":\"fashion-mnist\"", "\"dataset\":\"\"", "preprocessing: 'dataset' is missing or not a name"},
+      {"\"preprocessing\":{", "\"preprocessing\":[],\"pp\":{", "preprocessing: not a JSON object"},
   };
   const size_t nbad = sizeof bad / sizeof bad[0];
   for (size_t i = 0; i <= nbad; i++) {
@@ -259,6 +277,17 @@ TEST(checks_shapes_and_ranges) {
   CHECK_OK(ampc_checkpoint_load(path, c.m, c.amp, c.opt, &ts));
   CHECK(ts.epoch == 1 && ts.batch == 2 && ts.step == 5 && ts.seen == 16 && ts.skipped == 1 && ts.skipped_total == 2);
   CHECK(ts.global_batch == 8 && ts.world_size == 1 && ampc_optim_step_count(c.opt) == 1);
+  CHECK(strcmp(ts.preprocessing.dataset, "fashion-mnist") == 0 && ts.preprocessing.normalize == 1 && ts.preprocessing.channels == 1);
+  CHECK(ts.preprocessing.height == 8 && ts.preprocessing.mean[0] == 0.25f && ts.preprocessing.std[0] == 0.5f);
+  /* the record's parser, as the library's API has it */
+  ampc_preprocessing pp;
+  char *pj = ampc_preprocessing_json(&ts.preprocessing);
+  CHECK(pj != NULL);
+  CHECK_OK(ampc_preprocessing_parse(pj, &pp));
+  CHECK(memcmp(&pp, &ts.preprocessing, sizeof pp) == 0);
+  free(pj);
+  CHECK_ERR(ampc_preprocessing_parse("{", &pp), AMPC_EFORMAT, "preprocessing: not JSON");
+  CHECK_ERR(ampc_preprocessing_parse(NULL, &pp), AMPC_EINVAL, "NULL");
   free(fresh);
   rig_free(&a);
   rig_free(&b);

@@ -221,6 +221,14 @@ TEST(state_roundtrip) {
   CHECK_ERR(ampc_scaler_set_state(&b, &bad), AMPC_EINVAL, "negative counter");
   bad = st, bad.hysteresis_left = 0;
   CHECK_ERR(ampc_scaler_set_state(&b, &bad), AMPC_EINVAL, "hysteresis_left < 1");
+  /* counters that the next update would carry past int64's end */
+  bad = st, bad.steps = INT64_MAX;
+  CHECK_ERR(ampc_scaler_set_state(&b, &bad), AMPC_EINVAL, "a counter past 2^53");
+  bad = st, bad.min_scale_hits = AMPC_SCALER_MAX_COUNT + 1;
+  CHECK_ERR(ampc_scaler_set_state(&b, &bad), AMPC_EINVAL, "a counter past 2^53");
+  bad = st, bad.overflows = AMPC_SCALER_MAX_COUNT;
+  CHECK_OK(ampc_scaler_set_state(&b, &bad));
+  CHECK_OK(ampc_scaler_set_state(&b, &before.st));
   CHECK(same_state(&before, &b));
 
   /* Resuming with tighter limits clamps. */

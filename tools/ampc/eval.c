@@ -5,11 +5,18 @@
 #include "session.h"
 
 /* The normalisation the weights were trained with, from their preprocessing
- * record: 1 or 0, -1 when they record none. */
+ * record: 1 or 0, -1 when they record none, -2 after an error (a malformed
+ * record). */
 static int recorded_normalize(const char *path, char *dataset, size_t len) {
   ampc_st_file *f;
+  dataset[0] = '\0';
   if (ampc_st_open_header(&f, path) < 0) return -1;
-  json_t *p = cli_file_preprocessing(f), *nz = json_object_get(p, "normalize");
+  json_t *p = NULL;
+  if (cli_file_preprocessing(f, "--weights", path, &p) < 0) {
+    ampc_st_close(f);
+    return -2;
+  }
+  json_t *nz = json_object_get(p, "normalize");
   const char *ds = json_string_value(json_object_get(p, "dataset"));
   snprintf(dataset, len, "%s", ds ? ds : "");
   int r = json_is_boolean(nz) ? json_is_true(nz) : -1;
@@ -40,6 +47,7 @@ int cmd_eval(int argc, char **argv) {
   double loss = 0, acc = 0;
   char ds[64];
   int rec = rc ? -1 : recorded_normalize(weights, ds, sizeof ds);
+  if (rec == -2) rc = 1;
   if (rec >= 0 && rec != (s.normalize != 0))
     fprintf(stderr, "ampc: warning: eval: %s was trained %s per-channel normalisation%s%s, and this evaluation runs with --normalize %s\n",
             weights, rec ? "with" : "without", ds[0] ? " of " : "", ds, s.normalize ? "on" : "off");

@@ -84,6 +84,10 @@ static int check_complete(const char *in, const ampc_st_file *f, const char *mod
     if (!t) {
       cli_error("%s: missing tensor '%s' of model %s (PyTorch's strict load_state_dict would refuse the export)", in, name, model);
       rc = -1;
+    } else if (ampc_dtype_is_float(t->dtype) != ampc_dtype_is_float(tv.dtype)) {
+      cli_error("%s: tensor '%s' is %s, but model %s's is %s", in, name, ampc_dtype_name(t->dtype), model,
+                ampc_dtype_is_float(tv.dtype) ? "a float tensor" : "an integer tensor");
+      rc = -1;
     } else if (!same) {
       char have[96], want[96];
       ampc_shape fs = {.ndim = t->ndim < AMPC_MAX_DIMS ? t->ndim : AMPC_MAX_DIMS};
@@ -182,6 +186,11 @@ int cmd_export(int argc, char **argv) {
   /* what the input says about itself */
   const char *fmt = ampc_st_metadata(f, "format"), *model = ampc_st_metadata(f, "model");
   json_t *info = NULL, *pre = NULL;
+  if (fmt && strncmp(fmt, "ampc-weights-", 13) == 0 && strcmp(fmt, "ampc-weights-1") != 0) {
+    cli_error("%s: weights format '%.60s', this ampc reads ampc-weights-1", in, fmt);
+    ampc_st_close(f);
+    return 1;
+  }
   if (!fmt || (strcmp(fmt, "ampc-checkpoint") != 0 && strncmp(fmt, "ampc-weights-", 13) != 0)) {
     /* grad's outputs and inputs, exports and other frameworks' files are safetensors too */
     if (fmt)
@@ -194,7 +203,7 @@ int cmd_export(int argc, char **argv) {
   if (strcmp(fmt, "ampc-checkpoint") == 0) {
     json_error_t je;
     const char *js = ampc_st_metadata(f, "ampc");
-    info = js ? json_loads(js, 0, &je) : NULL;
+    info = js ? json_loads(js, JSON_REJECT_DUPLICATES, &je) : NULL;
     if (!json_is_object(info)) {
       cli_error("%s: the checkpoint's \"ampc\" metadata is %s", in, js ? "not a JSON object" : "missing");
       json_decref(info);
@@ -203,9 +212,8 @@ int cmd_export(int argc, char **argv) {
     }
     model = json_string_value(json_object_get(info, "model"));
   }
-  pre = cli_file_preprocessing(f);
-  /* the export must load as the model's whole state_dict */
-  if (check_complete(in, f, model) < 0) {
+  /* the export must load as the model's whole state_dict, and say soundly how its inputs are made */
+  if (cli_file_preprocessing(f, "export", in, &pre) < 0 || check_complete(in, f, model) < 0) {
     json_decref(info);
     json_decref(pre);
     ampc_st_close(f);
@@ -226,6 +234,11 @@ int cmd_export(int argc, char **argv) {
     char mname[512];
     snprintf(mname, sizeof mname, "master.%s", m->name);
     const ampc_st_tensor *src = ampc_st_find(f, mname);
+    if (src && ampc_dtype_is_float(src->dtype) != ampc_dtype_is_float(m->dtype)) {
+      cli_error("%s: '%s' is %s but '%s' is %s", in, mname, ampc_dtype_name(src->dtype), m->name, ampc_dtype_name(m->dtype));
+      rc = 1;
+      break;
+    }
     if (src && !same_shape(src, m)) {
       cli_error("%s: '%s' and '%s' differ in shape", in, mname, m->name);
       rc = 1;

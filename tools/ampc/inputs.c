@@ -4,9 +4,11 @@
  * for them. Each prints one error naming both sides and returns -1. */
 #include <jansson.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ampc/checkpoint.h"
+#include "ampc/data.h"
 #include "session.h"
 
 int cli_check_weights_input(const char *flag, const char *path, const char *model, int channels, int height, int width, int classes,
@@ -22,7 +24,7 @@ int cli_check_weights_input(const char *flag, const char *path, const char *mode
   if (m) snprintf(held, sizeof held, "%s", m);
   else if (js) {
     json_error_t je;
-    json_t *root = json_loads(js, 0, &je);
+    json_t *root = json_loads(js, JSON_REJECT_DUPLICATES, &je);
     const char *n = json_string_value(json_object_get(root, "model"));
     if (n) snprintf(held, sizeof held, "%s", n);
     json_decref(root);
@@ -93,12 +95,24 @@ int cli_check_resume(const char *path, const ampc_train_state *ts, int64_t batch
   return 0;
 }
 
-json_t *cli_file_preprocessing(const ampc_st_file *f) {
+int cli_file_preprocessing(const ampc_st_file *f, const char *what, const char *path, json_t **out) {
+  *out = NULL;
   json_error_t je;
   const char *own = ampc_st_metadata(f, "preprocessing"), *js = own ? own : ampc_st_metadata(f, "ampc");
-  json_t *root = js ? json_loads(js, 0, &je) : NULL;
-  if (own) return root;
-  json_t *p = json_incref(json_object_get(root, "preprocessing"));
-  json_decref(root);
-  return p;
+  json_t *root = js ? json_loads(js, JSON_REJECT_DUPLICATES, &je) : NULL;
+  json_t *p = own ? root : json_incref(json_object_get(root, "preprocessing"));
+  if (!own) json_decref(root);
+  if (!p && !own) return 0; /* none recorded (a checkpoint's malformed "ampc" object is the library's to refuse) */
+  /* checked as the library reads it: what a later run or export is told must be sound */
+  char *text = p ? json_dumps(p, JSON_COMPACT) : NULL;
+  ampc_preprocessing pp;
+  ampc_status st = text ? ampc_preprocessing_parse(text, &pp) : AMPC_OK;
+  free(text);
+  if (!p || st < 0) {
+    cli_error("%s: %s: its preprocessing record is malformed: %s", what, path, p ? ampc_last_error() : je.text);
+    json_decref(p);
+    return -1;
+  }
+  *out = p;
+  return 0;
 }

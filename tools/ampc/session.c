@@ -59,13 +59,13 @@ static int check_resume_run(const char *flag, const char *path, const cli_common
   }
   json_error_t je;
   const char *js = ampc_st_metadata(f, "ampc");
-  json_t *root = js ? json_loads(js, 0, &je) : NULL, *pre = cli_file_preprocessing(f);
+  json_t *root = js ? json_loads(js, JSON_REJECT_DUPLICATES, &je) : NULL, *pre = NULL;
+  int rc = cli_file_preprocessing(f, flag, path, &pre);
   ampc_st_close(f);
-  int rc = 0;
   const char *saved = json_string_value(json_object_get(root, "optimizer")), *want = ampc_optim_kind_name(ocfg->kind);
   ampc_optim_kind kind;
   /* (a name ampc does not know is the library's to refuse, as the file's fault) */
-  if (saved && ampc_optim_kind_parse(saved, &kind) == 0 && kind != ocfg->kind) {
+  if (rc == 0 && saved && ampc_optim_kind_parse(saved, &kind) == 0 && kind != ocfg->kind) {
     cli_error("%s: '%s' was trained with optimizer %s, not %s (--optimizer)", flag, path, saved, want);
     rc = -1;
   }

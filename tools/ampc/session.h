@@ -52,9 +52,11 @@ int cli_check_weights_input(const char *flag, const char *path, const char *mode
 int cli_check_batch(const char *path, const ampc_st_tensor *x, const ampc_st_tensor *y, int classes, int shape[4], int64_t *n);
 /* The preprocessing record a file written by ampc carries (a checkpoint's in
  * its "ampc" metadata object, a --save weights file's as its own metadata
- * entry), as a new JSON reference for json_decref(); NULL when it has none. */
+ * entry), checked as ampc_preprocessing_parse checks it, into *out as a new
+ * JSON reference for json_decref() (NULL when it has none): 0, or -1 after
+ * one error naming what (a flag or command) and path. */
 struct json_t;
-struct json_t *cli_file_preprocessing(const ampc_st_file *f);
+int cli_file_preprocessing(const ampc_st_file *f, const char *what, const char *path, struct json_t **out);
 /* --grad-accum at most the batches of an epoch of `images` in `batch`es. */
 int cli_check_grad_accum(int accum, size_t images, int64_t batch);
 /* A resumed run state against this run: its epoch within --epochs' range and
