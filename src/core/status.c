@@ -3,7 +3,7 @@
 
 #include "core/status_internal.h"
 
-static _Thread_local char ampc__msg[512];
+static _Thread_local char ampc__msg[2048];
 
 const char *ampc_status_name(ampc_status s) {
   switch (s) {
@@ -32,10 +32,27 @@ const char *ampc_last_error(void) { return ampc__msg; }
 void ampc_clear_error(void) { ampc__msg[0] = '\0'; }
 
 /* Messages are one line, whatever the file or flag they quote (a name read
- * from a file may hold a newline or a terminal escape). */
+ * from a file may hold a newline or a terminal escape): each control
+ * character becomes '?' -- C0 and DEL, and in UTF-8 the C1 controls
+ * (U+0080..U+009F: NEL, CSI, ...) and the line and paragraph separators
+ * U+2028 and U+2029. */
 void ampc__one_line(char *m) {
-  for (; *m; m++)
-    if ((unsigned char)*m < 0x20 || *m == 0x7f) *m = '?';
+  unsigned char *r = (unsigned char *)m, *w = r;
+  while (*r) {
+    if (*r < 0x20 || *r == 0x7f) {
+      *w++ = '?';
+      r++;
+    } else if (r[0] == 0xc2 && r[1] >= 0x80 && r[1] <= 0x9f) {
+      *w++ = '?';
+      r += 2;
+    } else if (r[0] == 0xe2 && r[1] == 0x80 && (r[2] == 0xa8 || r[2] == 0xa9)) {
+      *w++ = '?';
+      r += 3;
+    } else {
+      *w++ = *r++;
+    }
+  }
+  *w = '\0';
 }
 
 ampc_status ampc__error(ampc_status code, const char *fmt, ...) {
@@ -48,7 +65,7 @@ ampc_status ampc__error(ampc_status code, const char *fmt, ...) {
 }
 
 ampc_status ampc__error_prefix(ampc_status code, const char *fmt, ...) {
-  char prefix[256], old[sizeof ampc__msg];
+  char prefix[1024], old[sizeof ampc__msg];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(prefix, sizeof prefix, fmt, ap);

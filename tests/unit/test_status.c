@@ -25,6 +25,17 @@ TEST(error_message_one_line) {
   ampc__error(AMPC_EFORMAT, "inner\tvalue");
   ampc__error_prefix(AMPC_EFORMAT, "outer %s", "x\ny");
   CHECK(strcmp(ampc_last_error(), "outer x?y: inner?value") == 0);
+  /* in UTF-8: the C1 controls (NEL U+0085, CSI U+009B) and the line and
+   * paragraph separators break a line or drive a terminal too; other
+   * characters stay */
+  ampc__error(AMPC_EFORMAT, "key '%s'", "x\xe2\x80\xa8y\xc2\x85z\xc2\x9b" "2J\xe2\x80\xa9\xc3\xa9\xe2\x82\xac\xc2\xa0.");
+  CHECK_MSG(strcmp(ampc_last_error(), "key 'x?y?z?2J?\xc3\xa9\xe2\x82\xac\xc2\xa0.'") == 0, "%s", ampc_last_error());
+  /* a long message keeps its end (paths of a few hundred characters) */
+  char path[301];
+  memset(path, 'p', 300);
+  path[300] = '\0';
+  ampc__error(AMPC_EFORMAT, "%s has 5x5 images but %s has 4x4 images", path, path);
+  CHECK(strstr(ampc_last_error(), "has 4x4 images") != NULL);
   ampc_clear_error();
 }
 
