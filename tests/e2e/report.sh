@@ -105,6 +105,8 @@ printf '{"epoch": 1, "train_loss": 1.0}\n{"epoch": 2, "train_loss": \n' > malfor
 printf '[1, 2]\n' > array.jsonl
 printf '{"epoch": 1, "test_acc": "high"}\n' > badtype.jsonl
 printf '{"note": "no records here"}\n\n' > norecords.jsonl
+# a metrics file whose tail a crash left zero-filled
+{ cat O2.jsonl; head -c 4096 /dev/zero; } > nul.jsonl
 expect() { # expected exit, pattern of the message, args...
   local want=$1 pat=$2; shift 2
   "$ampc" report "$@" > err.out 2> err.txt
@@ -121,6 +123,7 @@ expect 1 "malformed.jsonl:2: malformed JSON" malformed.jsonl
 expect 1 "empty.jsonl: no records" empty.jsonl
 expect 1 "norecords.jsonl: no records" norecords.jsonl
 expect 1 "array.jsonl:1: not a JSON object" array.jsonl
+expect 1 "nul.jsonl:3: not text \\(a NUL byte\\)" nul.jsonl
 expect 1 'badtype.jsonl:1: "test_acc" is not a number' badtype.jsonl
 expect 1 "missing.jsonl: cannot open" O2.jsonl missing.jsonl
 expect 1 "no-such-dir/r.html" O2.jsonl -o no-such-dir/r.html
@@ -128,6 +131,16 @@ expect 2 "no metrics file given"
 expect 2 "unknown option '--bogus'" O2.jsonl --bogus
 expect 2 "-o: missing value" O2.jsonl -o
 [ ! -e report.html ] && ok "no page written on errors" || bad "a page was written despite an error"
+
+# Names from the file are text on the page, never markup: memory categories
+# and storage types that hold HTML
+head -n 1 O2.jsonl | sed 's|"memory":{|"memory":{"<img src=x onerror=alert(1)>":{"\\"><script>alert(2)</script>":5,"total":5},|' > markup.jsonl
+if grep -q '<script>alert' markup.jsonl && "$ampc" report markup.jsonl -o markup.html 2> markup.err; then
+  if grep -q '<img src=x\|<script>alert\|"><script' markup.html; then bad "markup from the metrics reached the page"; grep -o '.\{40\}<script>alert.\{20\}\|.\{40\}<img src=x.\{20\}' markup.html | head -3
+  else ok "names from the metrics are escaped on the page"; fi
+else
+  bad "report of markup.jsonl: $(cat markup.err)"
+fi
 
 # Headless Chromium: the page renders, and the screenshot shows the charts.
 chrome=""

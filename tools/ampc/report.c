@@ -84,6 +84,21 @@ static void sb_esc(sbuf *b, const char *s) {
   }
 }
 
+/* s escaped for HTML into buf (n bytes; cut short at a whole character
+ * reference), for a name from the file inside a formatted line. */
+static const char *html(char *buf, size_t n, const char *s) {
+  size_t k = 0;
+  for (; *s; s++) {
+    const char *r = *s == '&' ? "&amp;" : *s == '<' ? "&lt;" : *s == '>' ? "&gt;" : *s == '"' ? "&quot;" : *s == '\'' ? "&#39;" : NULL;
+    size_t len = r ? strlen(r) : 1;
+    if (k + len >= n) break;
+    memcpy(buf + k, r ? r : s, len);
+    k += len;
+  }
+  buf[k] = '\0';
+  return buf;
+}
+
 /* The shortest %g form that reads back as the same double. */
 static const char *num(char buf[40], double v) {
   for (int prec = 6; prec <= 17; prec++) {
@@ -262,7 +277,7 @@ static int read_run(run_t *r, const char *path) {
     lineno++;
     where w = {path, lineno};
     size_t i = 0;
-    while (i < (size_t)len && strchr(" \t\r\n", line[i])) i++;
+    while (i < (size_t)len && line[i] && strchr(" \t\r\n", line[i])) i++; /* (a NUL is not blank: strchr finds the terminator) */
     if (i == (size_t)len) continue; /* blank line */
     if (memchr(line, '\0', (size_t)len)) {
       cli_error("%s:%ld: not text (a NUL byte)", path, lineno);
@@ -647,7 +662,9 @@ static void render_memory(sbuf *b, const run_t *runs, size_t nruns) {
               dtype_colour(types[i]), left + (double)i * 80 + 19, types[i]);
   double y = 30;
   for (size_t c = 0; c < ncat; c++) {
-    sb_printf(b, "<text class=\"axis\" x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", left - 10, y + (double)nruns * row / 2 + 4, cats[c]);
+    char ec[256], ed[256];
+    sb_printf(b, "<text class=\"axis\" x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", left - 10, y + (double)nruns * row / 2 + 4,
+              html(ec, sizeof ec, cats[c]));
     for (size_t r = 0; r < nruns; r++, y += row) {
       json_t *cat = mems[r] ? json_object_get(mems[r], cats[c]) : NULL;
       sb_printf(b, "<rect x=\"%.0f\" y=\"%.1f\" width=\"5\" height=\"%.0f\" fill=\"%s\"/>", left - 7, y + 2, row - 4, colour(r));
@@ -660,9 +677,9 @@ static void render_memory(sbuf *b, const run_t *runs, size_t nruns) {
         double bytes = (double)json_integer_value(v), w = bytes / maxbytes * barw;
         total += bytes;
         sb_printf(b, "<rect class=\"mem\" x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.0f\" fill=\"%s\" data-run=\"%zu\" data-category=\"%s\" data-dtype=\"%s\" data-bytes=\"%lld\"><title>",
-                  x, y + 2, w, row - 4, dtype_colour(dt), r, cats[c], dt, (long long)json_integer_value(v));
+                  x, y + 2, w, row - 4, dtype_colour(dt), r, ec, html(ed, sizeof ed, dt), (long long)json_integer_value(v));
         sb_esc(b, runs[r].path);
-        sb_printf(b, ": %s %s %.3f MB</title></rect>", cats[c], dt, bytes / 1e6);
+        sb_printf(b, ": %s %s %.3f MB</title></rect>", ec, ed, bytes / 1e6);
         x += w;
       }
       sb_printf(b, "<text class=\"tick\" x=\"%.2f\" y=\"%.1f\">%.1f MB</text>\n", x + 6, y + row - 6, total / 1e6);
@@ -676,13 +693,15 @@ static void render_memory(sbuf *b, const run_t *runs, size_t nruns) {
     for (size_t c = 0; c < ncat && mems[r]; c++) {
       json_t *cat = json_object_get(mems[r], cats[c]);
       if (!json_is_object(cat)) continue;
-      sb_printf(b, "<tr><td><span class=\"swatch\" style=\"background:%s\"></span>%zu</td><td>%s</td><td>", colour(r), r + 1, cats[c]);
+      char ec[256], ed[256];
+      sb_printf(b, "<tr><td><span class=\"swatch\" style=\"background:%s\"></span>%zu</td><td>%s</td><td>", colour(r), r + 1,
+                html(ec, sizeof ec, cats[c]));
       const char *dt;
       json_t *v;
       int first = 1;
       json_object_foreach(cat, dt, v) {
         if (strcmp(dt, "total") == 0 || !json_is_integer(v)) continue;
-        sb_printf(b, "%s%s %.3f MB", first ? "" : ", ", dt, (double)json_integer_value(v) / 1e6);
+        sb_printf(b, "%s%s %.3f MB", first ? "" : ", ", html(ed, sizeof ed, dt), (double)json_integer_value(v) / 1e6);
         first = 0;
       }
       json_t *t = json_object_get(cat, "total");
@@ -987,7 +1006,14 @@ int cmd_report(int argc, char **argv) {
   if (!js) b.oom = 1;
   else {
     sb_puts(&b, "<script type=\"application/json\" id=\"ampc-report-data\">");
-    sb_puts(&b, js);
+    /* '<' (only ever inside a JSON string) as \u003c: no "</script" or
+     * "<!--" from the file can end or confuse the block */
+    for (const char *p = js, *q; *p; p = q) {
+      q = strchr(p, '<');
+      if (!q) q = p + strlen(p);
+      sb_put(&b, p, (size_t)(q - p));
+      if (*q) sb_puts(&b, "\\u003c"), q++;
+    }
     sb_puts(&b, "</script>\n");
     free(js);
   }
