@@ -288,6 +288,51 @@ TEST(idx_errors) {
     }
     buf_free(&gzb);
   }
+  /* After the gzip stream: bytes that are not another gzip member are an
+   * error (zlib's gzread ignores them); a second member is read on, as
+   * gzip -d reads it; a file named .gz that is not a gzip is read as it is. */
+  {
+    const char *dir = case_dir("idx_gztail");
+    write_file(dir, "train-images-idx3-ubyte", im.p, im.n, 1);
+    buf gzb = {0}, tail = {0}, two = {0}, half = {0};
+    read_file(dir, "train-images-idx3-ubyte.gz", &gzb);
+    buf_put(&tail, gzb.p, gzb.n);
+    buf_put(&tail, "GARBAGE", 7);
+    /* the images in two members: the first 30 bytes, then the rest */
+    write_file(dir, "part", im.p, 30, 1);
+    read_file(dir, "part.gz", &two);
+    write_file(dir, "part", im.p + 30, im.n - 30, 1);
+    read_file(dir, "part.gz", &half);
+    buf_put(&two, half.p, half.n);
+    const char *d2 = case_dir("idx_gztail2");
+    for (int k = 0; k < 4; k++) {
+      const buf *f = k == 0 ? &tail : k == 1 ? &two : &im;
+      write_file(d2, "train-images-idx3-ubyte.gz", f->p, f->n, 0);
+      write_file(d2, "train-labels-idx1-ubyte", lb.p, lb.n, 0);
+      if (k == 3) { /* a header that claims more than its small gzip file can hold */
+        buf big = {0};
+        idx_images(&big, 0x803, 60000, 28, 28, 0);
+        write_file(d2, "train-images-idx3-ubyte", big.p, big.n, 1);
+        buf_free(&big);
+        idx_labels(&big, 0x801, 60000, 0);
+        write_file(d2, "train-labels-idx1-ubyte", big.p, big.n, 0);
+        buf_free(&big);
+      }
+      ampc_dataset *d = NULL;
+      ampc_status st = ampc_dataset_open(&d, AMPC_DATASET_FASHION_MNIST, d2, 1, 0);
+      if (k == 0)
+        CHECK_ERR(st, AMPC_EFORMAT, "fashion-mnist: train-images-idx3-ubyte.gz: data after the end of the gzip stream (7 bytes");
+      else if (k == 3)
+        CHECK_ERR(st, AMPC_EFORMAT, "train-images-idx3-ubyte.gz: truncated: expected 47040000 bytes of image data, more than its");
+      else
+        CHECK_MSG(st == AMPC_OK && ampc_dataset_count(d) == 7, "case %d: %d %s", k, st, ampc_last_error());
+      if (d) ampc_dataset_free(d);
+    }
+    buf_free(&gzb);
+    buf_free(&tail);
+    buf_free(&two);
+    buf_free(&half);
+  }
 
   /* With a limit only the needed prefix is read: a file truncated past it is fine. */
   {
