@@ -187,6 +187,16 @@ st "$D/batch_32.safetensors" \
 st_edit "$D/mlp.safetensors" "$D/mlp_nometa.safetensors" 's/"input":"1x28x28",//; s/,"input":"1x28x28"//; s/"classes":"10",//; s/,"classes":"10"//'
 # the checkpoint with a transposed tensor (same bytes, another shape)
 st_edit "$ckpt" "$D/ck_shape.safetensors" 's/"1.weight":{"dtype":"F32","shape":\[256,784\]/"1.weight":{"dtype":"F32","shape":[784,256]/'
+# preprocessing records that say nothing sound: 9 channels, not JSON, a std of 0
+st_edit "$D/mlp.safetensors" "$D/mlp_pre_shape.safetensors" 's/\\"shape\\":\[1,28,28\]/\\"shape\\":[9,28,28]/'
+st_edit "$D/mlp.safetensors" "$D/mlp_pre_json.safetensors" 's/"preprocessing":"{/"preprocessing":"{{/'
+st_edit "$ckpt" "$D/ck_pre_std.safetensors" 's/\\"std\\":\[[0-9.]*\]/\\"std\\":[0]/'
+# a weights format of another version
+st_edit "$D/mlp.safetensors" "$D/mlp_fmt.safetensors" 's/"ampc-weights-1"/"ampc-weights-999"/'
+# a checkpoint folder whose only file merely looks like a checkpoint (a sign, a step past int64)
+mkdir -p "$D/ck_names"
+cp "$ckpt" "$D/ck_names/ckpt-step-+9.safetensors"
+cp "$ckpt" "$D/ck_names/ckpt-step-99999999999999999999999.safetensors"
 
 # ---- counts out of range (class 2) ------------------------------------------
 # one 46340x46340 image (just under the IDX reader's 2 GiB limit), gzipped: its

@@ -29,8 +29,17 @@
 #define LOCK_NAME ".lock"
 
 int cli_checkpoint_step(const char *name, long long *step) {
-  char tail[32];
-  return sscanf(name, CKPT_PREFIX "%lld%31s", step, tail) == 2 && strcmp(tail, CKPT_SUFFIX) == 0 && *step >= 0;
+  /* "ckpt-step-", 1 to 18 digits (no sign or space), ".safetensors" */
+  size_t np = strlen(CKPT_PREFIX), nd = 0;
+  if (strncmp(name, CKPT_PREFIX, np) != 0) return 0;
+  long long v = 0;
+  for (const char *p = name + np; *p >= '0' && *p <= '9'; p++, nd++) {
+    if (nd == 18) return 0;
+    v = v * 10 + (*p - '0');
+  }
+  if (nd == 0 || strcmp(name + np + nd, CKPT_SUFFIX) != 0) return 0;
+  *step = v;
+  return 1;
 }
 
 void cli_checkpoint_path(char *out, size_t len, const char *dir, long long step) {
