@@ -431,7 +431,7 @@ static ampc_status load_optim(const ampc_st_file *f, ampc_model *m, ampc_amp *am
 /* A decimal integer in [lo, hi] spanning the whole of [p, end) (end NULL: to the NUL). */
 static int parse_int_in(const char *p, const char *end, long long lo, long long hi, long long *out) {
   if (!end) end = p + strlen(p);
-  if (p == end || end - p > 19) return 0;
+  if (p == end || end - p > 19 || (*p == '0' && end - p > 1)) return 0; /* digits as ampc writes them: no sign, no leading zero */
   long long v = 0;
   for (const char *q = p; q < end; q++) {
     if (*q < '0' || *q > '9') return 0;

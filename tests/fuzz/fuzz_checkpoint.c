@@ -43,7 +43,8 @@ static void write_seeds(const char *dir) {
   for (int k = 0; k < NMODELS; k++) {
     char path[512];
     snprintf(path, sizeof path, "%s/ckpt_%d.safetensors", fuzz_dir(), k);
-    ampc_train_state ts = {.seed = 7, .epoch = 2, .batch = 1, .step = 9, .loss_sum = 1.5, .seen = 4, .skipped = 1, .skipped_total = 2, .train_seconds = 0.25};
+    ampc_train_state ts = {.seed = 7, .epoch = 2, .batch = 1, .step = 9, .loss_sum = 1.5, .seen = 4, .skipped = 1, .skipped_total = 2, .train_seconds = 0.25,
+                           .preprocessing = {"fashion-mnist", 1, 1, 8, 8, {0.25f, 0, 0}, {0.5f, 1, 1}}}; /* its record is fuzzed too */
     FUZZ_CHECK(ampc_checkpoint_save(path, models[k], amps[k], NULL, &ts) == AMPC_OK);
     FILE *f = fopen(path, "rb");
     FUZZ_CHECK(f != NULL);

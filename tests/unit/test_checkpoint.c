@@ -118,6 +118,10 @@ TEST(refuses_other_model_level_version) {
   const char *meta[] = {"format", AMPC_CHECKPOINT_FORMAT, "format_version", "99", "ampc", "{}", NULL};
   CHECK_OK(ampc_st_write(tmp("v99.safetensors"), &t, 1, meta));
   CHECK_ERR(ampc_checkpoint_load(tmp("v99.safetensors"), a.m, a.amp, a.opt, &ts), AMPC_EUNSUPPORTED, "format version 99");
+  /* the version as ampc writes it: "01" is not version 1 */
+  meta[3] = "01";
+  CHECK_OK(ampc_st_write(tmp("v01.safetensors"), &t, 1, meta));
+  CHECK_ERR(ampc_checkpoint_load(tmp("v01.safetensors"), a.m, a.amp, a.opt, &ts), AMPC_EUNSUPPORTED, "format version 01");
   rig_free(&a);
   rig_free(&b);
   rig_free(&c);
