@@ -62,7 +62,14 @@ static void print_help(const char *cmd, const char *usage, const cli_opt *opts) 
   for (const cli_opt *o = opts; o->name; o++) {
     char left[64];
     snprintf(left, sizeof left, "%s%s%s", o->name, o->meta ? " " : "", o->meta ? o->meta : "");
-    printf("  %-28s %s\n", left, o->help);
+    /* an integer count's range, where its text does not give it */
+    double max = cli_opt_max(o->name);
+    if ((o->kind == OPT_INT || o->kind == OPT_I64) && strcmp(o->name, "--seed") != 0 && !strstr(o->help, "..")) {
+      char hi[32] = "10^9";
+      if (max > 0) snprintf(hi, sizeof hi, "%.0f", max);
+      printf("  %-28s %s [%.0f..%s]\n", left, o->help, o->min, hi);
+    } else
+      printf("  %-28s %s\n", left, o->help);
   }
   printf("  %-28s %s\n", "--help", "show this help");
 }
@@ -379,6 +386,27 @@ int cli_common_check(const cli_common *c, ampc_amp_config *cfg) {
     return -1;
   }
 #endif
+  /* options that would do nothing in this run: refused, not ignored */
+  const char *dp = c->zero                                 ? "--zero"
+                   : c->sync_bn                            ? "--sync-bn"
+                   : strcmp(c->allreduce_type, "auto") != 0 ? "--allreduce-type"
+                   : c->bucket_mb > 0                      ? "--bucket-mb"
+                   : strcmp(c->comm, "auto") != 0           ? "--comm"
+                                                           : NULL;
+  if (dp && cli_dist_size() < 2) {
+    cli_error("%s: applies to data-parallel training (mpirun -np N, N >= 2); this run is one process", dp);
+    return -1;
+  }
+  if (c->stochastic_rounding && (cfg->cast_model_type == AMPC_DTYPE_F32 || cfg->master_weights != 0)) {
+    cli_error("--stochastic-rounding: rounds the updates of 16-bit weights kept without f32 masters (O3, or O2 with --master-weights off); "
+              "at %s%s it would do nothing", c->opt_level, cfg->master_weights == 1 ? " with master weights" : "");
+    return -1;
+  }
+  /* (the mlp: linear layers only) */
+  if (strcmp(c->conv, "auto") != 0 && strcmp(c->model, "mlp") == 0) {
+    cli_error("--conv: model mlp has no convolutions");
+    return -1;
+  }
   return 0;
 }
 

@@ -17,6 +17,7 @@ typedef struct {
   int keep, save_on_interrupt;
   int64_t step_size, warmup;
   int lr_given, wd_given, beta1_given, beta2_given, eps_given;
+  int momentum_given, dampening_given, step_size_given, gamma_given, eta_min_given, warmup_start_given;
 } train_args;
 
 /* The defaults of the headline example: Adam, lr 1e-3, 3 epochs. */
