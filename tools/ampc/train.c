@@ -184,6 +184,7 @@ int cmd_train(int argc, char **argv) {
   /* an output that names an input would destroy it */
   if (root && a.save && resume_path[0] && cli_same_file(a.save, resume_path)) {
     cli_error("--save: '%s' is the checkpoint --resume reads; choose another file", a.save);
+    rc = 2; /* options that clash: a usage error, as grad's and export's */
     goto done;
   }
   const char *clash = !root || !a.metrics                                    ? NULL
@@ -192,6 +193,7 @@ int cmd_train(int argc, char **argv) {
                                                                               : NULL;
   if (clash) {
     cli_error("--metrics: '%s' is the %s file; choose another", a.metrics, clash);
+    rc = 2;
     goto done;
   }
   /* opened now (so that an unwritable path stops the run before it starts),
