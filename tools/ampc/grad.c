@@ -54,7 +54,7 @@ int cmd_grad(int argc, char **argv) {
   if (cc < 0) return cc == -2 ? 1 : 2;
   ampc_st_file *bf;
   if (ampc_st_open(&bf, batch) < 0) {
-    cli_lib_error(NULL);
+    cli_lib_error("--batch");
     return 1;
   }
   const ampc_st_tensor *x = ampc_st_find(bf, "x"), *y = ampc_st_find(bf, "y");

@@ -48,19 +48,32 @@ int cli_check_weights_input(const char *flag, const char *path, const char *mode
   return 0;
 }
 
+/* "(2, 1, 28, 28)" of a safetensors tensor (up to 4 dimensions shown) */
+static const char *st_shape(const ampc_st_tensor *t, char *buf, size_t len) {
+  ampc_shape s = {.ndim = t->ndim < AMPC_MAX_DIMS ? t->ndim : AMPC_MAX_DIMS};
+  for (int d = 0; d < s.ndim; d++) s.d[d] = t->shape[d];
+  return ampc_shape_str(&s, buf, len);
+}
+
 int cli_check_batch(const char *path, const ampc_st_tensor *x, const ampc_st_tensor *y, int classes, int shape[4], int64_t *n) {
-  if (!x || !y || x->ndim != 4 || y->ndim != 1 || y->shape[0] != x->shape[0]) {
-    cli_error("%s: expected tensors x (N, C, H, W) and y (N)", path);
+  char xs[96], ys[96];
+  if (!x || !y) {
+    cli_error("--batch: %s has no tensor '%s' (expected x, the images (N, C, H, W), and y, their N labels)", path, !x ? "x" : "y");
+    return -1;
+  }
+  if (x->ndim != 4 || y->ndim != 1 || y->shape[0] != x->shape[0]) {
+    cli_error("--batch: %s: x is %s%s and y %s%s, expected x (N, C, H, W) and y (N)", path, st_shape(x, xs, sizeof xs),
+              x->ndim > AMPC_MAX_DIMS ? "..." : "", st_shape(y, ys, sizeof ys), y->ndim > AMPC_MAX_DIMS ? "..." : "");
     return -1;
   }
   /* each size in its full width before it becomes an int */
   if (x->shape[0] < 1 || x->shape[0] > CLI_MAX_BATCH) {
-    cli_error("%s: x has a batch of %lld, expected 1..%d", path, (long long)x->shape[0], CLI_MAX_BATCH);
+    cli_error("--batch: %s: x has a batch of %lld, expected 1..%d", path, (long long)x->shape[0], CLI_MAX_BATCH);
     return -1;
   }
   for (int d = 1; d < 4; d++)
     if (x->shape[d] < 1 || x->shape[d] > INT_MAX) {
-      cli_error("%s: x (N, C, H, W) has %s %lld, expected 1..%d", path, d == 1 ? "C" : d == 2 ? "H" : "W", (long long)x->shape[d], INT_MAX);
+      cli_error("--batch: %s: x (N, C, H, W) has %s %lld, expected 1..%d", path, d == 1 ? "C" : d == 2 ? "H" : "W", (long long)x->shape[d], INT_MAX);
       return -1;
     }
   shape[0] = (int)x->shape[1];
