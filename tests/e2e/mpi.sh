@@ -189,6 +189,10 @@ fi
 timeout 60 "${MPI[@]}" "$ampc" train --zero 2 > /dev/null 2> "$dir/usage.err"; rc=$?
 [ "$(grep -c 'ampc: error' "$dir/usage.err")" = 1 ] && grep -q '^ampc: error: --zero: must be at most 1, got 2' "$dir/usage.err" && ok "a usage error: said once by rank 0" ||
   bad "usage error: $(cat "$dir/usage.err")"
+# the commands that run in one process refuse a launcher of several: said once, exit 2
+timeout 60 "${MPI[@]}" "$ampc" summary --model mlp > "$dir/one.out" 2> "$dir/one.err"; rc=$?
+[ $rc != 0 ] && [ "$(grep -c 'ampc: error' "$dir/one.err")" = 1 ] && grep -q 'summary runs in one process' "$dir/one.err" && [ ! -s "$dir/one.out" ] &&
+  ok "summary under mpirun -np 2: refused once (status $rc)" || bad "summary under mpirun: status $rc: $(cat "$dir/one.err" "$dir/one.out")"
 # kill -9 of the launcher: no rank survives it, and resume continues from the last checkpoint.
 # A run of 320 steps, so that the kill lands mid-run however fast the machine (F's 40 steps took a
 # fast one past its end: the ranks go on for about a second after mpirun dies), against its own unbroken run.

@@ -97,9 +97,16 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], commands[i].name) != 0) continue;
     /* under mpirun, train and bench run data-parallel: one rank each */
     int dist = commands[i].fn == cmd_train || commands[i].fn == cmd_bench;
-    if (dist && cli_dist_init() < 0) return 1;
+    if ((dist || ampc_comm_mpi_launched()) && cli_dist_init() < 0) return 1;
+    if (!dist && cli_dist_size() > 1) {
+      /* the others would each do the whole of it: N copies of one result */
+      if (cli_dist_root())
+        cli_error("%s runs in one process (train and bench run data-parallel under mpirun); run it without mpirun", commands[i].name);
+      cli_dist_finish();
+      return 2;
+    }
     int rc = commands[i].fn(argc - 2, argv + 2);
-    if (dist) cli_dist_finish();
+    cli_dist_finish();
     return stdout_done(rc);
   }
   cli_error("unknown command '%s' (expected train, eval, grad, summary, bench, report or export; see ampc --help)", argv[1]);
