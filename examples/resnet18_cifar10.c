@@ -89,14 +89,22 @@ static int parse_count(const char *flag, const char *v, long long min, long long
 static int parse_args(int argc, char **argv, args *a) {
   *a = (args){.data_dir = NULL, .steps = 0, .batch = 128, .opt_level = "O2", .half = "f16",
               .test_limit = 0, .log_every = 10, .seed = 0};
+  static const char *const known[] = {"--data", "--steps", "--batch", "--opt-level", "--half", "--test-limit", "--log-every", "--seed"};
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0) {
       usage(stdout);
       exit(0);
     }
+    int is_known = 0;
+    for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) is_known |= strcmp(f, known[k]) == 0;
+    if (!is_known) {
+      if (strncmp(f, "-", 1) == 0) fprintf(stderr, "%s: error: unknown option '%s' (see --help)\n", prog, f);
+      else fprintf(stderr, "%s: error: unexpected argument '%s' (see --help)\n", prog, f);
+      return -1;
+    }
     if (i + 1 >= argc) {
-      fprintf(stderr, "%s: error: %s: %s\n", prog, f, strncmp(f, "--", 2) == 0 ? "missing value" : "unexpected argument");
+      fprintf(stderr, "%s: error: %s: missing value\n", prog, f);
       return -1;
     }
     const char *v = argv[++i];
@@ -108,11 +116,7 @@ static int parse_args(int argc, char **argv, args *a) {
     else if (strcmp(f, "--half") == 0) a->half = v;
     else if (strcmp(f, "--test-limit") == 0) rc = parse_count(f, v, 1, LLONG_MAX / 2, &a->test_limit);
     else if (strcmp(f, "--log-every") == 0) rc = parse_count(f, v, 1, LLONG_MAX / 2, &a->log_every);
-    else if (strcmp(f, "--seed") == 0) rc = parse_count(f, v, 0, LLONG_MAX, &a->seed);
-    else {
-      fprintf(stderr, "%s: error: unknown option '%s' (see --help)\n", prog, f);
-      return -1;
-    }
+    else rc = parse_count(f, v, 0, LLONG_MAX, &a->seed); /* --seed */
     if (rc < 0) return -1;
   }
   return 0;

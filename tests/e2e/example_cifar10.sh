@@ -83,6 +83,9 @@ else
   "$example" --batch 1x >"$out" 2>&1
   rc=$?
   if [ $rc -ne 0 ] && grep -q "error: --batch" "$out"; then ok "example: a bad --batch is refused"; else bad "example: --batch 1x: exit $rc"; cat "$out"; fi
+  "$example" --bogus >"$out" 2>&1
+  rc=$?
+  if [ $rc = 2 ] && grep -q "error: unknown option '--bogus'" "$out"; then ok "example: an unknown option given last is named as one"; else bad "example: --bogus: exit $rc"; cat "$out"; fi
   head -c 1000 "$scratch/cifar/data_batch_1.bin" >"$scratch/cifar_trunc.bin"
   mkdir -p "$scratch/trunc" && cp "$scratch/cifar/"*.bin "$scratch/trunc/" && cp "$scratch/cifar_trunc.bin" "$scratch/trunc/data_batch_3.bin"
   "$example" --data "$scratch/trunc" --steps 1 --batch 16 >"$out" 2>&1
