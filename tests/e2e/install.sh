@@ -93,6 +93,13 @@ if $cc -std=c17 -Wall -Wextra -Werror -pedantic "$scratch/version.c" -o "$scratc
 else
   bad "version program"; cat "$scratch/version.log" "$scratch/version.out" 2>/dev/null
 fi
+# the README's line: the library's folder in the run path, no LD_LIBRARY_PATH
+if $cc "$scratch/version.c" $(pkg-config --cflags --libs ampc) -Wl,-rpath,"$(pkg-config --variable=libdir ampc)" -o "$scratch/version_rpath" \
+     >"$scratch/version_rpath.log" 2>&1 && env -u LD_LIBRARY_PATH "$scratch/version_rpath" >/dev/null 2>&1; then
+  ok "the README's pkg-config line (-Wl,-rpath from pkg-config --variable=libdir) builds a program that starts"
+else
+  bad "the README's pkg-config line"; cat "$scratch/version_rpath.log"
+fi
 
 # CIFAR-10 binary format: 1 label byte + 3072 pixel bytes per record.
 make_batch() {
