@@ -137,6 +137,16 @@ check 1 "$dir/none.safetensors" "$ampc" eval --test-limit 64 --weights "$dir/non
 printf 'not a safetensors file' > "$dir/junk.safetensors"
 check 1 "$dir/junk.safetensors" "$ampc" eval --test-limit 64 --weights "$dir/junk.safetensors"
 
+# OpenMP's threads spin about a microsecond at a barrier, then sleep (a busy
+# neighbour on the cores otherwise halves the step's speed): GOMP_SPINCOUNT
+# is set by re-running the program, unless the user chose a wait policy
+w1=$(env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY "$ampc" --version | grep '^openmp:')
+w2=$(env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=active "$ampc" --version | grep '^openmp:')
+w3=$(env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=5 "$ampc" --version | grep '^openmp:')
+if [ "$w1" = "openmp: GOMP_SPINCOUNT=1000" ] && [ "$w2" = "openmp: OMP_WAIT_POLICY=active" ] && [ "$w3" = "openmp: GOMP_SPINCOUNT=5" ]; then
+  ok "OpenMP waits: GOMP_SPINCOUNT=1000 unless the user set a policy"
+else bad "OpenMP waits: '$w1' '$w2' '$w3'"; fi
+
 # --- bench and summary ----------------------------------------------------------------------
 # OpenBLAS's kernels fit the CPU: where it has AVX2 and FMA, the program runs
 # on a kernel set with them even where OpenBLAS does not know the CPU's model
