@@ -134,6 +134,7 @@ static ampc_status idx_read(idx_file *x, void *buf, size_t n, size_t *got) {
       x->zinit = 1;
     } else {
       x->gz = 0;
+      x->size = x->bytes; /* what it holds is itself */
       size_t have = x->zs.avail_in < n ? x->zs.avail_in : n;
       memcpy(p, x->zs.next_in, have);
       x->zs.next_in += have;
