@@ -70,26 +70,34 @@ __attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char 
   b->n += (size_t)len;
 }
 
-/* Text or an attribute value, escaped for HTML. */
-static void sb_esc(sbuf *b, const char *s) {
-  for (; *s; s++) {
-    switch (*s) {
-      case '&': sb_puts(b, "&amp;"); break;
-      case '<': sb_puts(b, "&lt;"); break;
-      case '>': sb_puts(b, "&gt;"); break;
-      case '"': sb_puts(b, "&quot;"); break;
-      case '\'': sb_puts(b, "&#39;"); break;
-      default: sb_put(b, s, 1);
-    }
+/* The character reference that stands for c in HTML text or an attribute
+ * value, or NULL where c stands for itself. */
+static const char *html_entity(char c) {
+  switch (c) {
+    case '&': return "&amp;";
+    case '<': return "&lt;";
+    case '>': return "&gt;";
+    case '"': return "&quot;";
+    case '\'': return "&#39;";
+    default: return NULL;
   }
 }
 
-/* s escaped for HTML into buf (n bytes; cut short at a whole character
- * reference), for a name from the file inside a formatted line. */
+/* Text or an attribute value, escaped for HTML. */
+static void sb_esc(sbuf *b, const char *s) {
+  for (; *s; s++) {
+    const char *r = html_entity(*s);
+    if (r) sb_puts(b, r);
+    else sb_put(b, s, 1);
+  }
+}
+
+/* The same into buf (n bytes; cut short at a whole character reference),
+ * for a name from the file inside a formatted line. */
 static const char *html(char *buf, size_t n, const char *s) {
   size_t k = 0;
   for (; *s; s++) {
-    const char *r = *s == '&' ? "&amp;" : *s == '<' ? "&lt;" : *s == '>' ? "&gt;" : *s == '"' ? "&quot;" : *s == '\'' ? "&#39;" : NULL;
+    const char *r = html_entity(*s);
     size_t len = r ? strlen(r) : 1;
     if (k + len >= n) break;
     memcpy(buf + k, r ? r : s, len);
