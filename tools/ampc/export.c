@@ -90,10 +90,8 @@ static int check_complete(const char *in, const ampc_st_file *f, const char *mod
       rc = -1;
     } else if (!same) {
       char have[96], want[96];
-      ampc_shape fs = {.ndim = t->ndim < AMPC_MAX_DIMS ? t->ndim : AMPC_MAX_DIMS};
-      for (int d = 0; d < fs.ndim; d++) fs.d[d] = t->shape[d];
-      cli_error("%s: tensor '%s' is %s%s, but model %s (for %dx%dx%d inputs and %d classes) has %s", in, name, ampc_shape_str(&fs, have, sizeof have),
-                t->ndim > AMPC_MAX_DIMS ? "..." : "", model, c, h, w, k, ampc_shape_str(&tv.shape, want, sizeof want));
+      cli_error("%s: tensor '%s' is %s, but model %s (for %dx%dx%d inputs and %d classes) has %s", in, name, cli_st_shape(t, have, sizeof have),
+                model, c, h, w, k, ampc_shape_str(&tv.shape, want, sizeof want));
       rc = -1;
     }
   }

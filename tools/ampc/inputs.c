@@ -48,11 +48,12 @@ int cli_check_weights_input(const char *flag, const char *path, const char *mode
   return 0;
 }
 
-/* "(2, 1, 28, 28)" of a safetensors tensor (up to 4 dimensions shown) */
-static const char *st_shape(const ampc_st_tensor *t, char *buf, size_t len) {
+const char *cli_st_shape(const ampc_st_tensor *t, char *buf, size_t len) {
   ampc_shape s = {.ndim = t->ndim < AMPC_MAX_DIMS ? t->ndim : AMPC_MAX_DIMS};
   for (int d = 0; d < s.ndim; d++) s.d[d] = t->shape[d];
-  return ampc_shape_str(&s, buf, len);
+  ampc_shape_str(&s, buf, len);
+  if (t->ndim > AMPC_MAX_DIMS && strlen(buf) + 4 <= len) strcat(buf, "...");
+  return buf;
 }
 
 int cli_check_batch(const char *path, const ampc_st_tensor *x, const ampc_st_tensor *y, int classes, int shape[4], int64_t *n) {
@@ -62,8 +63,8 @@ int cli_check_batch(const char *path, const ampc_st_tensor *x, const ampc_st_ten
     return -1;
   }
   if (x->ndim != 4 || y->ndim != 1 || y->shape[0] != x->shape[0]) {
-    cli_error("--batch: %s: x is %s%s and y %s%s, expected x (N, C, H, W) and y (N)", path, st_shape(x, xs, sizeof xs),
-              x->ndim > AMPC_MAX_DIMS ? "..." : "", st_shape(y, ys, sizeof ys), y->ndim > AMPC_MAX_DIMS ? "..." : "");
+    cli_error("--batch: %s: x is %s and y %s, expected x (N, C, H, W) and y (N)", path, cli_st_shape(x, xs, sizeof xs),
+              cli_st_shape(y, ys, sizeof ys));
     return -1;
   }
   /* each size in its full width before it becomes an int */
@@ -116,16 +117,21 @@ int cli_file_preprocessing(const ampc_st_file *f, const char *what, const char *
   json_t *p = own ? root : json_incref(json_object_get(root, "preprocessing"));
   if (!own) json_decref(root);
   if (!p && !own) return 0; /* none recorded (a checkpoint's malformed "ampc" object is the library's to refuse) */
-  /* checked as the library reads it: what a later run or export is told must be sound */
-  char *text = p ? json_dumps(p, JSON_COMPACT) : NULL;
+  /* checked as the library reads it (a checkpoint's, nested in its "ampc"
+   * object, as text again): what a later run or export is told must be sound */
+  char *nested = own ? NULL : json_dumps(p, JSON_COMPACT);
   ampc_preprocessing pp;
-  ampc_status st = text ? ampc_preprocessing_parse(text, &pp) : AMPC_OK;
-  free(text);
-  if (!p || st < 0) {
-    cli_error("%s: %s: its preprocessing record is malformed: %s", what, path, p ? ampc_last_error() : je.text);
-    json_decref(p);
-    return -1;
+  if (!own && !nested) {
+    cli_error("%s: %s: out of memory", what, path);
+  } else if (ampc_preprocessing_parse(own ? own : nested, &pp) < 0) {
+    cli_error("%s: %s: its preprocessing record is malformed: %s", what, path, ampc_last_error());
+  } else {
+    free(nested);
+    *out = p;
+    return 0;
   }
-  *out = p;
-  return 0;
+  free(nested);
+  json_decref(p);
+  return -1;
 }
+

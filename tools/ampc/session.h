@@ -46,6 +46,9 @@ int cli_evaluate(cli_session *s, const ampc_dataset *d, double *loss, double *ac
  * file that records none passes. */
 int cli_check_weights_input(const char *flag, const char *path, const char *model, int channels, int height, int width, int classes,
                             const char *against);
+/* "(2, 1, 28, 28)" of a safetensors tensor into buf: its first 4
+ * dimensions, "..." after them where it has more. */
+const char *cli_st_shape(const ampc_st_tensor *t, char *buf, size_t len);
 /* A `grad` batch file's x (N, C, H, W) and y (N): present, of those ranks,
  * and every size in range in its full width; fills shape {C, H, W, classes}
  * and *n. */
