@@ -78,12 +78,13 @@ ampc_status ampc_scaler_set_state(ampc_scaler *s, const ampc_scaler_state *st) {
   if (!s || !st) return ampc__error(AMPC_EINVAL, "scaler: set_state: NULL argument");
   if (!(st->scale > 0) || !isfinite(st->scale))
     return ampc__error(AMPC_EINVAL, "scaler: saved scale %g is not a positive finite number", (double)st->scale);
-  if (st->growth_tracker < 0 || st->overflows < 0 || st->skipped_steps < 0 || st->steps < 0 ||
-      st->min_scale_hits < 0 || st->hysteresis_left < 1)
+  const int64_t counters[] = {st->growth_tracker, st->overflows, st->skipped_steps, st->steps, st->min_scale_hits};
+  for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++) {
+    if (counters[i] < 0) return ampc__error(AMPC_EINVAL, "scaler: saved state has a negative counter (or hysteresis_left < 1)");
+    if (counters[i] > AMPC_SCALER_MAX_COUNT) return ampc__error(AMPC_EINVAL, "scaler: saved state has a counter past 2^53");
+  }
+  if (st->hysteresis_left < 1)
     return ampc__error(AMPC_EINVAL, "scaler: saved state has a negative counter (or hysteresis_left < 1)");
-  if (st->growth_tracker > AMPC_SCALER_MAX_COUNT || st->overflows > AMPC_SCALER_MAX_COUNT || st->skipped_steps > AMPC_SCALER_MAX_COUNT ||
-      st->steps > AMPC_SCALER_MAX_COUNT || st->min_scale_hits > AMPC_SCALER_MAX_COUNT)
-    return ampc__error(AMPC_EINVAL, "scaler: saved state has a counter past 2^53");
   s->st = *st;
   s->st.scale = s->dynamic ? clamp_scale(s, st->scale) : s->init_scale;
   if (s->st.hysteresis_left > s->hysteresis) s->st.hysteresis_left = s->hysteresis;
