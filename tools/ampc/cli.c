@@ -57,14 +57,18 @@ double cli_now(void) {
 
 int cli_is_tty(void) { return isatty(fileno(stderr)); }
 
+/* An integer option that counts something, at most CLI_MAX_COUNT (every
+ * integer option but the seed), as --help and the README say. */
+static int is_count(const cli_opt *o) { return (o->kind == OPT_INT || o->kind == OPT_I64) && strcmp(o->name, "--seed") != 0; }
+
 static void print_help(const char *cmd, const char *usage, const cli_opt *opts) {
   printf("usage: ampc %s %s\n\noptions:\n", cmd, usage);
   for (const cli_opt *o = opts; o->name; o++) {
     char left[64];
     snprintf(left, sizeof left, "%s%s%s", o->name, o->meta ? " " : "", o->meta ? o->meta : "");
-    /* an integer count's range, where its text does not give it */
-    double max = cli_opt_max(o->name);
-    if ((o->kind == OPT_INT || o->kind == OPT_I64) && strcmp(o->name, "--seed") != 0 && !strstr(o->help, "..")) {
+    /* a count's range, where its text does not give it */
+    if (is_count(o) && !strstr(o->help, "..")) {
+      double max = cli_opt_max(o->name);
       char hi[32] = "10^9";
       if (max > 0) snprintf(hi, sizeof hi, "%.0f", max);
       printf("  %-28s %s [%.0f..%s]\n", left, o->help, o->min, hi);
@@ -98,9 +102,8 @@ static int parse_value(const cli_opt *o, const char *v) {
         cli_error("%s: must be at most %.0f, got %lld", o->name, max, x);
         return -1;
       }
-      /* every count but a seed: at most 10^9 (as --help and the README say) */
-      if (x > 1000000000LL && strcmp(o->name, "--seed") != 0) {
-        cli_error("%s: %lld is too large (at most 1000000000)", o->name, x);
+      if (is_count(o) && x > CLI_MAX_COUNT) {
+        cli_error("%s: %lld is too large (at most %lld)", o->name, x, CLI_MAX_COUNT);
         return -1;
       }
       if (o->kind == OPT_INT) {

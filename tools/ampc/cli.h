@@ -98,7 +98,8 @@ void cli_set_threads(int threads);
 /* Ranges of the counts given on the command line, checked at parse time and
  * listed in --help: --threads at most CLI_THREADS_PER_CPU times the online
  * CPUs and never above CLI_MAX_THREADS; --batch-size at most CLI_MAX_BATCH;
- * --classes at most CLI_MAX_CLASSES. Whether the model then fits in memory
+ * --classes at most CLI_MAX_CLASSES; every other count (integer options
+ * but --seed) at most CLI_MAX_COUNT. Whether the model then fits in memory
  * is checked when it is built, before its buffers are allocated. */
 #define CLI_STR_(x) #x
 #define CLI_STR(x) CLI_STR_(x)
@@ -106,9 +107,10 @@ void cli_set_threads(int threads);
 #define CLI_MAX_THREADS 1024
 #define CLI_MAX_BATCH 65536
 #define CLI_MAX_CLASSES 100000
+#define CLI_MAX_COUNT 1000000000LL
 int cli_max_threads(void);
 /* The largest value an integer option takes (the table in cli.c, by option
- * name; 0 when it has none beyond OPT_INT's 1e9). */
+ * name; 0 when it has none beyond CLI_MAX_COUNT). */
 double cli_opt_max(const char *name);
 
 /* Opens path for writing without ever blocking: a FIFO with no reader is

@@ -97,8 +97,9 @@ int cli_check_grad_accum(int accum, size_t images, int64_t batch) {
 
 int cli_check_resume(const char *path, const ampc_train_state *ts, int64_t batches) {
   /* the epoch loop counts in int: an epoch past --epochs' range would wrap */
-  if (ts->epoch > 1000000000) {
-    cli_error("--resume: %s: the checkpoint is at epoch %lld, beyond the most a run can have (1000000000)", path, (long long)ts->epoch + 1);
+  if (ts->epoch > CLI_MAX_COUNT) {
+    cli_error("--resume: %s: the checkpoint is at epoch %lld, beyond the most a run can have (%lld)", path, (long long)ts->epoch + 1,
+              CLI_MAX_COUNT);
     return -1;
   }
   if (ts->batch > batches) {
