@@ -36,6 +36,11 @@ typedef struct {
   int relu;                /* batch norm, add: a ReLU fused into the output */
   int pool;                /* batch norm: a 2x2 stride-2 max pool fused after that:
                             * out and dout are the pooled planes */
+  int nostore;             /* batch norm: its output is not stored (out.data NULL);
+                            * the convolutions that read it apply it as they load
+                            * their input (ampc__op_call.pro), and forward keeps
+                            * each channel's scale, then each one's shift, in aux
+                            * after mean, invstd and the mode (at aux + 2C + 1) */
 } ampc__op_attr;
 
 /* Sums across the ranks of data-parallel training, for a kernel whose
@@ -68,6 +73,13 @@ typedef struct {
                                        * batches, between its statistics pass and its
                                        * normalisation (NULL: this rank's batch alone) */
   const void *ctx;                    /* the backend's own context for its kernels (set by run) */
+  /* conv2d after a batch norm that stores no output (attr.nostore): in[0] is
+   * the batch norm's input, and each value the convolution loads from it is
+   * what the batch norm would have stored: x * pro[ch] + pro[C + ch] (C
+   * channels), through a ReLU when pro_relu, rounded to pro_type. NULL: none. */
+  const float *pro;
+  int pro_relu;
+  ampc_dtype pro_type;
 } ampc__op_call;
 
 /* ---- the flat parameter state ----
@@ -109,6 +121,8 @@ typedef struct ampc__backend {
   const char *name;
   int host_memory;                    /* device pointers are host pointers (ampc_tensor.data) */
   int sync_batchnorm;                 /* its batch norm honours ampc__op_call.sync */
+  int conv_prologue;                  /* its convolutions honour ampc__op_call.pro (and its
+                                       * batch norm attr.nostore) */
   ampc_status (*create)(ampc__device *d);
   void (*destroy)(ampc__device *d);
 

@@ -133,6 +133,7 @@ static ampc_value add_value(ampc_graph *g, ampc_op_kind op, const char *name, am
   v->dtype = AMPC_DTYPE_F32;
   v->alias = AMPC_VALUE_NONE;
   v->pool_out = AMPC_VALUE_NONE;
+  v->pro = AMPC_VALUE_NONE;
   char buf[64];
   if (!name) {
     snprintf(buf, sizeof buf, "%s#%zu", ampc_op_name(op), g->nv);

@@ -17,6 +17,10 @@ static void mark_requires_grad(ampc_graph *g) {
   }
 }
 
+/* 0: batch norms are stored even where convolutions could apply them (a hook
+ * for tests, which measure what that fusion saves). */
+int ampc__graph_bn_prologue = 1;
+
 static ampc_status fuse(ampc_graph *g) {
   if (!g->fuse) return AMPC_OK;
   int *uses = calloc(g->nv, sizeof *uses);
@@ -56,6 +60,35 @@ static ampc_status fuse(ampc_graph *g) {
     bv->pool_out = g->order[k];
     bv->store = p->shape;
     p->alias = b;
+  }
+  /* A batch norm (with its fused ReLU) read only by convolutions, as their
+   * input, stores nothing: each convolution reads the batch norm's input
+   * and applies the batch norm's per-channel scale and shift (and the ReLU)
+   * as it loads it, rounded as storing would round it, and the batch norm's
+   * backward finds its ReLU's mask from its input the same way. One
+   * activation less (ResNet-18: the first of each block's two batch norms)
+   * and the pass that wrote it, on backends whose kernels can. */
+  for (size_t k = 0; ampc__graph_bn_prologue && g->dev->be->conv_prologue && !g->retain_grads && k < g->norder; k++) {
+    ampc_value b = g->order[k];
+    ampc__value *bv = &g->v[b];
+    if (bv->op != AMPC_OP_BATCHNORM2D || bv->alias != AMPC_VALUE_NONE || bv->pool_out != AMPC_VALUE_NONE || bv->keep) continue;
+    int readers = 0, ok = 1;
+    for (size_t j = k + 1; ok && j < g->norder; j++) {
+      const ampc__value *u = &g->v[g->order[j]];
+      for (int i = 0; ok && i < u->n_in; i++) {
+        if (u->in[i] < 0 || ampc__graph_root(g, u->in[i]) != b) continue;
+        if (u->alias != AMPC_VALUE_NONE) /* a view: only the fused ReLU, itself not kept */
+          ok = u->op == AMPC_OP_RELU && u->alias == b && !u->keep;
+        else
+          ok = u->op == AMPC_OP_CONV2D && i == 0 && (readers += 1);
+      }
+    }
+    if (!ok || readers == 0) continue;
+    bv->attr.nostore = 1;
+    for (size_t j = k + 1; j < g->norder; j++) {
+      ampc__value *u = &g->v[g->order[j]];
+      if (u->op == AMPC_OP_CONV2D && u->alias == AMPC_VALUE_NONE && u->in[0] >= 0 && ampc__graph_root(g, u->in[0]) == b) u->pro = b;
+    }
   }
   free(uses);
   return AMPC_OK;
@@ -198,7 +231,7 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
       bp += ampc__align64(nb);
       g->bytes_by_type[0][v->dtype] += nb;
     } else if (v->alias == AMPC_VALUE_NONE) {
-      v->data = ap + v->act_off;
+      v->data = v->attr.nostore ? NULL : ap + v->act_off;
       if (v->grad_off != SIZE_MAX) v->grad = agp + v->grad_off;
     }
   }

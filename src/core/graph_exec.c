@@ -96,6 +96,13 @@ ampc__op_call ampc__graph_call(const ampc_graph *g, const ampc__value *v, int64_
     if (x->requires_grad && x->op != AMPC_OP_BUFFER) c.din[j] = view(x, x->grad, batch);
     else c.din[j].data = NULL;
   }
+  if (v->pro != AMPC_VALUE_NONE) { /* the batch norm's input, normalised as it is read */
+    const ampc__value *b = &g->v[v->pro], *x = &g->v[b->in[0]];
+    c.in[0] = view(x, x->data, batch);
+    c.pro = b->aux ? b->aux + 2 * b->shape.d[1] + 1 : NULL; /* after mean, invstd, mode (see the cpu batch norm) */
+    c.pro_relu = b->attr.relu;
+    c.pro_type = b->dtype;
+  }
   c.out = view(v, v->data, batch);
   c.dout = view(v, v->grad, batch);
   c.attr = v->attr;
@@ -253,7 +260,8 @@ static ampc_status io_view(const ampc_graph *g, ampc_value v, int grad, const ch
                                     "after backward)", what, g->v[v].name);
   if (!t->data)
     return ampc__error(AMPC_EINVAL, "graph: %s: '%s' has no %s of its own (%s)", what, g->v[v].name, grad ? "gradient" : "memory",
-                       grad ? "nothing differentiates it, or it is only live during backward" : "fused into the op before it");
+                       grad ? "nothing differentiates it, or it is only live during backward"
+                            : "fused into the op before it, or into the convolutions after it");
   return AMPC_OK;
 }
 

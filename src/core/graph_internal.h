@@ -31,6 +31,8 @@ typedef struct {
   ampc__op_attr attr;
   ampc_value alias;      /* flatten, fused ops: the value whose memory this one shares */
   ampc_value pool_out;   /* batch norm with a fused 2x2 max pool: the pool's value */
+  ampc_value pro;        /* conv2d: the batch norm (attr.nostore) it applies to its input
+                          * as it loads it, reading that batch norm's input */
   ampc_shape store;      /* the shape of its memory: shape, or pool_out's */
   float *init;           /* params and buffers: recorded f32 values (host) */
   void *data, *grad;     /* device memory */
@@ -55,6 +57,8 @@ typedef struct {
 } ampc__bucket;
 
 #define AMPC__MAX_BUCKETS 3 /* one per float storage type; at most two are used */
+
+extern int ampc__graph_bn_prologue; /* graph_compile.c: a hook for tests */
 
 struct ampc_graph {
   ampc__value *v;

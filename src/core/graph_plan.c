@@ -69,6 +69,12 @@ static int plan_free(plan_arena *a, size_t off, size_t len) {
   return 0;
 }
 
+/* The value a convolution reads through its batch norm prologue (the batch
+ * norm's input), or NONE. */
+static ampc_value pro_read(const ampc_graph *g, const ampc__value *v) {
+  return v->pro == AMPC_VALUE_NONE ? AMPC_VALUE_NONE : ampc__graph_root(g, g->v[v->pro].in[0]);
+}
+
 /* Whether op v's backward reads its inputs, or its own output. */
 static int bwd_reads_inputs(const ampc__value *v) {
   switch (v->op) {
@@ -104,19 +110,22 @@ static int bwd_reads_output(const ampc__value *v) {
  * backward (which reads it last). Within a backward step the op's input
  * gradients are placed while everything it reads is still live; its own
  * output gradient and the activations it read last are freed after it.
+ * A batch norm that stores nothing (attr.nostore) has no memory; the
+ * convolutions that apply it read its input, in forward and backward.
  * Sets act_off / grad_off (SIZE_MAX: none) and bw_freed; returns the arena's
  * size and its bytes by type at the peak. */
 static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_t *peak_by_type, size_t *peak_ws) {
   size_t nv = g->nv;
   int64_t T = (int64_t)g->norder;
   int64_t *last_use = malloc(nv * sizeof *last_use), *dies = malloc(nv * sizeof *dies);
+  int64_t *last_read = malloc(nv * sizeof *last_read); /* last forward reader, with prologue reads */
   char *forever = calloc(nv, 1), *gone = calloc(nv, 1);
   size_t live_by_type[AMPC_DTYPE_COUNT] = {0};
   plan_arena a = {0};
   ampc_status st = AMPC_OK;
   size_t peak = 0, live_ws = 0;
   int joint = acts && grads;
-  if (!last_use || !dies || !forever || !gone) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
+  if (!last_use || !dies || !last_read || !forever || !gone) st = ampc__error(AMPC_ENOMEM, "graph: out of memory planning");
 #define PLAN_PEAK()                                                   \
   do {                                                                \
     if (a.top > peak) {                                               \
@@ -147,7 +156,7 @@ static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_
   } while (0)
   for (size_t i = 0; st == 0 && i < nv; i++) {
     ampc__value *v = &g->v[i];
-    last_use[i] = dies[i] = -1;
+    last_use[i] = dies[i] = last_read[i] = -1;
     if (acts) {
       v->act_off = SIZE_MAX;
       v->bw_freed = 0;
@@ -165,8 +174,13 @@ static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_
     for (int j = 0; j < v->n_in; j++) {
       if (v->in[j] < 0) continue;
       ampc_value r = ampc__graph_root(g, v->in[j]);
-      last_use[r] = k;
+      last_use[r] = last_read[r] = k;
       if (bwd_reads_inputs(v) && T - 1 - k > dies[r]) dies[r] = T - 1 - k;
+    }
+    ampc_value x = pro_read(g, v);
+    if (x != AMPC_VALUE_NONE) {
+      last_read[x] = k;
+      if (T - 1 - k > dies[x]) dies[x] = T - 1 - k; /* its weight gradient reads it too */
     }
     if (bwd_reads_output(v) && T - 1 - k > dies[id]) dies[id] = T - 1 - k;
   }
@@ -183,15 +197,17 @@ static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_
     ampc_value id = g->order[k];
     ampc__value *v = &g->v[id];
     if (v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX || v->op <= AMPC_OP_BUFFER) continue;
-    v->act_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(v)));
-    live_by_type[v->dtype] += ampc__value_bytes(v);
-    PLAN_PEAK();
+    if (!v->attr.nostore) {
+      v->act_off = plan_alloc(&a, ampc__align64(ampc__value_bytes(v)));
+      live_by_type[v->dtype] += ampc__value_bytes(v);
+      PLAN_PEAK();
+    }
     PLAN_WS(v, 0);
-    for (int j = 0; j < v->n_in; j++) {
-      if (v->in[j] < 0) continue;
-      ampc_value r = ampc__graph_root(g, v->in[j]);
+    for (int j = 0; j <= v->n_in; j++) { /* (j = n_in: what a prologue reads) */
+      ampc_value r = j < v->n_in ? (v->in[j] < 0 ? AMPC_VALUE_NONE : ampc__graph_root(g, v->in[j])) : pro_read(g, v);
+      if (r == AMPC_VALUE_NONE) continue;
       ampc__value *rv = &g->v[r];
-      if (forever[r] || dies[r] >= 0 || gone[r] || last_use[r] != k || rv->act_off == SIZE_MAX || rv->op <= AMPC_OP_BUFFER)
+      if (forever[r] || dies[r] >= 0 || gone[r] || last_read[r] != k || rv->act_off == SIZE_MAX || rv->op <= AMPC_OP_BUFFER)
         continue;
       gone[r] = 1;
       PLAN_FREE(rv->act_off, rv);
@@ -230,13 +246,16 @@ static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_
   /* anything left unplaced (not reached by the order) gets its own space */
   for (size_t i = 0; st == 0 && acts && i < nv; i++) {
     ampc__value *v = &g->v[i];
-    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX) continue;
+    if (v->op == AMPC_OP_PARAM || v->op == AMPC_OP_BUFFER || v->alias != AMPC_VALUE_NONE || v->act_off != SIZE_MAX ||
+        v->attr.nostore)
+      continue;
     v->act_off = peak;
     peak += ampc__align64(ampc__value_bytes(v));
     peak_by_type[v->dtype] += ampc__value_bytes(v);
   }
   *arena = peak;
   free(last_use);
+  free(last_read);
   free(dies);
   free(forever);
   free(gone);

@@ -1,7 +1,8 @@
 /* The fused graph (ReLU inside batch norm / add, a 2x2 max pool inside the
- * batch norm before it) computes exactly what the plain one-kernel-per-op
- * graph does: same loss, same gradients, bit for bit in f32 and in half
- * storage, in training and in eval mode, on even and odd planes. */
+ * batch norm before it, a batch norm applied by the convolutions after it
+ * instead of stored) computes exactly what the plain one-kernel-per-op graph
+ * does: same loss, same gradients, bit for bit in f32 and in half storage,
+ * in training and in eval mode, on even and odd planes. */
 #include "ampc/nn.h"
 #include "ampc/rng.h"
 #include "backend/cpu/cpu_internal.h"
@@ -10,6 +11,25 @@
 
 /* the cpu kernels' instruction-set level both graphs run with (NULL: the best the CPU has) */
 static const ampc__cpu_isa *test_isa = NULL;
+/* and the backend, its convolution algorithm and threads, free_saved, and
+ * SyncBatchNorm's path (over one rank) */
+static const char *test_backend = NULL;
+static ampc_conv_algo test_conv = AMPC_CONV_AUTO;
+static int test_threads = 0, test_free_saved = 0, test_sync = 0;
+
+static ampc_status one_rank_sum(void *ctx, double *v, size_t n) {
+  (void)ctx, (void)v, (void)n;
+  return AMPC_OK;
+}
+static const ampc__sync one_rank = {one_rank_sum, NULL};
+
+/* batch norms of a compiled graph that store nothing (attr.nostore) */
+static int count_nostore(const ampc_graph *g) {
+  int n = 0;
+  for (size_t i = 0; i < g->nv; i++) n += g->v[i].op == AMPC_OP_BATCHNORM2D && g->v[i].attr.nostore;
+  return n;
+}
+static int last_nostore = -1;
 
 typedef struct {
   float loss;
@@ -25,9 +45,19 @@ static run_result run(const char *model, int C, int H, int fuse, ampc_dtype act,
   CHECK_OK(ampc_model_create(&m, model, &o));
   ampc_graph *g = ampc_model_graph(m);
   CHECK_OK(ampc_graph_set_fusion(g, fuse));
+  if (test_backend || test_conv != AMPC_CONV_AUTO || test_threads) {
+    ampc_backend_opts bo;
+    ampc_backend_opts_default(&bo);
+    bo.conv = test_conv;
+    bo.threads = test_threads;
+    CHECK_OK(ampc_graph_set_backend(g, test_backend ? test_backend : "cpu", &bo));
+  }
+  if (test_free_saved) CHECK_OK(ampc_graph_set_free_saved(g, 1));
+  if (test_sync) ampc__graph_set_bn_sync(g, &one_rank);
   ampc_graph_precision p = {act, AMPC_DTYPE_F32, act, 0, AMPC_DTYPE_F16, NULL};
   CHECK_OK(ampc_graph_set_precision(g, &p));
   CHECK_OK(ampc_graph_compile(g));
+  if (fuse) last_nostore = count_nostore(g);
   if (test_isa) ampc__cpu_set_isa(ampc__graph_device(g), test_isa);
   ampc_tensor x = ampc_graph_tensor(g, ampc_model_input(m));
   ampc_rng rng = ampc_rng_make(7, AMPC_RNG_STREAM_USER);
@@ -118,5 +148,81 @@ TEST(resnet18_fused_equals_plain) {
   compare("resnet18", 3, 8, AMPC_DTYPE_BF16);
 }
 
+/* ResNet-18's first batch norm of each block is applied by the block's
+ * second convolution as it loads its input, on each convolution path
+ * (Winograd, im2col, the direct loop), each storage type, in training and
+ * eval mode, with a NaN, on one and two threads, with free_saved, through
+ * SyncBatchNorm's path and on the guarded backend (whose pages outside a
+ * call's named memory fault); its output is not stored. */
+TEST(resnet18_batchnorm_in_convolution) {
+  static const ampc_dtype types[] = {AMPC_DTYPE_F32, AMPC_DTYPE_F16, AMPC_DTYPE_BF16};
+  static const ampc_conv_algo algos[] = {AMPC_CONV_AUTO, AMPC_CONV_IM2COL, AMPC_CONV_DIRECT};
+  for (int a = 0; a < 3; a++) {
+    test_conv = algos[a];
+    for (int t = 0; t < 3; t++) compare_mode("resnet18", 3, 8, types[t], a == 0 || t == 1, -1);
+  }
+  test_conv = AMPC_CONV_AUTO;
+  CHECK_MSG(last_nostore == 8, "%d batch norms store nothing, not ResNet-18's 8", last_nostore);
+  compare_mode("resnet18", 3, 8, AMPC_DTYPE_F16, 0, -1);
+  compare_mode("resnet18", 3, 8, AMPC_DTYPE_F16, 1, 17);
+  compare_mode("resnet18", 3, 6, AMPC_DTYPE_F32, 1, -1); /* planes of 6, 3, 2, 1 */
+  test_threads = 1;
+  compare_mode("resnet18", 3, 8, AMPC_DTYPE_F16, 1, -1);
+  test_threads = 2;
+  test_free_saved = 1;
+  compare_mode("resnet18", 3, 8, AMPC_DTYPE_F16, 1, -1);
+  test_free_saved = 0;
+  test_sync = 1;
+  compare_mode("resnet18", 3, 8, AMPC_DTYPE_F16, 1, -1);
+  compare_mode("resnet18", 3, 8, AMPC_DTYPE_F32, 1, 5);
+  test_sync = 0;
+  test_threads = 0;
+  test_backend = "cpu-guarded";
+  compare_mode("resnet18", 3, 8, AMPC_DTYPE_F16, 1, -1);
+  test_backend = NULL;
+  /* activations: what the other fusions leave, less these outputs (a
+   * quarter of ResNet-18's stored activations at batch 128) */
+  ampc__graph_bn_prologue = 0;
+  double before = compare_mode("resnet18", 3, 8, AMPC_DTYPE_F16, 1, -1);
+  CHECK(last_nostore == 0);
+  ampc__graph_bn_prologue = 1;
+  double ratio = compare_mode("resnet18", 3, 8, AMPC_DTYPE_F16, 1, -1);
+  CHECK_MSG(ratio < 0.9 * before, "fused activations %.3f of the plain graph's, %.3f without this fusion", ratio, before);
+}
+
+/* A kept batch norm output (or its ReLU's) is stored and readable; one that
+ * is not says why it cannot be read. */
+TEST(batchnorm_in_convolution_kept) {
+  ampc_model_opts o = {.batch = 2, .channels = 3, .height = 8, .width = 8, .classes = 10, .seed = 3};
+  ampc_model *m;
+  CHECK_OK(ampc_model_create(&m, "resnet18", &o));
+  ampc_graph *g = ampc_model_graph(m);
+  CHECK_OK(ampc_graph_compile(g));
+  ampc_value bn = AMPC_VALUE_NONE, relu = AMPC_VALUE_NONE;
+  for (size_t i = 0; i < g->nv && bn == AMPC_VALUE_NONE; i++)
+    if (g->v[i].op == AMPC_OP_BATCHNORM2D && g->v[i].attr.nostore) bn = (ampc_value)i;
+  for (size_t i = 0; i < g->nv; i++)
+    if (g->v[i].op == AMPC_OP_RELU && g->v[i].alias == bn) relu = (ampc_value)i;
+  CHECK(bn != AMPC_VALUE_NONE && relu != AMPC_VALUE_NONE);
+  float *buf = calloc(2 * 64 * 64, sizeof(float));
+  CHECK_OK(ampc_graph_forward(g, 1));
+  CHECK(ampc_graph_read(g, relu, buf, AMPC_DTYPE_F32) == AMPC_EINVAL);
+  CHECK(strstr(ampc_last_error(), "convolutions after it") != NULL);
+  ampc_model_free(m);
+  for (int k = 0; k < 2; k++) {
+    CHECK_OK(ampc_model_create(&m, "resnet18", &o));
+    g = ampc_model_graph(m);
+    CHECK_OK(ampc_graph_keep(g, k ? relu : bn));
+    CHECK_OK(ampc_graph_compile(g));
+    CHECK(!g->v[bn].attr.nostore);
+    CHECK(count_nostore(g) == 7);
+    CHECK_OK(ampc_graph_forward(g, 1));
+    CHECK_OK(ampc_graph_read(g, relu, buf, AMPC_DTYPE_F32));
+    ampc_model_free(m);
+  }
+  free(buf);
+}
+
 TEST_MAIN(TEST_ENTRY(cnn_fused_equals_plain), TEST_ENTRY(cnn_fused_pool_cases), TEST_ENTRY(cnn_fused_pool_each_isa),
-          TEST_ENTRY(resnet18_fused_equals_plain))
+          TEST_ENTRY(resnet18_fused_equals_plain), TEST_ENTRY(resnet18_batchnorm_in_convolution),
+          TEST_ENTRY(batchnorm_in_convolution_kept))

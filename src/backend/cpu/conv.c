@@ -161,14 +161,22 @@ static void col2im(const conv_geom *g, const float *cols, int64_t ld, int64_t co
 }
 
 /* The columns of a block: output rows [oy0, oy1) of samples [n0, n0 + nbe),
- * each sample's band at column s * band. A half sample is converted into xs
- * once, on its first band (a block of several samples has only one band). */
-static void block_cols(const conv_geom *g, const ampc_tensor *x, int64_t n0, int64_t nbe, int64_t oy0, int64_t oy1, float *xs,
+ * each sample's band at column s * band. A half sample, or one through the
+ * call's batch norm prologue, is staged into xs once, on its first band (a
+ * block of several samples has only one band). */
+static void block_cols(const conv_geom *g, const ampc__op_call *c, int64_t n0, int64_t nbe, int64_t oy0, int64_t oy1, float *xs,
                        float *cols) {
-  int64_t band = (oy1 - oy0) * g->OW, ld = nbe * band;
+  const ampc_tensor *x = &c->in[0];
+  int64_t band = (oy1 - oy0) * g->OW, ld = nbe * band, HW = g->H * g->W;
+  int direct = x->dtype == AMPC_DTYPE_F32 && !c->pro;
   for (int64_t s = 0; s < nbe; s++) {
-    const float *xp = x->dtype == AMPC_DTYPE_F32 ? (const float *)x->data + (n0 + s) * g->CHW : xs;
-    if (x->dtype != AMPC_DTYPE_F32 && (nbe > 1 || oy0 == 0)) ampc_load_f32(xs, x->dtype, cpu_at(x, (n0 + s) * g->CHW), (size_t)g->CHW);
+    const float *xp = direct ? (const float *)x->data + (n0 + s) * g->CHW : xs;
+    if (!direct && (nbe > 1 || oy0 == 0)) {
+      if (c->pro)
+        for (int64_t ch = 0; ch < g->C; ch++) cpu_load_input(c, (n0 + s) * g->CHW + ch * HW, (size_t)HW, ch, xs + ch * HW);
+      else
+        ampc_load_f32(xs, x->dtype, cpu_at(x, (n0 + s) * g->CHW), (size_t)g->CHW);
+    }
     im2col(g, xp, cols, ld, s * band, oy0, oy1);
   }
 }
@@ -230,7 +238,7 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
   if (use_direct(c)) return ampc__cpu_direct_fwd(c);
   conv_geom g = conv_geometry(c, cpu_ctx(c)->nthreads);
   const float *wf = weight_f32(c, &g);
-  const ampc_tensor *x = &c->in[0], *y = &c->out;
+  const ampc_tensor *y = &c->out;
   const ampc_tensor *b = c->n_in > 2 ? &c->in[2] : NULL;
   int64_t ng = ngroups(&g);
 #pragma omp parallel num_threads(g.nt)
@@ -246,7 +254,7 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
       group_of(&g, gi, &n0, &nbe);
       for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {
         int64_t oy1 = oy0 + g.rb < g.OH ? oy0 + g.rb : g.OH, band = (oy1 - oy0) * g.OW, ld = nbe * band;
-        block_cols(&g, x, n0, nbe, oy0, oy1, xs, cols);
+        block_cols(&g, c, n0, nbe, oy0, oy1, xs, cols);
         if (nbe == 1 && y->dtype == AMPC_DTYPE_F32) {
           /* one sample into f32: the product lands in place, rows OHW apart */
           float *yp = (float *)y->data + n0 * g.O * g.OHW + oy0 * g.OW;
@@ -275,7 +283,7 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
 ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
   if (run_winograd(c)) return ampc__cpu_wino_bwd(c);
   conv_geom g = conv_geometry(c, cpu_ctx(c)->nthreads);
-  const ampc_tensor *x = &c->in[0], *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
+  const ampc_tensor *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
   int need_dx = dx->data != NULL, need_dw = dw->data != NULL, need_db = db && db->data;
   int64_t ng = ngroups(&g);
@@ -300,7 +308,7 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
           int64_t ldd;
           const float *dyp = gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc, &ldd);
           if (need_dw) {
-            block_cols(&g, x, n0, nbe, oy0, oy1, xs, cols);
+            block_cols(&g, c, n0, nbe, oy0, oy1, xs, cols);
             if (conv_own(g.K)) {
               /* dW += dY * cols^T on ampc's kernel, which wants B's rows
                * contiguous: the columns transposed (ld x K) first */

@@ -67,12 +67,13 @@ size_t ampc__cpu_direct_ws(const ampc__op_call *c, int nthreads) {
   return (g.shared + (size_t)(nthreads < 1 ? 1 : nthreads) * g.per_thread) * sizeof(float);
 }
 
-/* The f32 copy of sample n, zero-padded by p, planes Hp x Wp. */
-static void stage_sample(const dconv_geom *g, const ampc_tensor *x, int64_t n, float *xp, float *tmp) {
+/* The f32 copy of sample n of the input (through the call's batch norm
+ * prologue), zero-padded by p, planes Hp x Wp; tmp: a plane. */
+static void stage_sample(const dconv_geom *g, const ampc__op_call *c, int64_t n, float *xp, float *tmp) {
   memset(xp, 0, (size_t)(g->C * g->Hp * g->Wp) * sizeof(float));
   for (int64_t ch = 0; ch < g->C; ch++) {
     int64_t hw = g->H * g->W;
-    const float *src = cpu_load(x, (n * g->C + ch) * hw, (size_t)hw, tmp);
+    const float *src = cpu_load_input(c, (n * g->C + ch) * hw, (size_t)hw, ch, tmp);
     float *dst = xp + (ch * g->Hp + g->p) * g->Wp + g->p;
     for (int64_t iy = 0; iy < g->H; iy++) memcpy(dst + iy * g->Wp, src + iy * g->W, (size_t)g->W * sizeof(float));
   }
@@ -303,7 +304,7 @@ static dconv_kernels dconv_pick(const ampc__op_call *c) {
 
 ampc_status ampc__cpu_direct_fwd(const ampc__op_call *c) {
   dconv_geom g = dconv_geometry(c);
-  const ampc_tensor *x = &c->in[0], *y = &c->out;
+  const ampc_tensor *y = &c->out;
   const ampc_tensor *b = c->n_in > 2 && c->in[2].data ? &c->in[2] : NULL;
   int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads;
   if (ampc__cpu_direct_ws(c, nt) > c->ws_size) return ampc__error(AMPC_ESTATE, "conv2d: direct workspace too small");
@@ -317,7 +318,7 @@ ampc_status ampc__cpu_direct_fwd(const ampc__op_call *c) {
     float *const yb[4] = {xp + g.off_y0, xp + g.off_y1, xp + g.off_y2, xp + g.off_y3};
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t n = 0; n < g.N; n++) {
-      stage_sample(&g, x, n, xp, xp + g.off_xt);
+      stage_sample(&g, c, n, xp, xp + g.off_xt);
       k.fwd(&g, xp, wf, bias, yb, y, n);
     }
   }
@@ -327,7 +328,7 @@ ampc_status ampc__cpu_direct_fwd(const ampc__op_call *c) {
 /* The weight and bias gradients (stored or accumulated as the call says). */
 ampc_status ampc__cpu_direct_bwd_weights(const ampc__op_call *c) {
   dconv_geom g = dconv_geometry(c);
-  const ampc_tensor *x = &c->in[0], *dy = &c->dout, *dw = &c->din[1];
+  const ampc_tensor *dy = &c->dout, *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 && c->din[2].data ? &c->din[2] : NULL;
   int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads, nth_used = 1;
   size_t nw = (size_t)(g.O * g.C * 9);
@@ -343,7 +344,7 @@ ampc_status ampc__cpu_direct_bwd_weights(const ampc__op_call *c) {
     memset(part, 0, (nw + (size_t)g.O) * sizeof(float));
     memset(dys, 0, ((size_t)g.OHW + 32) * sizeof(float));
     for (int64_t n = tid; n < g.N; n += nth) {
-      if (dw->data) stage_sample(&g, x, n, xp, xp + g.off_xt);
+      if (dw->data) stage_sample(&g, c, n, xp, xp + g.off_xt);
       for (int64_t o = 0; o < g.O; o++) {
         /* staged even from f32: the taps read a little past the plane */
         ampc_load_f32(dys, dy->dtype, cpu_at(dy, (n * g.O + o) * g.OHW), (size_t)g.OHW);

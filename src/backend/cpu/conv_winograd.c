@@ -447,12 +447,17 @@ WG_VECTOR static void wg_deinterleave(const float *src, int64_t n, float *const 
 /* Rows [r0, r0 + nrow) of the w-wide planes of channels [c0, c0 + 8) of t
  * (channel c's plane at element (base + c) * plane; channels >= nch are
  * zero), 8-interleaved into dst, ld floats from row to row; bands: 8 planes'
- * bands of g->band, where 16-bit rows are converted. */
-static void wg_stage_rows(const wg_geom *g, const ampc_tensor *t, int64_t base, int64_t c0, int64_t nch, int64_t plane, int64_t r0,
-                          int64_t nrow, int64_t w, float *bands, float *dst, int64_t ld) {
+ * bands of g->band, where 16-bit rows are converted. pro: the call whose
+ * input t is, when it is read through a batch norm prologue (else NULL). */
+static void wg_stage_rows(const wg_geom *g, const ampc_tensor *t, const ampc__op_call *pro, int64_t base, int64_t c0, int64_t nch,
+                          int64_t plane, int64_t r0, int64_t nrow, int64_t w, float *bands, float *dst, int64_t ld) {
   const float *src[WG_VL];
-  for (int64_t k = 0; k < WG_VL; k++)
-    src[k] = c0 + k < nch ? cpu_load(t, (base + c0 + k) * plane + r0 * w, (size_t)(nrow * w), bands + k * g->band) : NULL;
+  for (int64_t k = 0; k < WG_VL; k++) {
+    int64_t at = (base + c0 + k) * plane + r0 * w;
+    size_t n = (size_t)(nrow * w);
+    float *b = bands + k * g->band;
+    src[k] = c0 + k >= nch ? NULL : pro ? cpu_load_input(pro, at, n, c0 + k, b) : cpu_load(t, at, n, b);
+  }
   for (int64_t r = 0; r < nrow; r++) {
     const float *row[WG_VL];
     for (int k = 0; k < WG_VL; k++) row[k] = src[k] ? src[k] + r * w : NULL;
@@ -464,13 +469,13 @@ static void wg_stage_rows(const wg_geom *g, const ampc_tensor *t, int64_t base, 
  * of channel c at element (base + c) * ih*iw of t; channels >= nch are zero)
  * as st[r][q][8]: row r is input row m*ty0 - pad + r, column q input column
  * q - pad, zero outside the plane. */
-static void wg_stage(const wg_geom *g, const ampc_tensor *t, int64_t base, int64_t c0, int64_t nch, int64_t ty0, int64_t ty1,
-                     float *st, float *bands) {
+static void wg_stage(const wg_geom *g, const ampc_tensor *t, const ampc__op_call *pro, int64_t base, int64_t c0, int64_t nch,
+                     int64_t ty0, int64_t ty1, float *st, float *bands) {
   int64_t rows = g->m * (ty1 - ty0) + 2, iy0 = g->m * ty0 - g->pad;
   int64_t lo = iy0 < 0 ? 0 : iy0, hi = iy0 + rows < g->ih ? iy0 + rows : g->ih;
   memset(st, 0, (size_t)(rows * g->scol * WG_VL) * sizeof(float));
   if (hi <= lo) return;
-  wg_stage_rows(g, t, base, c0, nch, g->ih * g->iw, lo, hi - lo, g->iw, bands, st + ((lo - iy0) * g->scol + g->pad) * WG_VL,
+  wg_stage_rows(g, t, pro, base, c0, nch, g->ih * g->iw, lo, hi - lo, g->iw, bands, st + ((lo - iy0) * g->scol + g->pad) * WG_VL,
                 g->scol * WG_VL);
 }
 
@@ -480,7 +485,7 @@ static void wg_stage_grad(const wg_geom *g, const ampc_tensor *dy, int64_t base,
                           float *bands) {
   int64_t yc = g->m * g->tw, oy0 = g->m * ty0, oy1 = g->m * ty1 < g->oh ? g->m * ty1 : g->oh;
   memset(st, 0, (size_t)(g->m * (ty1 - ty0) * yc * WG_VL) * sizeof(float));
-  wg_stage_rows(g, dy, base, c0, g->co, g->oh * g->ow, oy0, oy1 - oy0, g->ow, bands, st, yc * WG_VL);
+  wg_stage_rows(g, dy, NULL, base, c0, g->co, g->oh * g->ow, oy0, oy1 - oy0, g->ow, bands, st, yc * WG_VL);
 }
 
 /* ---- one convolution: in (N, ci, ih, iw) -> out (N, co, oh, ow) ---- */
@@ -490,6 +495,7 @@ typedef struct {
   const wg_layout *L;
   const wg_geom *g;
   const ampc_tensor *in, *out;
+  const ampc__op_call *pro; /* in is read through c's batch norm prologue (forward), or NULL */
   const float *bias; /* f32, co8 long, or NULL */
   int grad, acc;     /* store as a gradient (counted, added when acc) */
 } wg_conv;
@@ -531,7 +537,7 @@ static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V,
   size_t vstride = wg_pstride(tb * g->ci8), mstride = wg_pstride(tb * g->co8);
   WG_ITEMS(it, nbe * cib, {
     int64_t s = it / cib, c0 = (it % cib) * WG_VL;
-    wg_stage(g, a->in, (n0 + s) * g->ci, c0, g->ci, ty0, ty1, st, band);
+    wg_stage(g, a->in, a->pro, (n0 + s) * g->ci, c0, g->ci, ty0, ty1, st, band);
     wg_input_tiles(g, st, nty, V + s * bt * g->ci8 + c0, vstride, g->ci8);
   })
   WG_ITEMS(xi, g->np, {
@@ -657,7 +663,8 @@ ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
     ampc_load_f32(bias, b->dtype, b->data, (size_t)L.f.co);
   }
   const float *wf = wg_weight_f32(c, &L);
-  wg_conv a = {.c = c, .L = &L, .g = &L.f, .in = &c->in[0], .out = &c->out, .bias = bias, .grad = 0, .acc = 0};
+  wg_conv a = {.c = c, .L = &L, .g = &L.f, .in = &c->in[0], .out = &c->out, .pro = c->pro ? c : NULL, .bias = bias,
+               .grad = 0, .acc = 0};
 #pragma omp parallel num_threads(cpu_ctx(c)->nthreads)
   {
     int tid = omp_get_thread_num(), nth = omp_get_num_threads();
@@ -683,7 +690,7 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
   WG_ITEMS(it, nbe * (cib + cob), {
     int64_t s = it / (cib + cob), blk = it % (cib + cob);
     if (blk < cib) {
-      wg_stage(g, &c->in[0], (n0 + s) * C, blk * WG_VL, C, ty0, ty1, st, band);
+      wg_stage(g, &c->in[0], c->pro ? c : NULL, (n0 + s) * C, blk * WG_VL, C, ty0, ty1, st, band);
       wg_input_tiles(g, st, nty, V + s * bt * g->ci8 + blk * WG_VL, vstride, g->ci8);
     } else {
       int64_t o0 = (blk - cib) * WG_VL;
@@ -772,7 +779,7 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
   }
   if (need_dx) {
     const float *wf = wg_weight_f32(c, &L);
-    wg_conv a = {.c = c, .L = &L, .g = &L.d, .in = dy, .out = dx, .bias = NULL, .grad = 1, .acc = c->din_acc[0]};
+    wg_conv a = {.c = c, .L = &L, .g = &L.d, .in = dy, .out = dx, .pro = NULL, .bias = NULL, .grad = 1, .acc = c->din_acc[0]};
 #pragma omp parallel num_threads(cpu_ctx(c)->nthreads)
     {
       int tid = omp_get_thread_num(), nth = omp_get_num_threads();

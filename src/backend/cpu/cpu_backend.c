@@ -219,6 +219,7 @@ const ampc__backend ampc__backend_cpu = {
     .name = "cpu",
     .host_memory = 1,
     .sync_batchnorm = 1,
+    .conv_prologue = 1,
     .create = cpu_create,
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,

@@ -349,6 +349,18 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_bn_bwd(const ampc__op_call *c);
 size_t ampc__cpu_bn_ws(const ampc__op_call *c, int nthreads);
 size_t ampc__cpu_bn_aux_floats(const ampc__op_call *c);
+void ampc__cpu_bn_recompute(const float *x, size_t n, float scale, float shift, int relu, ampc_dtype t, float *y);
+
+/* A convolution's input: n values of channel ch from element i of in[0],
+ * as f32 -- through the batch norm the convolution applies as it loads
+ * (ampc__op_call.pro) into tmp, or as cpu_load gives them. */
+static inline const float *cpu_load_input(const ampc__op_call *c, int64_t i, size_t n, int64_t ch, float *tmp) {
+  const float *x = cpu_load(&c->in[0], i, n, tmp);
+  if (!c->pro) return x;
+  int64_t C = c->in[0].shape.d[1];
+  ampc__cpu_bn_recompute(x, n, c->pro[ch], c->pro[C + ch], c->pro_relu, c->pro_type, tmp);
+  return tmp;
+}
 ampc_status ampc__cpu_relu_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_relu_bwd(const ampc__op_call *c);
 ampc_status ampc__cpu_add_fwd(const ampc__op_call *c);

@@ -34,8 +34,11 @@ static bn_geom bn_geometry(const ampc__op_call *c) {
 size_t ampc__cpu_bn_aux_floats(const ampc__op_call *c) {
   size_t n = 2 * (size_t)c->in[0].shape.d[1] + 1; /* mean, inverse std, mode */
   if (c->attr.pool) n += ((size_t)ampc_shape_numel(&c->out.shape) + 3) / 4;
+  if (c->attr.nostore) n += 2 * (size_t)c->in[0].shape.d[1]; /* scale, shift: the convolutions' prologue */
   return n;
 }
+/* With nostore (no pool then): each channel's scale, then each one's shift. */
+static float *bn_scale_shift(const ampc__op_call *c, const bn_geom *g) { return c->aux + 2 * g->C + 1; }
 static unsigned char *bn_winners(const ampc__op_call *c, const bn_geom *g) {
   return (unsigned char *)(c->aux + 2 * g->C + 1);
 }
@@ -164,13 +167,39 @@ static void apply_rounded(const ampc__op_call *c, const float *x, size_t n, floa
   if (c->attr.pool) ampc__round_f32(c->out.dtype, y, n); /* pooled as the unfused graph pools: after rounding */
 }
 
+/* What the batch norm stores, x * scale + shift through its ReLU, rounded to
+ * type t as storing rounds it: also the prologue of the convolutions after a
+ * batch norm that stores nothing (ampc__op_call.pro), the same code on the
+ * same values, so the fused graph's bits are the plain one's. x may be y. */
+void ampc__cpu_bn_recompute(const float *x, size_t n, float scale, float shift, int relu, ampc_dtype t, float *y) {
+  plane_apply(x, n, scale, shift, relu, y);
+  if (t != AMPC_DTYPE_F32) ampc__round_f32(t, y, n);
+}
+
+/* The output's values [off, off + n) (within a plane, or whole planes) as
+ * f32: loaded, or where nothing was stored (nostore) computed again from x
+ * as forward would have stored them. */
+static const float *bn_out(const ampc__op_call *c, const bn_geom *g, int64_t off, size_t n, float *ys) {
+  if (!c->attr.nostore) return cpu_load(&c->out, off, n, ys);
+  const float *x = cpu_load(&c->in[0], off, n, ys), *ss = bn_scale_shift(c, g);
+  for (size_t i = 0; i < n;) {
+    int64_t e = off + (int64_t)i, ch = e / g->HW % g->C;
+    size_t len = (size_t)(g->HW - e % g->HW);
+    if (len > n - i) len = n - i;
+    ampc__cpu_bn_recompute(x + i, len, ss[ch], ss[g->C + ch], c->attr.relu, c->out.dtype, ys + i);
+    i += len;
+  }
+  return ys;
+}
+
 /* dy of one plane. With a fused ReLU it is masked where the output is not
  * positive, in place: the output's gradient is dead after this backward, so
  * the first pass leaves the masked values for the second. Masking is exact in
  * every storage type. */
 static const float *load_dy(const ampc__op_call *c, int64_t off, size_t n, float *dys, float *ys, int mask) {
   if (!c->attr.relu || !mask) return cpu_load(&c->dout, off, n, dys);
-  const float *y = cpu_load(&c->out, off, n, ys);
+  bn_geom g = bn_geometry(c);
+  const float *y = bn_out(c, &g, off, n, ys);
   float *d = c->dout.dtype == AMPC_DTYPE_F32 ? (float *)c->dout.data + off : dys;
   if (d == dys) ampc_load_f32(dys, c->dout.dtype, cpu_at(&c->dout, off), n);
   ampc__cpu_relu_mask(y, d, n, d);
@@ -182,7 +211,8 @@ static const float *load_dy(const ampc__op_call *c, int64_t off, size_t n, float
  * tensor itself when it is f32 and there is nothing to mask. */
 static const float *cache_dy(const ampc__op_call *c, int64_t off, size_t n, float *d, float *ys) {
   if (!c->attr.relu) return cpu_load(&c->dout, off, n, d);
-  const float *y = cpu_load(&c->out, off, n, ys);
+  bn_geom g = bn_geometry(c);
+  const float *y = bn_out(c, &g, off, n, ys);
   ampc_load_f32(d, c->dout.dtype, cpu_at(&c->dout, off), n);
   ampc__cpu_relu_mask(y, d, n, d);
   return d;
@@ -209,7 +239,7 @@ static void bn_prefetch_bwd(const ampc__op_call *c, const bn_geom *g, int64_t pl
   cpu_prefetch(&c->in[0], pl * g->HW, (size_t)g->HW, 0);
   int64_t n = c->attr.pool ? g->PHW : g->HW;
   cpu_prefetch(&c->dout, pl * n, (size_t)n, 0);
-  if (c->attr.relu) cpu_prefetch(&c->out, pl * n, (size_t)n, 0);
+  if (c->attr.relu && !c->attr.nostore) cpu_prefetch(&c->out, pl * n, (size_t)n, 0);
   if (c->attr.pool) cpu_prefetch_bytes(bn_winners(c, g) + pl * g->PHW, (size_t)g->PHW, 0);
 }
 
@@ -226,6 +256,18 @@ static float param_at(const ampc_tensor *t, int64_t i) {
   float v;
   ampc_load_f32(&v, t->dtype, cpu_at(t, i), 1);
   return v;
+}
+
+/* With nostore: each channel's scale and shift as bn_apply computes them,
+ * for the convolutions that apply them (after forward's statistics). */
+static void bn_keep_scale_shift(const ampc__op_call *c, const bn_geom *g) {
+  const float *mean_s = c->aux, *invstd_s = c->aux + g->C;
+  float *ss = bn_scale_shift(c, g);
+  for (int64_t ch = 0; ch < g->C; ch++) {
+    float scale = param_at(&c->in[1], ch) * invstd_s[ch], shift = param_at(&c->in[2], ch) - mean_s[ch] * scale;
+    ss[ch] = scale;
+    ss[g->C + ch] = shift;
+  }
 }
 
 /* Channel ch's mean and inverse std into the saved state: in training from
@@ -313,6 +355,7 @@ static void bn_fwd_by_sample(const ampc__op_call *c, const bn_geom *gp) {
     scale[ch] = param_at(&c->in[1], ch) * invstd_s[ch];
     shift[ch] = param_at(&c->in[2], ch) - mean_s[ch] * scale[ch];
   }
+  if (c->attr.nostore) return; /* ampc__cpu_bn_fwd keeps the scales and shifts */
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t n = 0; n < g.N; n++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *ys = xs + CHW, *ps = ys + 3 * CHW;
@@ -336,7 +379,7 @@ static const float *sample_dy(const ampc__op_call *c, const bn_geom *g, int64_t 
   if (!c->attr.pool) {
     const float *dy = cpu_load(&c->dout, n * CHW, (size_t)CHW, d);
     if (!c->attr.relu) return dy;
-    ampc__cpu_relu_mask(cpu_load(&c->out, n * CHW, (size_t)CHW, ys), dy, (size_t)CHW, d);
+    ampc__cpu_relu_mask(bn_out(c, g, n * CHW, (size_t)CHW, ys), dy, (size_t)CHW, d);
     return d;
   }
   const float *dy = cpu_load(&c->dout, n * CP, (size_t)CP, pt);
@@ -444,8 +487,9 @@ static ampc_status bn_fwd_sync(const ampc__op_call *c) {
     invstd_s[ch] = invstd;
     rm[ch] = (1.0f - mom) * rm[ch] + mom * mean;
     rv[ch] = (1.0f - mom) * rv[ch] + mom * (float)(sq / (count - 1));
-    bn_apply(c, &g, ch, mean, invstd, NULL, xs, ys);
+    if (!c->attr.nostore) bn_apply(c, &g, ch, mean, invstd, NULL, xs, ys);
   }
+  if (c->attr.nostore) bn_keep_scale_shift(c, &g);
   c->aux[2 * g.C] = 1.0f;
   if (c->n_in > 5 && c->in[5].data) ((int64_t *)c->in[5].data)[0] += 1;
   return AMPC_OK;
@@ -460,7 +504,7 @@ static void bn_fwd_by_channel(const ampc__op_call *c, const bn_geom *gp) {
   const float *mean_s = c->aux, *invstd_s = c->aux + g.C;
   size_t shared = 64, per = bn_per_thread(c, &g);
   int64_t count = g.N * g.HW;
-  int cache = bn_cache(c, &g) && x->dtype != AMPC_DTYPE_F32;
+  int cache = bn_cache(c, &g) && x->dtype != AMPC_DTYPE_F32 && !c->attr.nostore;
 #pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *ys = xs + 2 * g.HW, *xc = xs + 4 * g.HW;
@@ -479,7 +523,7 @@ static void bn_fwd_by_channel(const ampc__op_call *c, const bn_geom *gp) {
       }
     }
     bn_channel_stats(c, g.C, ch, k0, sum, sq, count);
-    bn_apply(c, &g, ch, mean_s[ch], invstd_s[ch], cache && c->training ? xc : NULL, xs, ys);
+    if (!c->attr.nostore) bn_apply(c, &g, ch, mean_s[ch], invstd_s[ch], cache && c->training ? xc : NULL, xs, ys);
   }
 }
 
@@ -490,10 +534,12 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
   if (c->attr.pool && (c->out.shape.d[2] != g.H / 2 || c->out.shape.d[3] != g.W / 2))
     return ampc__error(AMPC_EINVAL, "batchnorm2d: a fused pool's output must be half the input's size");
   if (c->training && count < 2) return ampc__error(AMPC_EINVAL, "batchnorm2d: training needs more than one value per channel (got %lld)", (long long)count);
+  if (c->attr.nostore && c->attr.pool) return ampc__error(AMPC_EINVAL, "batchnorm2d: a fused pool needs the output stored");
   if (bn_by_sample(c, &g))
     bn_fwd_by_sample(c, &g);
   else
     bn_fwd_by_channel(c, &g);
+  if (c->attr.nostore) bn_keep_scale_shift(c, &g);
   c->aux[2 * g.C] = c->training ? 1.0f : 0.0f; /* which statistics backward differentiates */
   if (c->training && c->n_in > 5 && c->in[5].data) ((int64_t *)c->in[5].data)[0] += 1;
   return AMPC_OK;

@@ -150,6 +150,7 @@ static ampc_status gd_run(ampc__device *d, const ampc__op_call *c, int backward)
   open_tensor(g, &c->dout);
   open_range(g, c->aux, ampc__backend_cpu.aux_floats(g->cpu, c) * sizeof(float));
   open_range(g, c->ws, c->ws_size);
+  if (c->pro) open_range(g, c->pro, 2 * (size_t)c->in[0].shape.d[1] * sizeof(float));
   RUN(ampc__backend_cpu.run(g->cpu, c, backward));
 }
 static size_t gd_workspace(ampc__device *d, const ampc__op_call *c) { return ampc__backend_cpu.workspace(G(d)->cpu, c); }
@@ -201,6 +202,7 @@ const ampc__backend ampc__backend_cpu_guarded = {
     .name = "cpu-guarded",
     .host_memory = 0,
     .sync_batchnorm = 1,
+    .conv_prologue = 1,
     .create = gd_create,
     .destroy = gd_destroy,
     .alloc = gd_alloc,
