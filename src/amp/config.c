@@ -396,8 +396,14 @@ int ampc_amp_config_describe(const ampc_amp_config *c, char *buf, size_t len) {
   switch (c->opt_level) {
   case AMPC_OPT_O0: put(&b, "O0 (pure f32 training):"); break;
   case AMPC_OPT_O1: put(&b, "O1 (%s casts around ops by the autocast policy, f32 weights):", h); break;
-  case AMPC_OPT_O2: put(&b, "O2 (%s training with f32 batchnorm and f32 master weights):", h); break;
-  case AMPC_OPT_O3: put(&b, "O3 (pure %s training):", h); break;
+  case AMPC_OPT_O2:
+  case AMPC_OPT_O3: /* what the level is with its overrides: O2's defaults, O3's, or a mix */
+    if (c->keep_batchnorm_fp32 != 1 && c->master_weights != 1)
+      put(&b, "O%d (pure %s training):", c->opt_level == AMPC_OPT_O2 ? 2 : 3, h);
+    else
+      put(&b, "O%d (%s training with %s batchnorm and %s master weights):", c->opt_level == AMPC_OPT_O2 ? 2 : 3, h,
+          c->keep_batchnorm_fp32 == 1 ? "f32" : h, c->master_weights == 1 ? "f32" : "no");
+    break;
   default: put(&b, "O? (invalid level %d):", (int)c->opt_level); break;
   }
   int f32_model = c->cast_model_type == AMPC_DTYPE_F32;
@@ -410,7 +416,8 @@ int ampc_amp_config_describe(const ampc_amp_config *c, char *buf, size_t len) {
       f32_model && c->master_weights == 1 ? "(no effect: f32 model)" : "");
   if (c->loss_scale_dynamic) {
     put(&b, " loss_scale=dynamic");
-    put_scale(&b, "init_scale", c->loss_scale);
+    /* the scale the first step runs with: the ceiling bounds it (apex: min(max_loss_scale, 2^16)) */
+    put_scale(&b, "init_scale", c->loss_scale < c->max_loss_scale ? c->loss_scale : c->max_loss_scale);
   } else {
     put_scale(&b, "loss_scale", c->loss_scale);
   }

@@ -252,6 +252,31 @@ if [ -w /dev/full ] && [ -c /dev/full ]; then
   [ -c /dev/full ] && ok "/dev/full is still a device" || bad "/dev/full was replaced"
 fi
 
+# --- an epoch's last batches: a step of accumulated micro-batches is applied even when the
+#     last batch is too small to train on; one image trains a model without batch norm ---------
+steps_of() { sed -n 's/.* \([0-9]*\) steps (.*/\1/p' "$1" | tail -1; }
+acc=(--train-limit 385 --test-limit 64 --batch-size 128 --epochs 2 --grad-accum 2 --threads 1 --lr 0.01)
+"$ampc" train --model mlp "${acc[@]}" > /dev/null 2> "$dir/acc_mlp.txt"
+"$ampc" train --model cnn "${acc[@]}" --metrics "$dir/acc_cnn.jsonl" --log-every 1 --opt-level O2 > /dev/null 2> "$dir/acc_cnn.txt"
+"$ampc" train --model mlp --train-limit 129 --test-limit 64 --batch-size 128 --epochs 1 --threads 1 > /dev/null 2> "$dir/one.txt"
+a1=$(steps_of "$dir/acc_mlp.txt"); a2=$(steps_of "$dir/acc_cnn.txt"); a3=$(steps_of "$dir/one.txt")
+if [ "$a1" = 4 ] && [ "$a2" = 4 ] && [ "$a3" = 2 ]; then
+  ok "385 images, batches of 128 x 2 micro-batches: 2 steps an epoch (mlp and cnn); 129 images: 2 steps for the mlp"
+else bad "last batches: mlp $a1, cnn $a2 steps of 4; 129 images: $a3 of 2 ($(tail -1 "$dir/acc_cnn.txt"))"; fi
+# ... the metrics count the f32 master gradients accumulation makes at O2, and every step
+# record has the gradient norm (no clipping asked for)
+cat > "$dir/acc_check.py" <<'EOF'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+ep = [r for r in recs if "epoch" in r and "memory" in r]
+st = [r for r in recs if "step" in r and "epoch" not in r]
+assert ep and all(r["memory"]["gradients"].get("f32", 0) > 0 for r in ep), [r["memory"]["gradients"] for r in ep]
+assert st and all("grad_norm" in r and r["grad_norm"] > 0 for r in st if not r["skipped"]), st
+EOF
+if python3 "$dir/acc_check.py" "$dir/acc_cnn.jsonl"; then
+  ok "O2 with --grad-accum: the metrics' gradients count the f32 master gradients; step records carry grad_norm"
+else bad "metrics of an O2 run with --grad-accum: $(head -c 600 "$dir/acc_cnn.jsonl")"; fi
+
 # --- ampc help COMMAND is that command's help -----------------------------------------------
 if "$ampc" help train 2>&1 | grep -q "^usage: ampc train" && "$ampc" help export 2>&1 | grep -q "^usage: ampc export"; then
   ok "ampc help train / export print those commands' help"

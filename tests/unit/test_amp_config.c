@@ -337,7 +337,7 @@ TEST(describe_line) {
   CHECK(n > 0 && (size_t)n == strlen(line));
   CHECK(!strchr(line, '\n'));
   static const char *const want[] = {
-      "O2 (f16 training with f32 batchnorm and f32 master weights):", " half_type=f16", " cast_model_type=f16",
+      "O2 (f16 training with f32 batchnorm and no master weights):", " half_type=f16", " cast_model_type=f16",
       " autocast=off", " keep_batchnorm_fp32=on", " master_weights=off", " loss_scale=dynamic", " init_scale=65536",
       " min_loss_scale=1 ", " max_loss_scale=16777216", " scale_window=2000", " growth_factor=2",
       " backoff_factor=0.5", " hysteresis=1", " consecutive_hysteresis=off", " num_losses=1",
@@ -364,6 +364,20 @@ TEST(describe_line) {
   ampc_amp_config_describe(&c, line, sizeof line);
   CHECK_MSG(strstr(line, "O3 (pure bf16 training):"), "%s", line);
   CHECK_MSG(strstr(line, "; overrides: none"), "%s", line);
+  /* the headline says what the overrides make of the level; the first
+   * step's scale is bounded by the ceiling */
+  CHECK_OK(ampc_amp_config_set(&c, "master_weights", "true"));
+  ampc_amp_config_describe(&c, line, sizeof line);
+  CHECK_MSG(strstr(line, "O3 (bf16 training with bf16 batchnorm and f32 master weights):"), "%s", line);
+  c = cfg(AMPC_OPT_O2, AMPC_DTYPE_F16);
+  CHECK_OK(ampc_amp_config_set(&c, "keep_batchnorm_fp32", "false"));
+  CHECK_OK(ampc_amp_config_set(&c, "master_weights", "false"));
+  CHECK_OK(ampc_amp_config_set(&c, "max_loss_scale", "1024"));
+  ampc_amp_config_describe(&c, line, sizeof line);
+  CHECK_MSG(strstr(line, "O2 (pure f16 training):") && strstr(line, " init_scale=1024 "), "%s", line);
+  c = cfg(AMPC_OPT_O2, AMPC_DTYPE_F16);
+  ampc_amp_config_describe(&c, line, sizeof line);
+  CHECK_MSG(strstr(line, "O2 (f16 training with f32 batchnorm and f32 master weights):"), "%s", line);
   c = cfg(AMPC_OPT_O1, AMPC_DTYPE_F16);
   ampc_amp_config_describe(&c, line, sizeof line);
   CHECK_MSG(strstr(line, "O1 (f16 casts around ops") && strstr(line, " autocast=on") && strstr(line, " master_weights=n/a"),

@@ -250,7 +250,7 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
     out[n++] = (cli_opt){"--half", OPT_STRING, &c->half, "f16|bf16", "the 16-bit type (default f16)", 0, NULL};
   }
   if (groups & CLI_OPTS_STEP)
-    out[n++] = (cli_opt){"--loss-scale", OPT_STRING, &c->loss_scale, "dynamic|N", "loss scale (default: the opt level's)", 0, NULL};
+    out[n++] = (cli_opt){"--loss-scale", OPT_STRING, &c->loss_scale, "dynamic|N", "loss scale (default: dynamic at O1 and O2 with f16; 1 at O0, O3 and with bf16)", 0, NULL};
   if (groups & CLI_OPTS_PRECISION)
     out[n++] = (cli_opt){"--keep-batchnorm-fp32", OPT_STRING, &c->keep_bn_fp32, "on|off", "batch norm parameters in fp32", 0, &c->keep_bn_fp32_given};
   if (!(groups & CLI_OPTS_STEP)) return n;
@@ -258,7 +258,7 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
   out[n++] = (cli_opt){"--min-loss-scale", OPT_STRING, &c->min_loss_scale, "X", "floor of the dynamic scale", 0, NULL};
   out[n++] = (cli_opt){"--max-loss-scale", OPT_STRING, &c->max_loss_scale, "X", "ceiling of the dynamic scale (default 2^24)", 0, NULL};
   out[n++] = (cli_opt){"--scale-window", OPT_STRING, &c->scale_window, "N", "clean steps before the scale grows (default 2000)", 0, NULL};
-  out[n++] = (cli_opt){"--hysteresis", OPT_STRING, &c->hysteresis, "N", "overflows tolerated before backing off (default 1)", 0, NULL};
+  out[n++] = (cli_opt){"--hysteresis", OPT_STRING, &c->hysteresis, "N", "the scale backs off at the N-th overflow since it last grew (default 1: at every one)", 0, NULL};
   out[n++] = (cli_opt){"--stochastic-rounding", OPT_FLAG, &c->stochastic_rounding, NULL, "round half weight updates stochastically (no masters)", 0, NULL};
   out[n++] = (cli_opt){"--clip-grad-norm", OPT_FLOAT, &c->clip_grad_norm, "X", "clip the global gradient norm to X > 0", 0, &c->clip_given};
   out[n++] = (cli_opt){"--grad-accum", OPT_INT, &c->grad_accum, "N", "micro-batches per optimizer step, 1..the batches of an epoch (default 1)", 1, NULL};

@@ -309,6 +309,9 @@ int cmd_train(int argc, char **argv) {
   ampc_amp_set_loss_weight(s.amp, 1.0f / (float)accum);
   ampc_amp_set_grad_stats(s.amp, a.c.amp_report);
   int is_static = !s.amp_cfg.loss_scale_dynamic;
+  int min_batch = 1; /* the samples a rank's batch needs: two with batch norm in the model */
+  for (size_t i = 0; i < ampc_graph_value_count(s.g); i++)
+    if (ampc_graph_op(s.g, (ampc_value)i) == AMPC_OP_BATCHNORM2D) min_batch = 2;
   double rec_loss = 0.0; /* the steps since the last step record */
   int64_t rec_steps = 0;
   long long inf_step = -1, diverge_step = -1, fail_step = -1;
@@ -352,63 +355,69 @@ int cmd_train(int argc, char **argv) {
       int64_t gn = ampc_loader_global_samples(ld, b); /* over all the ranks */
       if (W == 1 && got == 0) break;
       b++;
-      /* batch norm needs two samples (on every rank: the ranks decide alike) */
-      if (gn < 2 * W && ampc_graph_max_batch(s.g) > 1) continue;
-      if (fail_hook && ts.step + 1 == fail_step) {
-        cli_error("step %lld: failing on purpose (AMPC_TEST_FAIL_AT)", (long long)ts.step + 1);
-        cli_dist_abort(1);
-        rc = 1;
-        break;
-      }
-      if (inf_hook && ts.step + 1 == inf_step) {
-        float inf = INFINITY; /* the test hook: this rank's batch gets an infinite pixel */
-        ampc_store_f32(lo.dtype, in.x, &inf, 1);
-      }
-      /* each rank's mean loss weighted by its share of the global batch, so
-       * that the ranks' average is the global batch's mean */
-      ampc_amp_set_loss_weight(s.amp, (float)(1.0 / accum * (W > 1 ? (double)W * got / (double)gn : 1.0)));
-      int last_micro = micro + 1 >= accum || b >= nb;
-      /* the epoch's second step measures what the all-reduce costs alone
-       * (after backward, the ranks lined up), the yardstick of what overlap
-       * hides in the others (the run's first pays for MPI's connections) */
-      int calibrate = W > 1 && last_micro && comm_alone < 0 && steps_here == 1;
-      ampc_amp_set_no_sync(s.amp, !last_micro || calibrate); /* the step's last micro-batch reduces them all */
-      float l = 0.0f;
-      if (ampc_graph_set_batch(s.g, got) < 0 || ampc_graph_write(s.g, xv, in.x, lo.dtype) < 0 ||
-          ampc_graph_write(s.g, yv, in.y, AMPC_DTYPE_I32) < 0 || ampc_amp_forward(s.amp, 1) < 0 ||
-          ampc_amp_backward(s.amp, lossv, 0, micro > 0) < 0 || ampc_graph_read(s.g, lossv, &l, AMPC_DTYPE_F32) < 0) {
-        rank_failed();
-        rc = 1;
-        break;
-      }
-      if (W == 1) {
-        ts.loss_sum += (double)l * got;
-        ts.seen += got;
-        seen_here += got;
-      }
-      step_lsum += (double)l * got;
-      step_n += got;
-      step_loss_sum += (double)l;
-      micro++;
-      if (!last_micro) continue;
-      if (calibrate) {
-        ampc_amp_comm_stats keep;
-        ampc_amp_get_comm_stats(s.amp, &keep, 1);
-        comm_kept.steps += keep.steps;
-        comm_kept.bytes += keep.bytes;
-        comm_kept.seconds += keep.seconds;
-        comm_kept.exposed_seconds += keep.exposed_seconds;
-        double line_up = 0.0;
-        int bad = ampc_comm_allreduce_host(comm, &line_up, 1, AMPC_COMM_SUM) < 0;
-        double t_alone = cli_now();
-        if (bad || ampc_amp_sync_grads(s.amp) < 0) {
+      /* a batch too small to train on (batch norm needs two samples a rank,
+       * anything else one; on every rank: the ranks decide alike) is left
+       * out; it still ends the epoch's last step when micro-batches of it are
+       * waiting (--grad-accum), which is then applied without it */
+      int short_batch = gn < min_batch * W && ampc_graph_max_batch(s.g) > 1;
+      if (short_batch && micro == 0) continue;
+      if (!short_batch) {
+        if (fail_hook && ts.step + 1 == fail_step) {
+          cli_error("step %lld: failing on purpose (AMPC_TEST_FAIL_AT)", (long long)ts.step + 1);
+          cli_dist_abort(1);
+          rc = 1;
+          break;
+        }
+        if (inf_hook && ts.step + 1 == inf_step) {
+          float inf = INFINITY; /* the test hook: this rank's batch gets an infinite pixel */
+          ampc_store_f32(lo.dtype, in.x, &inf, 1);
+        }
+        /* each rank's mean loss weighted by its share of the global batch, so
+         * that the ranks' average is the global batch's mean */
+        ampc_amp_set_loss_weight(s.amp, (float)(1.0 / accum * (W > 1 ? (double)W * got / (double)gn : 1.0)));
+        int last_micro = micro + 1 >= accum || b >= nb;
+        /* the epoch's second step measures what the all-reduce costs alone
+         * (after backward, the ranks lined up), the yardstick of what overlap
+         * hides in the others (the run's first pays for MPI's connections) */
+        int calibrate = W > 1 && last_micro && comm_alone < 0 && steps_here == 1;
+        ampc_amp_set_no_sync(s.amp, !last_micro || calibrate); /* the step's last micro-batch reduces them all */
+        float l = 0.0f;
+        if (ampc_graph_set_batch(s.g, got) < 0 || ampc_graph_write(s.g, xv, in.x, lo.dtype) < 0 ||
+            ampc_graph_write(s.g, yv, in.y, AMPC_DTYPE_I32) < 0 || ampc_amp_forward(s.amp, 1) < 0 ||
+            ampc_amp_backward(s.amp, lossv, 0, micro > 0) < 0 || ampc_graph_read(s.g, lossv, &l, AMPC_DTYPE_F32) < 0) {
           rank_failed();
           rc = 1;
           break;
         }
-        comm_alone = cli_now() - t_alone;
-        ampc_amp_get_comm_stats(s.amp, &keep, 1); /* not an overlapped step's */
-        comm_alone_bytes = keep.bytes;
+        if (W == 1) {
+          ts.loss_sum += (double)l * got;
+          ts.seen += got;
+          seen_here += got;
+        }
+        step_lsum += (double)l * got;
+        step_n += got;
+        step_loss_sum += (double)l;
+        micro++;
+        if (!last_micro) continue;
+        if (calibrate) {
+          ampc_amp_comm_stats keep;
+          ampc_amp_get_comm_stats(s.amp, &keep, 1);
+          comm_kept.steps += keep.steps;
+          comm_kept.bytes += keep.bytes;
+          comm_kept.seconds += keep.seconds;
+          comm_kept.exposed_seconds += keep.exposed_seconds;
+          double line_up = 0.0;
+          int bad = ampc_comm_allreduce_host(comm, &line_up, 1, AMPC_COMM_SUM) < 0;
+          double t_alone = cli_now();
+          if (bad || ampc_amp_sync_grads(s.amp) < 0) {
+            rank_failed();
+            rc = 1;
+            break;
+          }
+          comm_alone = cli_now() - t_alone;
+          ampc_amp_get_comm_stats(s.amp, &keep, 1); /* not an overlapped step's */
+          comm_alone_bytes = keep.bytes;
+        }
       }
       double step_loss = step_loss_sum / (double)micro;
       if (W > 1) {
@@ -489,7 +498,7 @@ int cmd_train(int argc, char **argv) {
         json_object_set_new(o, "loss_scale", json_real(info.scale));
         json_object_set_new(o, "skipped", json_boolean(!info.applied));
         json_object_set_new(o, "lr", json_real(lr));
-        if (a.c.clip_grad_norm > 0) json_object_set_new(o, "grad_norm", json_real(info.grad_norm));
+        if (isfinite(info.grad_norm)) json_object_set_new(o, "grad_norm", json_real(info.grad_norm)); /* (not on an overflow) */
         if (W > 1) json_object_set_new(o, "world_size", json_integer(W));
         write_record(mf, o);
         rec_loss = 0.0;
@@ -622,6 +631,7 @@ int cmd_train(int argc, char **argv) {
         json_object_set_new(o, "comm_hidden_fraction", json_real(comm_hidden));
         json_object_set_new(o, "comm_bytes_per_step", json_real(comm_bytes));
       }
+      ampc_amp_memory(s.amp, &mem); /* with what the steps made (accumulation's f32 master gradients) */
       json_object_set_new(o, "memory", cli_memory_json(&mem));
       if (a.c.amp_report) {
         json_object_set_new(o, "grad_half_values", json_integer(st.values));
