@@ -15,6 +15,10 @@
 #   kill -9 of mpirun leaves no rank behind and resume continues from the
 #   last checkpoint
 # - ampc bench under mpirun reports the all-reduce; metrics carry world_size
+# - ranks started with different options (MPMD) are refused once, naming the
+#   option (or the rank whose command line has an error); a last global batch
+#   of fewer images than ranks is left out (batches of 1), one of 3 images
+#   trains as it does in one process
 #   bash mpi.sh <path to ampc> <scratch dir>
 set -u
 ampc="$1"; dir="$2"
@@ -228,4 +232,30 @@ if "${MPI[@]}" "$ampc" bench --model cnn --batch-size 32 --steps 2 --threads 1 -
 else
   bad "bench under mpirun: $(cat "$dir/bench.json" "$dir/bench.err")"
 fi
+
+# --- ranks started alike, and short last batches (each rank needs an image) --------------------
+C=(--model mlp --epochs 1 --batch-size 64 --threads 1 --test-limit 100 --quiet --train-limit 640)
+for extra in "--epochs 2" "--seed 7" "--zero 1"; do
+  mpirun --allow-run-as-root --oversubscribe -np 1 "$ampc" train "${C[@]}" : -np 1 "$ampc" train "${C[@]}" $extra > /dev/null 2> "$dir/mm.err"
+  rc=$?; o=${extra%% *}
+  if [ $rc = 2 ] && [ "$(grep -c "^ampc: error: $o is not the same on every rank" "$dir/mm.err")" = 1 ]; then ok "ranks started with $o differing: refused once, exit 2"
+  else bad "ranks started with $extra differing: exit $rc, $(head -2 "$dir/mm.err")"; fi
+done
+mpirun --allow-run-as-root --oversubscribe -np 1 "$ampc" train "${C[@]}" : -np 1 "$ampc" train "${C[@]}" --bogus > /dev/null 2> "$dir/mm.err"
+rc=$?
+if [ $rc = 2 ] && grep -q "^ampc: error: the ranks were started with different command lines: rank 1's has an error" "$dir/mm.err"; then
+  ok "one rank's command line has an error: refused, naming the rank"
+else bad "one rank's bad command line: exit $rc, $(head -2 "$dir/mm.err")"; fi
+# 999 images in batches of 2 x 1: the last global batch (1 image) would leave rank 1 none
+timeout 300 "${MPI[@]}" "$ampc" train --model mlp --epochs 2 --train-limit 999 --test-limit 50 --batch-size 1 --threads 1 > /dev/null 2> "$dir/b1.err"
+rc=$?
+if [ $rc = 0 ] && grep -q " 998 steps " "$dir/b1.err"; then ok "batches of 2 x 1 over 999 images: the 1-image last batch is left out, 998 steps"
+else bad "batches of 1 with an uneven image count: exit $rc, $(tail -2 "$dir/b1.err")"; fi
+# 1283 images: the last global batch (3 images, 1 and 2 a rank) trains, as in one process
+L=(--model mlp --epochs 1 --test-limit 50 --quiet --seed 3 --optimizer sgd --lr 0.1 --threads 1 --train-limit 1283)
+"$ampc" train "${L[@]}" --batch-size 128 --save "$dir/lb1.st" > /dev/null 2>&1
+"${MPI[@]}" "$ampc" train "${L[@]}" --batch-size 64 --save "$dir/lb2.st" > /dev/null 2>&1
+e=$(stcmp "$dir/lb1.st" "$dir/lb2.st" | err)
+if [ -n "$e" ] && le "$e" 1e-5; then ok "a last batch of 3 images: 2 ranks x 64 = one process at 128 (max relative difference $e)"
+else bad "a last batch of 3 images: 2 ranks against one: $e"; fi
 finish

@@ -157,6 +157,8 @@ int cmd_bench(int argc, char **argv) {
   int pr = cli_parse("bench", "[--model M] [options]", opts, argc, argv);
   ampc_amp_config acfg;
   if (!pr) pr = cli_common_check(&c, &acfg);
+  pr = cli_dist_parse_agree(pr);
+  if (!pr && !cli_dist_same_options(opts)) pr = -1;
   cli_dist_error_mode(W > 1 ? CLI_ERRORS_HOLD : CLI_ERRORS_ALL);
   if (pr) return pr > 0 ? 0 : pr == -2 ? 1 : 2;
   /* data-parallel (mpirun): each rank its share of the cores, its own batch */

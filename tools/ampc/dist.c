@@ -1,6 +1,7 @@
 #include "dist.h"
 
 #include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,4 +112,88 @@ void cli_dist_abort(int code) {
   fflush(stdout);
   fflush(stderr);
   ampc_comm_abort(comm, code);
+}
+
+/* MIN and MAX of n values over the ranks (lo, hi); -1 where the collective fails. */
+static int min_max(const double *v, double *lo, double *hi, size_t n) {
+  memcpy(lo, v, n * sizeof *v);
+  memcpy(hi, v, n * sizeof *v);
+  if (ampc_comm_allreduce_host(comm, lo, n, AMPC_COMM_MIN) < 0 || ampc_comm_allreduce_host(comm, hi, n, AMPC_COMM_MAX) < 0) {
+    cli_lib_error(NULL);
+    return -1;
+  }
+  return 0;
+}
+
+int cli_dist_parse_agree(int pr) {
+  if (cli_dist_size() < 2) return pr;
+  double v[2] = {pr, pr < 0 ? cli_dist_rank() : cli_dist_size()}, lo[2], hi[2];
+  if (min_max(v, lo, hi, 2) < 0) return -1;
+  if (lo[0] == hi[0]) return pr;
+  if (cli_dist_root() && lo[0] < 0)
+    cli_error("the ranks were started with different command lines: rank %d's has an error (run it alone to see it); start "
+              "every rank with the same options", (int)lo[1]);
+  else if (cli_dist_root())
+    cli_error("the ranks were started with different command lines: one asks for --help; start every rank with the same options");
+  return -1;
+}
+
+/* FNV-1a, folded to 52 bits (a double holds it exactly) */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
+  return h;
+}
+
+int cli_dist_same_options(const cli_opt *opts) {
+  if (cli_dist_size() < 2) return 1;
+  enum { MAX_OPTS = 160 };
+  double v[MAX_OPTS + 1], lo[MAX_OPTS + 1], hi[MAX_OPTS + 1];
+  int n = 0;
+  while (opts[n].name && n < MAX_OPTS) n++;
+  v[0] = n; /* (another build's table) */
+  for (int i = 0; i < n; i++) {
+    const cli_opt *o = &opts[i];
+    uint64_t h = 14695981039346656037ull;
+    int local = (o->meta && (strstr(o->meta, "FILE") || strstr(o->meta, "DIR"))) || !strcmp(o->name, "--threads") ||
+                !strcmp(o->name, "--quiet");
+    if (!local) switch (o->kind) {
+        case OPT_FLAG:
+        case OPT_INT:
+        case OPT_ONOFF: h = fnv(h, o->dest, sizeof(int)); break;
+        case OPT_I64: h = fnv(h, o->dest, sizeof(int64_t)); break;
+        case OPT_FLOAT: h = fnv(h, o->dest, sizeof(float)); break;
+        case OPT_STRING: {
+          const char *s = *(const char *const *)o->dest;
+          h = s ? fnv(h, s, strlen(s) + 1) : fnv(h, "", 0) + 1;
+          break;
+        }
+      }
+    v[i + 1] = (double)(h >> 12);
+  }
+  if (min_max(v, lo, hi, (size_t)n + 1) < 0) return 0;
+  if (lo[0] != hi[0]) {
+    cli_error("the ranks run different builds of ampc (their options differ): start every rank with the same program");
+    return 0;
+  }
+  for (int i = 0; i < n; i++)
+    if (lo[i + 1] != hi[i + 1]) {
+      cli_error("%s is not the same on every rank: start every rank with the same options (only FILE and DIR paths, "
+                "--threads and --quiet may differ)", opts[i].name);
+      return 0;
+    }
+  return 1;
+}
+
+int cli_dist_same_values(const double *v, const char *const *names, int n) {
+  if (cli_dist_size() < 2) return 1;
+  double lo[16], hi[16];
+  if (n > 16) n = 16;
+  if (min_max(v, lo, hi, (size_t)n) < 0) return 0;
+  for (int i = 0; i < n; i++)
+    if (lo[i] != hi[i]) {
+      cli_error("the ranks differ in %s (%.17g on one, %.17g on another): every rank must see the same data and checkpoint",
+                names[i], lo[i], hi[i]);
+      return 0;
+    }
+  return 1;
 }

@@ -6,6 +6,7 @@
 #define AMPC_CLI_DIST_H
 
 #include "ampc/comm.h"
+#include "cli.h"
 
 /* Under an MPI launcher: the MPI communicator (MPI_Init). Prints the error
  * and returns -1 where that fails or ampc was built without MPI. A no-op
@@ -45,5 +46,20 @@ int cli_dist_agree(int ok);
 /* After a rank's own error (printed): ends every rank of the job with
  * status code. Returns only for one process. */
 void cli_dist_abort(int code);
+
+/* Every rank has parsed its command line (pr: 0, 1 for --help, < 0 an
+ * error, which rank 0 alone printed, in ROOT mode). Returns pr where every
+ * rank got the same; where they did not (started with different command
+ * lines), -1 with one error from rank 0. */
+int cli_dist_parse_agree(int pr);
+/* Whether every rank parsed the same values for opts (a table ending with a
+ * NULL name), leaving out what may differ between hosts -- FILE and DIR
+ * options, --threads, --quiet; if not, an error (through cli_error) naming
+ * the first option that differs. */
+int cli_dist_same_options(const cli_opt *opts);
+/* Whether the n values are the same on every rank; if not, an error
+ * naming the first that differs (names[i]) with its smallest and largest
+ * value over the ranks. */
+int cli_dist_same_values(const double *v, const char *const *names, int n);
 
 #endif

@@ -56,6 +56,14 @@ static void reexec_settings(char **argv) {
   if (core && setenv("OPENBLAS_CORETYPE", core, 1) == 0) again = 1;
   if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT") && setenv("GOMP_SPINCOUNT", "1000", 1) == 0) again = 1;
   if (!again) return;
+  /* by its own path, so that the process keeps its name (ps, pgrep ampc);
+   * through /proc where that path is gone (a binary replaced while running) */
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    execv(self, argv);
+  }
   execv("/proc/self/exe", argv);
   /* not run again: the environment back as it was, for what this run starts */
   if (core) unsetenv("OPENBLAS_CORETYPE");

@@ -50,11 +50,20 @@ static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc
 
 
 /* One JSON object, one line, flushed. */
+/* One JSON line into the metrics file. The first write that fails (a full
+ * disk) is said at once, with why; training goes on and the run ends with an
+ * error (the final check of the file). */
+static const char *metrics_path;
+static int metrics_said;
 static void write_record(FILE *f, json_t *o) {
   char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(8));
   if (line) {
-    fprintf(f, "%s\n", line);
-    fflush(f);
+    errno = 0;
+    if ((fprintf(f, "%s\n", line) < 0 || fflush(f) != 0) && !metrics_said) {
+      metrics_said = 1;
+      cli_error("--metrics: error writing '%s': %s; training goes on, the run will end with an error", metrics_path,
+                errno ? strerror(errno) : "write error");
+    }
     free(line);
   }
   json_decref(o);
@@ -135,6 +144,8 @@ int cmd_train(int argc, char **argv) {
   ampc_amp_config acfg;
   if (!pr && train_args_check(&a, &ocfg, &sched, &skip_nonfinite) < 0) pr = -1;
   if (!pr) pr = cli_common_check(&a.c, &acfg);
+  pr = cli_dist_parse_agree(pr);
+  if (!pr && !cli_dist_same_options(opts)) pr = -1;
   cli_dist_error_mode(CLI_ERRORS_ALL);
   if (pr) return pr > 0 ? 0 : pr == -2 ? 1 : 2;
   /* from here on, every exit goes through the one clean-up at the end; the
@@ -198,6 +209,7 @@ int cmd_train(int argc, char **argv) {
   }
   /* opened now (so that an unwritable path stops the run before it starts),
    * emptied only once the run is set to train */
+  metrics_path = a.metrics;
   if (root && a.metrics && !(mf = cli_open_output("--metrics", a.metrics, a.resume ? CLI_OUT_APPEND : CLI_OUT_KEEP))) goto done;
   /* data-parallel: each rank takes its share of the cores */
   if (W > 1 && a.c.threads == 0 && !getenv("OMP_NUM_THREADS")) a.c.threads = cli_dist_default_threads();
@@ -205,6 +217,25 @@ int cmd_train(int argc, char **argv) {
   if (cli_session_open(&s, &a.c, 1, 1, NULL, &ocfg, a.c.batch_size, "--resume", resume_path[0] ? resume_path : NULL) < 0 ||
       cli_check_grad_accum(a.c.grad_accum, ampc_dataset_count(s.train), G) < 0)
     goto done;
+  /* the samples a rank's batch needs to train on: one, or two where a batch
+   * norm would normalise single values (1x1 planes); an empty slice of a
+   * short last batch cannot run, so with W ranks such a batch needs W */
+  int min_batch = 1;
+  for (size_t i = 0; i < ampc_graph_value_count(s.g); i++) {
+    ampc_tensor t = ampc_graph_tensor(s.g, (ampc_value)i);
+    if (ampc_graph_op(s.g, (ampc_value)i) == AMPC_OP_BATCHNORM2D && t.shape.ndim == 4 && t.shape.d[2] * t.shape.d[3] < 2) min_batch = 2;
+  }
+  if (a.c.batch_size < min_batch) {
+    cli_error("--batch-size: %lld is too small for this model: its batch norms over single values need %d images a batch",
+              (long long)a.c.batch_size, min_batch);
+    rc = 2;
+    goto done;
+  }
+  if (ampc_dataset_count(s.train) < (size_t)(min_batch * W)) {
+    cli_error("the training set has %zu image%s, too few to give each of the %d ranks %d", ampc_dataset_count(s.train),
+              ampc_dataset_count(s.train) == 1 ? "" : "s", W, min_batch);
+    goto done;
+  }
   int is_cifar = strncmp(a.c.dataset, "cifar", 5) == 0;
   int augment = a.augment_given ? a.augment : is_cifar;
   ampc_loader_opts lo;
@@ -290,6 +321,15 @@ int cmd_train(int argc, char **argv) {
   }
   ts.world_size = W;
   ts.global_batch = G;
+  /* the same data and starting point on every rank (options were compared
+   * first; paths may differ between hosts, what they hold may not) */
+  {
+    static const char *const what[] = {"the training set's image count", "the test set's image count",
+                                        "the resumed checkpoint's step", "the resumed checkpoint's epoch and batch"};
+    double v[4] = {(double)ampc_dataset_count(s.train), (double)(s.test ? ampc_dataset_count(s.test) : 0), (double)ts.step,
+                   (double)ts.epoch * 1e9 + (double)ts.batch};
+    if (!cli_dist_same_values(v, what, 4)) goto done;
+  }
   /* every rank is ready, or none trains */
   agreed = 1;
   if (!cli_dist_agree(1)) {
@@ -309,9 +349,6 @@ int cmd_train(int argc, char **argv) {
   ampc_amp_set_loss_weight(s.amp, 1.0f / (float)accum);
   ampc_amp_set_grad_stats(s.amp, a.c.amp_report);
   int is_static = !s.amp_cfg.loss_scale_dynamic;
-  int min_batch = 1; /* the samples a rank's batch needs: two with batch norm in the model */
-  for (size_t i = 0; i < ampc_graph_value_count(s.g); i++)
-    if (ampc_graph_op(s.g, (ampc_value)i) == AMPC_OP_BATCHNORM2D) min_batch = 2;
   double rec_loss = 0.0; /* the steps since the last step record */
   int64_t rec_steps = 0;
   long long inf_step = -1, diverge_step = -1, fail_step = -1;
@@ -355,11 +392,11 @@ int cmd_train(int argc, char **argv) {
       int64_t gn = ampc_loader_global_samples(ld, b); /* over all the ranks */
       if (W == 1 && got == 0) break;
       b++;
-      /* a batch too small to train on (batch norm needs two samples a rank,
-       * anything else one; on every rank: the ranks decide alike) is left
-       * out; it still ends the epoch's last step when micro-batches of it are
-       * waiting (--grad-accum), which is then applied without it */
-      int short_batch = gn < min_batch * W && ampc_graph_max_batch(s.g) > 1;
+      /* a last batch too small to train on (a rank's slice would be empty,
+       * or too small for a batch norm; on every rank: the ranks decide
+       * alike) is left out; it still ends the epoch's last step when
+       * micro-batches of it are waiting (--grad-accum), applied without it */
+      int short_batch = gn < (int64_t)min_batch * W;
       if (short_batch && micro == 0) continue;
       if (!short_batch) {
         if (fail_hook && ts.step + 1 == fail_step) {
@@ -706,7 +743,7 @@ done:
   free(in.x);
   free(in.y);
   if (mf && (ferror(mf) | fclose(mf)) != 0) {
-    cli_error("--metrics: error writing '%s'", a.metrics);
+    if (!metrics_said) cli_error("--metrics: error writing '%s'", a.metrics);
     rc = 1;
   }
   return rc;
