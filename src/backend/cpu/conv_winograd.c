@@ -207,13 +207,25 @@ static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
   /* the weight in f32 is needed only while U is made, before any chunk: it
    * shares V and M's space, growing it when it does not fit */
   L.vm = 2 * vm1;
-  size_t vm = L.vm * (size_t)(nthreads < 1 ? 1 : nthreads), wf = (size_t)(O * C * 9);
+  L.du = (size_t)(WG_NP * O) * (size_t)L.w.ci8;
+  int slots = wg_chunks(&L.w) >= WG_PRIVATE_CHUNKS * 2 && WG_SLOT_BYTES >= WG_SLOTS * L.du * sizeof(float);
+  if (!slots) L.du = 0;
+  /* V and M pairs: one per thread where threads take whole chunks (the
+   * weight gradient by slots: every thread; forward and backward data: nth
+   * threads of at most nthreads with WG_PRIVATE_CHUNKS chunks each, see
+   * wg_conv_run), else the one the team shares (ResNet-18's 512-channel
+   * layers, a chunk each: 18.9 MB less workspace at 2 threads) */
+  int64_t nt = nthreads < 1 ? 1 : nthreads, pairs = slots ? nt : 1;
+  const wg_geom *run[2] = {&L.f, &L.d};
+  for (int i = 0; i < 2; i++) {
+    int64_t most = wg_chunks(run[i]) / WG_PRIVATE_CHUNKS; /* the most threads that take private chunks */
+    if (most > nt) most = nt;
+    if (most >= 2 && most > pairs) pairs = most;
+  }
+  size_t vm = L.vm * (size_t)pairs, wf = (size_t)(O * C * 9);
   L.off_wf = L.off_v;
   L.off_db = L.off_v + (vm > wf ? vm : wf);
   L.off_du = L.off_db + (size_t)up8(O) + 16;
-  L.du = (size_t)(WG_NP * O) * (size_t)L.w.ci8;
-  int slots = wg_chunks(&L.w) >= WG_PRIVATE_CHUNKS * 2 && WG_SLOTS * L.du * sizeof(float) <= WG_SLOT_BYTES;
-  if (!slots) L.du = 0;
   L.shared = L.off_du + WG_SLOTS * L.du;
   /* staging: the forward input, backward data's output gradient and backward
    * weights' input (rows of srow x scol positions), or backward weights'
