@@ -430,9 +430,91 @@ TEST(maxpool_backward_ties_and_nan) {
   pool_ties_case(9, 4);
 }
 
+/* AMX: the packed product against a double reference over shapes with
+ * partial tiles in every dimension, A and B stored either way, added to C,
+ * and A packed in parts (as threads share it); then every convolution case
+ * in bf16 on the im2col path with its products on the tiles against the same
+ * with them in f32 (ampc__cpu_amx_off): the tiles' products are exact, so
+ * the two differ only by the order of the f32 sums (and the bf16 rounding
+ * of an output that lies on a tie). The op cases' runs above have already
+ * checked the tiles' convolutions against the f64 reference wherever the
+ * CPU has them. Where it has not, this says so and checks nothing. */
+static float bf16_round(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  memcpy(&x, &u, 4);
+  return x;
+}
+TEST(conv2d_amx) {
+  if (!ampc__cpu_amx()) {
+    printf("  (no AMX-BF16 on this CPU, or not granted by the OS: the tiles' paths are not run here)\n");
+    return;
+  }
+  static const int64_t dims[][3] = {{1, 1, 1}, {16, 16, 32}, {33, 17, 31}, {37, 45, 70}, {64, 96, 577}, {100, 33, 300}};
+  uint64_t seed = 7;
+  for (int d = 0; d < 6; d++)
+    for (int v = 0; v < 8; v++) {
+      int ta = v & 1, tb = (v >> 1) & 1, add = v >> 2;
+      int64_t m = dims[d][0], n = dims[d][1], k = dims[d][2];
+      float *A = malloc(sizeof(float) * (size_t)(m * k)), *B = malloc(sizeof(float) * (size_t)(k * n));
+      float *C = malloc(sizeof(float) * (size_t)(m * n));
+      double *R = malloc(sizeof(double) * (size_t)(m * n));
+      for (int64_t i = 0; i < m * k; i++) A[i] = bf16_round((float)((seed = seed * 6364136223846793005ull + 1) >> 40) / 16777216.0f - 0.5f);
+      for (int64_t i = 0; i < k * n; i++) B[i] = bf16_round((float)((seed = seed * 6364136223846793005ull + 1) >> 40) / 16777216.0f - 0.5f);
+      for (int64_t i = 0; i < m * n; i++) R[i] = C[i] = add ? (float)(i % 7) - 3.0f : 99.0f;
+      /* A (m x k) read as A[i][p]; stored transposed when ta; B likewise */
+      for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+          double sum = add ? R[i * n + j] : 0.0;
+          for (int64_t p = 0; p < k; p++)
+            sum += (double)(ta ? A[p * m + i] : A[i * k + p]) * (tb ? B[j * k + p] : B[p * n + j]);
+          R[i * n + j] = sum;
+        }
+      void *pa = malloc(ampc__cpu_amx_pack_a_bytes(m, k)), *pb = malloc(ampc__cpu_amx_pack_b_bytes(k, n));
+      for (int part = 0; part < 3; part++) ampc__cpu_amx_pack_a(m, k, A, ta ? m : k, ta, pa, part, 3);
+      ampc__cpu_amx_pack_b(k, n, B, tb ? k : n, tb, pb);
+      ampc__cpu_amx_gemm_packed(m, n, k, pa, pb, C, n, add);
+      double worst = 0.0;
+      for (int64_t i = 0; i < m * n; i++) {
+        double e = fabs(C[i] - R[i]) / (1.0 + fabs(R[i]));
+        if (!(e <= worst)) worst = e;
+      }
+      CHECK_MSG(worst <= 1e-5, "AMX product %ldx%ldx%ld ta %d tb %d add %d: error %.3g", (long)m, (long)n, (long)k, ta,
+                tb, add, worst);
+      free(A), free(B), free(C), free(R), free(pa), free(pb);
+    }
+  test_conv_algo = AMPC_CONV_IM2COL;
+  for (int i = 0; i < NCASES; i++) {
+    const op_case *cs = &CASES[i];
+    if (cs->k != K_CONV) continue;
+    const prec_case *pc = &PRECS[2];
+    ctx_case = cs->name;
+    ctx_prec = pc->name;
+    CHECK(pc->p.act_type == AMPC_DTYPE_BF16 && pc->p.param_type == AMPC_DTYPE_BF16);
+    net a = {0}, b = {0};
+    if (build(&a, cs, &pc->p, cs->n, 2) == 0 && build(&b, cs, &pc->p, cs->n, 2) == 0) {
+      for (int r = 0; r < 2; r++) {
+        net *q = r ? &b : &a;
+        ampc__cpu_amx_off = r;
+        CHECK_OK(ampc_graph_forward(q->g, 1));
+        CHECK_OK(ampc_graph_backward(q->g, q->loss, 1.0f, 0));
+      }
+      ampc__cpu_amx_off = 0;
+      snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&b, cs);
+      /* one bf16 step of the largest value at most */
+      compare_snapshots(&sa, &sb, 1.0 / 128, "AMX tiles vs f32 products");
+    }
+    ampc_graph_free(a.g);
+    ampc_graph_free(b.g);
+    tmp_free_all();
+  }
+  test_conv_algo = AMPC_CONV_AUTO;
+}
+
 TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(conv2d_direct),
           TEST_ENTRY(winograd_same_bits_any_threads), TEST_ENTRY(winograd_wide_kernel_same_bits),
-          TEST_ENTRY(conv2d_direct_wide), TEST_ENTRY(direct_wide_kernel_same_forward),
+          TEST_ENTRY(conv2d_direct_wide), TEST_ENTRY(direct_wide_kernel_same_forward), TEST_ENTRY(conv2d_amx),
           TEST_ENTRY(maxpool_backward_ties_and_nan),
           TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu), TEST_ENTRY(maxpool2d),
           TEST_ENTRY(avgpool2d), TEST_ENTRY(global_avgpool), TEST_ENTRY(linear), TEST_ENTRY(add), TEST_ENTRY(flatten),

@@ -343,6 +343,7 @@ int cmd_bench(int argc, char **argv) {
     json_object_set_new(o, "peak_kind", json_string(kind_key[peak_kind]));
     json_object_set_new(o, "peak_fraction", json_real(peak > 0 ? gflops / peak : 0.0));
     json_object_set_new(o, "kernel_path", json_string(ampc_kernel_path()));
+    json_object_set_new(o, "kernel_tiles", json_string(ampc_kernel_tiles()));
     json_object_set_new(o, "blas", json_string(ampc_blas_name()));
     json_object_set_new(o, "blas_core", json_string(ampc_blas_core()));
     json_object_set_new(o, "blas_better_core", ampc_blas_better_core() ? json_string(ampc_blas_better_core()) : json_null());
@@ -388,7 +389,7 @@ int cmd_bench(int argc, char **argv) {
            per_step, ips, flops / (double)c.batch_size / 1e9, gflops, sgemm > 0 ? gflops / sgemm : 0.0, sgemm, sgemm_n);
     printf("%.1f GFLOP/s = %.2f of this machine's peak (%.1f GFLOP/s: a register-only loop of %s on %d thread%s)\n",
            gflops, peak > 0 ? gflops / peak : 0.0, peak, kind_words[peak_kind], threads, threads == 1 ? "" : "s");
-    printf("vector code: kernels %s, conversions %s; blas: %s, core %s\n", ampc_kernel_path(), ampc_convert_path(),
+    printf("vector code: kernels %s, tiles %s, conversions %s; blas: %s, core %s\n", ampc_kernel_path(), ampc_kernel_tiles(), ampc_convert_path(),
            ampc_blas_name(), ampc_blas_core());
     const char *better = ampc_blas_better_core(), *ct = getenv("OPENBLAS_CORETYPE");
     if (better)

@@ -30,14 +30,22 @@ typedef struct {
   int64_t rb;   /* output rows per band (OH when whole samples are grouped) */
   int64_t ncmax; /* widest block */
   int nt;       /* threads the workspace is laid out for */
+  int amx;      /* the products on AMX tiles (conv_amx) */
   size_t per_thread, shared; /* floats */
   size_t off_y, off_dcols, off_dw, off_db, off_xs, off_dxs;
+  size_t off_pa, off_pb; /* AMX: a thread's packed A (dY) and B operands */
+  size_t off_pw;         /* AMX: the packed weight, shared */
 } conv_geom;
 
 enum { CONV_MIN_COLS = 256, CONV_MAX_COL_BYTES = 4 << 20, CONV_WINO_MIN_CHANNELS = 8 };
 
-static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
+static int conv_amx(const ampc__op_call *c);
+
+static size_t floats_of(size_t bytes) { return (bytes + 3) / 4 + 16; }
+
+static conv_geom conv_geometry_of(const ampc__op_call *c, int nthreads, int amx) {
   conv_geom g;
+  g.amx = amx;
   const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape, *y = &c->out.shape;
   g.N = x->d[0]; g.C = x->d[1]; g.H = x->d[2]; g.W = x->d[3];
   g.O = w->d[0]; g.k = w->d[2]; g.s = c->attr.stride; g.p = c->attr.pad;
@@ -58,6 +66,26 @@ static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
   g.off_dxs = g.off_xs + (size_t)g.CHW;
   g.per_thread = g.off_dxs + (size_t)g.CHW + 16;
   g.shared = (size_t)g.O * g.K + 16; /* f32 copy of the weight */
+  g.off_pa = g.off_pb = g.off_pw = 0;
+  if (g.amx) {
+    /* A: dY (O x cols); B: the columns (K x cols), their transpose, or dY */
+    size_t pb = ampc__cpu_amx_pack_b_bytes(g.K, g.ncmax), pb_dy = ampc__cpu_amx_pack_b_bytes(g.O, g.ncmax);
+    g.off_pa = g.per_thread;
+    g.off_pb = g.off_pa + floats_of(ampc__cpu_amx_pack_a_bytes(g.O, g.ncmax));
+    g.per_thread = g.off_pb + floats_of(pb > pb_dy ? pb : pb_dy);
+    g.off_pw = g.shared;
+    g.shared += floats_of(ampc__cpu_amx_pack_a_bytes(g.O, g.K)); /* (O x K or K x O: the same tiles' size) */
+  }
+  return g;
+}
+
+/* The layout, with the tiles' room where they are used -- at run time only
+ * if the workspace laid out at compile has it (a test may switch them on
+ * between compile and run). */
+static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
+  conv_geom g = conv_geometry_of(c, nthreads, conv_amx(c));
+  if (g.amx && c->ws && c->ws_size < (g.shared + g.per_thread * (size_t)g.nt) * sizeof(float))
+    g = conv_geometry_of(c, nthreads, 0);
   return g;
 }
 
@@ -65,9 +93,25 @@ static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
  * convolutions (the bulk of the vector code), to keep the backend's table
  * file untouched; it speaks for every CPU_VECTOR kernel. */
 const char *ampc_kernel_path(void) { return cpu_vector_path(); }
+const char *ampc_kernel_tiles(void) { return ampc__cpu_amx() ? "amx-bf16" : "none"; }
+
+/* The im2col products on AMX tiles (gemm_amx.c) where the CPU has them and
+ * the convolution's input, weight and output are bf16: their values, and the
+ * gradient's, are bf16's, so the tiles' bf16 products are the f32 products
+ * of the same values (the sums' order aside), 16 times as many a cycle as
+ * AVX-512's FMAs. Not for the direct loop (the first layer's 3 channels) nor
+ * where the tests hold the products to sgemm (ampc__cpu_conv_blas). */
+int ampc__cpu_conv_blas = 0;
+static int conv_amx(const ampc__op_call *c) {
+  return c->in[0].dtype == AMPC_DTYPE_BF16 && c->in[1].dtype == AMPC_DTYPE_BF16 && c->out.dtype == AMPC_DTYPE_BF16 &&
+         !ampc__cpu_conv_blas && ampc__cpu_amx();
+}
 
 /* Winograd where the graph asks for it, or (AUTO) where it is faster: with
- * few channels the transforms cost more than the products they save. */
+ * few channels the transforms cost more than the products they save. (With
+ * AMX's bf16 products too: im2col's passes over memory cost more than
+ * Winograd's f32 products save, ResNet-18 O2 bf16 75-94 images/s against
+ * 95-106 on a Xeon of model 207, 2 threads.) */
 static int use_winograd(const ampc__op_call *c) {
   if (!cpu_conv3x3_s1(c) || (cpu_ctx(c)->conv_algo != AMPC_CONV_AUTO && cpu_ctx(c)->conv_algo != AMPC_CONV_WINOGRAD)) return 0;
   if (cpu_ctx(c)->conv_algo == AMPC_CONV_WINOGRAD) return 1;
@@ -107,7 +151,7 @@ size_t ampc__cpu_conv2d_ws(const ampc__op_call *c, int nthreads) {
 
 /* cols[row][col0 + (oy-oy0)*OW + ox] for output rows [oy0, oy1) of one staged
  * sample x (C, H, W); ld = the block's width. */
-static void im2col(const conv_geom *g, const float *x, float *cols, int64_t ld, int64_t col0, int64_t oy0, int64_t oy1) {
+CPU_VECTOR static void im2col(const conv_geom *g, const float *x, float *cols, int64_t ld, int64_t col0, int64_t oy0, int64_t oy1) {
   for (int64_t ch = 0; ch < g->C; ch++)
     for (int64_t ky = 0; ky < g->k; ky++)
       for (int64_t kx = 0; kx < g->k; kx++) {
@@ -138,7 +182,7 @@ static void im2col(const conv_geom *g, const float *x, float *cols, int64_t ld, 
 }
 
 /* dx (C, H, W) += the columns of output rows [oy0, oy1) of one sample. */
-static void col2im(const conv_geom *g, const float *cols, int64_t ld, int64_t col0, int64_t oy0, int64_t oy1, float *dx) {
+CPU_VECTOR static void col2im(const conv_geom *g, const float *cols, int64_t ld, int64_t col0, int64_t oy0, int64_t oy1, float *dx) {
   for (int64_t ch = 0; ch < g->C; ch++)
     for (int64_t ky = 0; ky < g->k; ky++)
       for (int64_t kx = 0; kx < g->k; kx++) {
@@ -195,7 +239,6 @@ static const float *weight_f32(const ampc__op_call *c, const conv_geom *g) {
  * (OPENBLAS_CORETYPE=Haswell) that took ResNet-18 O2's step from 725 to 610
  * ms; with its AVX-512 ones it was level or a little faster. When
  * ampc__cpu_conv_blas is set (a hook for tests), always sgemm. */
-int ampc__cpu_conv_blas = 0;
 static int conv_own(int64_t n) { return n % 8 == 0 && !ampc__cpu_conv_blas && ampc__cpu_gemm_wide(); }
 static void conv_gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, int ta, const float *B, int64_t ldb,
                       float *C, int64_t ldc) {
@@ -241,12 +284,18 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
   const ampc_tensor *y = &c->out;
   const ampc_tensor *b = c->n_in > 2 ? &c->in[2] : NULL;
   int64_t ng = ngroups(&g);
+  float *pw = (float *)c->ws + g.off_pw;
 #pragma omp parallel num_threads(g.nt)
   {
     int tid = omp_get_thread_num();
     float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
-    float *cols = ws, *yc = ws + g.off_y, *xs = ws + g.off_xs, *bias = ws + g.off_db;
+    float *cols = ws, *yc = ws + g.off_y, *xs = ws + g.off_xs, *bias = ws + g.off_db, *pb = ws + g.off_pb;
     if (b) ampc_load_f32(bias, b->dtype, b->data, (size_t)g.O);
+    if (g.amx) {
+      /* the weight's tiles, packed by all threads */
+      ampc__cpu_amx_pack_a(g.O, g.K, wf, g.K, 0, pw, tid, omp_get_num_threads());
+#pragma omp barrier
+    }
     /* groups are independent: handed out as threads come free */
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t gi = 0; gi < ng; gi++) {
@@ -264,7 +313,12 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
               for (int64_t i = 0; i < band; i++) yp[m * g.OHW + i] += bias[m];
           continue;
         }
-        conv_gemm(g.O, ld, g.K, wf, g.K, 0, cols, ld, yc, ld);
+        if (g.amx) {
+          ampc__cpu_amx_pack_b(g.K, ld, cols, ld, 0, pb);
+          ampc__cpu_amx_gemm_packed(g.O, ld, g.K, pw, pb, yc, ld, 0);
+        } else {
+          conv_gemm(g.O, ld, g.K, wf, g.K, 0, cols, ld, yc, ld);
+        }
         for (int64_t m = 0; m < g.O; m++)
           for (int64_t s = 0; s < nbe; s++) {
             float *row = yc + m * ld + s * band;
@@ -287,6 +341,9 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
   int need_dx = dx->data != NULL, need_dw = dw->data != NULL, need_db = db && db->data;
   int64_t ng = ngroups(&g);
+  /* (the workspace has the tiles' room whatever dY's type; they are used
+   * only where its values are bf16's too) */
+  int amx = g.amx && dy->dtype == AMPC_DTYPE_BF16;
   double t0 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0;
   if ((need_dw || need_db) && use_direct(c)) {
     AMPC_TRY(ampc__cpu_direct_bwd_weights(c));
@@ -309,7 +366,13 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
           const float *dyp = gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc, &ldd);
           if (need_dw) {
             block_cols(&g, c, n0, nbe, oy0, oy1, xs, cols);
-            if (conv_own(g.K)) {
+            if (amx) {
+              /* dW += dY * cols^T: dY's tiles, and the columns' turned */
+              float *pa = ws + g.off_pa, *pb = ws + g.off_pb;
+              ampc__cpu_amx_pack_a(g.O, ld, dyp, ldd, 0, pa, 0, 1);
+              ampc__cpu_amx_pack_b(ld, g.K, cols, ld, 1, pb);
+              ampc__cpu_amx_gemm_packed(g.O, g.K, ld, pa, pb, dwt, g.K, 1);
+            } else if (conv_own(g.K)) {
               /* dW += dY * cols^T on ampc's kernel, which wants B's rows
                * contiguous: the columns transposed (ld x K) first */
               float *colst = ws + g.off_dcols;
@@ -338,11 +401,18 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
   double t1 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0;
   if (need_dx) {
     const float *wf = weight_f32(c, &g);
+    float *pw = (float *)c->ws + g.off_pw;
 #pragma omp parallel num_threads(g.nt)
     {
       int tid = omp_get_thread_num();
       float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
       float *dyc = ws + g.off_y, *dcols = ws + g.off_dcols, *xs = ws + g.off_xs, *dxs = ws + g.off_dxs;
+      float *pb = ws + g.off_pb;
+      if (amx) {
+        /* W^T's tiles (K x O), packed by all threads */
+        ampc__cpu_amx_pack_a(g.K, g.O, wf, g.K, 1, pw, tid, omp_get_num_threads());
+#pragma omp barrier
+      }
 #pragma omp for schedule(dynamic, 1) nowait
       for (int64_t gi = 0; gi < ng; gi++) {
         int64_t n0, nbe;
@@ -351,7 +421,12 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
           int64_t oy1 = oy0 + g.rb < g.OH ? oy0 + g.rb : g.OH, band = (oy1 - oy0) * g.OW, ld = nbe * band;
           int64_t ldd;
           const float *dyp = gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc, &ldd);
-          conv_gemm(g.K, ld, g.O, wf, g.K, 1, dyp, ldd, dcols, ld);
+          if (amx) {
+            ampc__cpu_amx_pack_b(g.O, ld, dyp, ldd, 0, pb);
+            ampc__cpu_amx_gemm_packed(g.K, ld, g.O, pw, pb, dcols, ld, 0);
+          } else {
+            conv_gemm(g.K, ld, g.O, wf, g.K, 1, dyp, ldd, dcols, ld);
+          }
           if (nbe == 1) {
             /* one sample in row bands: accumulate all bands, store after the last */
             if (oy0 == 0) memset(dxs, 0, (size_t)g.CHW * sizeof(float));

@@ -332,6 +332,22 @@ int ampc__cpu_gemm_wide(void);
  * dense. */
 void ampc__cpu_transpose_ld(const float *src, int64_t rows, int64_t cols, int64_t lds, float *dst, int64_t ldd);
 void ampc__cpu_transpose(const float *src, int64_t rows, int64_t cols, float *dst);
+/* Products on AMX tiles (gemm_amx.c): 1 where this CPU and OS run
+ * AMX-BF16 (asked of the OS once per process) and the test hook
+ * ampc__cpu_amx_off is 0. The operands are packed into tiles of bf16
+ * (round to nearest even: exact for values that came from bf16 storage) in
+ * buffers of the _bytes sizes; the product sums in f32. A: m x k, or (ta)
+ * stored k x m; B: k x n, or (tb) stored n x k; C's rows ldc apart, added
+ * to when add. pack_a packs part `part` of `nparts` of A's rows, for threads
+ * to share it. */
+int ampc__cpu_amx(void);
+extern int ampc__cpu_amx_off;
+size_t ampc__cpu_amx_pack_a_bytes(int64_t m, int64_t k);
+size_t ampc__cpu_amx_pack_b_bytes(int64_t k, int64_t n);
+void ampc__cpu_amx_pack_a(int64_t m, int64_t k, const float *A, int64_t lda, int ta, void *dst, int part, int nparts);
+void ampc__cpu_amx_pack_b(int64_t k, int64_t n, const float *B, int64_t ldb, int tb, void *dst);
+void ampc__cpu_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const void *Ap, const void *Bp, float *C, int64_t ldc,
+                               int add);
 size_t ampc__cpu_wino_ws(const ampc__op_call *c, int nthreads);
 ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c);
