@@ -433,8 +433,9 @@ TEST(maxpool_backward_ties_and_nan) {
 /* AMX: the packed product against a double reference over shapes with
  * partial tiles in every dimension, A and B stored either way, added to C,
  * and A packed in parts (as threads share it); then every convolution case
- * in bf16 on the im2col path with its products on the tiles against the same
- * with them in f32 (ampc__cpu_amx_off): the tiles' products are exact, so
+ * in bf16 on the im2col path with its products on the tiles, and by default
+ * (3x3 stride-1 ones straight from padded planes), against the same with
+ * the products in f32 (ampc__cpu_amx_off): the tiles' products are exact, so
  * the two differ only by the order of the f32 sums (and the bf16 rounding
  * of an output that lies on a tie). The op cases' runs above have already
  * checked the tiles' convolutions against the f64 reference wherever the
@@ -484,8 +485,11 @@ TEST(conv2d_amx) {
                 tb, add, worst);
       free(A), free(B), free(C), free(R), free(pa), free(pb);
     }
-  test_conv_algo = AMPC_CONV_IM2COL;
+  for (int algo = 0; algo < 2; algo++)
   for (int i = 0; i < NCASES; i++) {
+    /* im2col's products on the tiles; then the default, which takes 3x3
+     * stride-1 convolutions straight from padded planes on the tiles */
+    test_conv_algo = algo ? AMPC_CONV_AUTO : AMPC_CONV_IM2COL;
     const op_case *cs = &CASES[i];
     if (cs->k != K_CONV) continue;
     const prec_case *pc = &PRECS[2];

@@ -40,6 +40,7 @@ typedef struct {
 enum { CONV_MIN_COLS = 256, CONV_MAX_COL_BYTES = 4 << 20, CONV_WINO_MIN_CHANNELS = 8 };
 
 static int conv_amx(const ampc__op_call *c);
+static int use_a3(const ampc__op_call *c);
 
 static size_t floats_of(size_t bytes) { return (bytes + 3) / 4 + 16; }
 
@@ -115,7 +116,23 @@ static int conv_amx(const ampc__op_call *c) {
 static int use_winograd(const ampc__op_call *c) {
   if (!cpu_conv3x3_s1(c) || (cpu_ctx(c)->conv_algo != AMPC_CONV_AUTO && cpu_ctx(c)->conv_algo != AMPC_CONV_WINOGRAD)) return 0;
   if (cpu_ctx(c)->conv_algo == AMPC_CONV_WINOGRAD) return 1;
+  if (use_a3(c)) return 0;
   return c->in[0].shape.d[1] >= CONV_WINO_MIN_CHANNELS && c->in[1].shape.d[0] >= CONV_WINO_MIN_CHANNELS;
+}
+
+/* 3x3 stride-1 convolutions with padding 1 of bf16 (AUTO, on AMX tiles):
+ * the forward and the input gradient straight from padded planes on the
+ * tiles (conv_amx.c), the weight gradient on im2col's tiles. Not for the
+ * direct loop's few input channels. */
+static int use_a3(const ampc__op_call *c) {
+  return cpu_ctx(c)->conv_algo == AMPC_CONV_AUTO && cpu_conv3x3_s1(c) && c->attr.pad == 1 &&
+         !ampc__cpu_direct_preferred(c) && conv_amx(c);
+}
+
+/* At run time: the tiles' path when chosen and the workspace laid out at
+ * compile holds it (else im2col). */
+static int run_a3(const ampc__op_call *c) {
+  return use_a3(c) && c->ws_size >= ampc__cpu_a3_ws(c, cpu_ctx(c)->nthreads);
 }
 
 /* At run time: Winograd when chosen and the workspace laid out at compile
@@ -141,7 +158,7 @@ size_t ampc__cpu_conv2d_ws(const ampc__op_call *c, int nthreads) {
   /* fewer threads at run time give each a larger group of samples: room for
    * every count up to the compiled one; the direct loop's input gradient is
    * the im2col path's */
-  size_t w = use_direct(c) ? ampc__cpu_direct_ws(c, nthreads) : 0;
+  size_t w = use_direct(c) ? ampc__cpu_direct_ws(c, nthreads) : use_a3(c) ? ampc__cpu_a3_ws(c, nthreads) : 0;
   for (int t = 1; t <= (nthreads < 1 ? 1 : nthreads); t++) {
     size_t s = im2col_ws(c, t);
     if (s > w) w = s;
@@ -279,6 +296,7 @@ static const float *gather_dy(const conv_geom *g, const ampc_tensor *dy, int64_t
 ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
   if (run_winograd(c)) return ampc__cpu_wino_fwd(c);
   if (use_direct(c)) return ampc__cpu_direct_fwd(c);
+  if (run_a3(c)) return ampc__cpu_a3_fwd(c);
   conv_geom g = conv_geometry(c, cpu_ctx(c)->nthreads);
   const float *wf = weight_f32(c, &g);
   const ampc_tensor *y = &c->out;
@@ -399,7 +417,9 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
     if (need_db) cpu_store_grad(c, db, 0, sum + g.O * g.K, (size_t)g.O, c->din_acc[2], tmp);
   }
   double t1 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0;
-  if (need_dx) {
+  if (need_dx && amx && run_a3(c)) {
+    AMPC_TRY(ampc__cpu_a3_bwd_data(c));
+  } else if (need_dx) {
     const float *wf = weight_f32(c, &g);
     float *pw = (float *)c->ws + g.off_pw;
 #pragma omp parallel num_threads(g.nt)

@@ -1,0 +1,250 @@
+/* 3x3 stride-1 convolutions (padding 1) of bf16 on AMX tiles, without
+ * im2col: the forward and the input gradient (the weight gradient is
+ * im2col's, conv.c).
+ *
+ * A group of samples is staged once as bf16 planes padded by one pixel on
+ * each side, two channels interleaved (pair-planes: the pair of a pixel side
+ * by side, as the tiles' B operand wants them), the group's planes end to end.
+ * In that layout the input under 16 consecutive output positions for one
+ * tap (ky, kx) and 32 channels is 16 rows of 64 bytes, a plane apart: a tile
+ * loaded straight from the staged planes. Output position f of the
+ * concatenated padded planes reads input f + ky * Wp + kx for every tap, so
+ * each tap is one matrix product over the channels, and the nine sum into the
+ * same tiles. Positions in a padded plane's last two rows and columns are
+ * computed and dropped (a plane of 4 x 4 keeps 16 of 36, of 32 x 32 1024 of
+ * 1156).
+ *
+ * The input gradient is the same product over dY with the weight turned
+ * (W'[c][o][ky][kx] = W[o][c][2 - ky][2 - kx]). bf16 products are exact in
+ * f32, so the results are the f32 products' up to the order of the sums, as
+ * on conv.c's tiles. */
+#include <omp.h>
+#include <stdint.h>
+
+#include "backend/cpu/cpu_internal.h"
+
+static int64_t up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+typedef struct {
+  int64_t N, Ci, Co, H, W, Hp, Wp, plane;
+  int64_t cb;    /* chunks of 32 input channels */
+  int64_t ob;    /* blocks of 16 output channels (even) */
+  int64_t G;     /* samples per group */
+  int64_t F;     /* positions computed per group (a multiple of 32) */
+  int64_t L;     /* a pair-plane's length, in pairs */
+  size_t wbytes; /* packed weight, shared */
+  size_t off_y, off_t, off_t2, off_t16, per_thread; /* bytes */
+  int nt;
+} a3_geom;
+
+/* About 1 MB a thread for a group's staged planes and f32 outputs. */
+enum { A3_GROUP_BYTES = 1 << 20 };
+
+static size_t al64(size_t b) { return (b + 63) & ~(size_t)63; }
+
+static a3_geom a3_geometry(int64_t N, int64_t Ci, int64_t Co, int64_t H, int64_t W, int nt) {
+  a3_geom g;
+  g.N = N; g.Ci = Ci; g.Co = Co; g.H = H; g.W = W;
+  g.Hp = H + 2; g.Wp = W + 2; g.plane = g.Hp * g.Wp;
+  g.cb = up(Ci, 32) / 32;
+  g.ob = up(Co, 32) / 16;
+  int64_t per = g.plane * (up(Co, 32) * 4 + up(Ci, 32) * 2);
+  g.G = A3_GROUP_BYTES / (per > 0 ? per : 1);
+  if (g.G < 1) g.G = 1;
+  if (g.G > N) g.G = N;
+  g.F = up(g.G * g.plane, 32);
+  g.L = g.F + 2 * g.Wp + 2 + 32;
+  g.wbytes = al64((size_t)(9 * g.ob * 16 * g.cb * 32) * 2) + 64;
+  size_t pbytes = al64((size_t)(g.cb * 16 * g.L) * 4);
+  g.off_y = pbytes;
+  g.off_t = g.off_y + al64((size_t)(g.ob * 16 * g.F) * 4);
+  g.off_t2 = g.off_t + al64((size_t)(H * W) * 4);
+  g.off_t16 = g.off_t2 + al64((size_t)(H * W) * 4);
+  g.per_thread = g.off_t16 + al64((size_t)(H * W) * 4) + 64; /* two bf16 planes */
+  g.nt = nt < 1 ? 1 : nt;
+  return g;
+}
+
+static a3_geom a3_of(const ampc__op_call *c, int bwd, int nt) {
+  const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape;
+  return bwd ? a3_geometry(x->d[0], w->d[0], x->d[1], x->d[2], x->d[3], nt)
+             : a3_geometry(x->d[0], x->d[1], w->d[0], x->d[2], x->d[3], nt);
+}
+
+size_t ampc__cpu_a3_ws(const ampc__op_call *c, int nthreads) {
+  size_t best = 0;
+  for (int bwd = 0; bwd < 2; bwd++) {
+    a3_geom g = a3_of(c, bwd, nthreads);
+    size_t s = g.wbytes + (size_t)g.nt * g.per_thread + 64;
+    if (s > best) best = s;
+  }
+  return best;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__linux__)
+#include <immintrin.h>
+#define A3_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,amx-tile,amx-bf16")))
+
+typedef struct {
+  uint8_t palette, start_row, rsv[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} a3_cfg;
+
+/* The weight's tiles: [tap][block of 16 outputs][chunk of 32 inputs][16][32],
+ * out-of-range entries zero; turned (input gradient) or not. Threads share
+ * the blocks. */
+static void a3_pack_weight(const a3_geom *g, const uint16_t *w, int turned, uint16_t *dst, int part, int nparts) {
+  int64_t units = 9 * g->ob, u0 = units * part / nparts, u1 = units * (part + 1) / nparts;
+  for (int64_t u = u0; u < u1; u++) {
+    int64_t t = u / g->ob, b = u % g->ob;
+    for (int64_t q = 0; q < g->cb; q++) {
+      uint16_t *tile = dst + ((t * g->ob + b) * g->cb + q) * 512;
+      for (int r = 0; r < 16; r++) {
+        int64_t o = b * 16 + r;
+        for (int p = 0; p < 32; p++) {
+          int64_t i = q * 32 + p;
+          uint16_t v = 0;
+          if (o < g->Co && i < g->Ci)
+            /* forward: W[o][i][t]; turned: the stored weight is (Ci' = Co, Co' = Ci): W[i][o][8 - t] */
+            v = turned ? w[(i * g->Co + o) * 9 + (8 - t)] : w[(o * g->Ci + i) * 9 + t];
+          tile[r * 32 + p] = v;
+        }
+      }
+    }
+  }
+}
+
+/* One group's products: out (ob*16 x F f32, rows F apart) = sum over taps of
+ * W_t * shifted planes. */
+A3_TARGET static void a3_products(const a3_geom *g, const uint16_t *wp, const uint16_t *pp, float *out) {
+  a3_cfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; t++) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+  const int64_t lstride = g->L * 4; /* bytes between pair-planes */
+  for (int64_t b = 0; b < g->ob; b += 2)
+    for (int64_t f0 = 0; f0 < g->F; f0 += 32) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int t = 0; t < 9; t++) {
+        int64_t off = (t / 3) * g->Wp + t % 3;
+        const uint16_t *a0 = wp + ((t * g->ob + b) * g->cb) * 512, *a1 = a0 + g->cb * 512;
+        const uint16_t *b0 = pp + (f0 + off) * 2;
+        for (int64_t q = 0; q < g->cb; q++) {
+          _tile_loadd(4, a0 + q * 512, 64);
+          _tile_loadd(6, b0 + q * 16 * g->L * 2, lstride);
+          _tile_loadd(5, a1 + q * 512, 64);
+          _tile_loadd(7, b0 + q * 16 * g->L * 2 + 32, lstride);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      float *o0 = out + b * 16 * g->F + f0, *o1 = o0 + 16 * g->F;
+      _tile_stored(0, o0, g->F * 4);
+      _tile_stored(1, o0 + 16, g->F * 4);
+      _tile_stored(2, o1, g->F * 4);
+      _tile_stored(3, o1 + 16, g->F * 4);
+    }
+  _tile_release();
+}
+
+/* Channel ch of sample n of x as bf16: the tensor's own values, or through
+ * the call's batch norm prologue (pro) into t16. */
+static const uint16_t *a3_channel(const a3_geom *g, const ampc__op_call *c, const ampc_tensor *x, int pro, int64_t n,
+                                  int64_t ch, float *tf, uint16_t *t16) {
+  int64_t HW = g->H * g->W, at = (n * g->Ci + ch) * HW;
+  if (!pro) return (const uint16_t *)x->data + at;
+  const float *v = cpu_load_input(c, at, (size_t)HW, ch, tf);
+  ampc_f32_to_bf16_n(t16, v, (size_t)HW);
+  return t16;
+}
+
+/* Stages samples [n0, n0 + ns) of x (bf16 planes, or through the call's
+ * batch norm prologue when pro) as pair-planes: a pair's two planes read
+ * 16 pixels at a time and interleaved into 64-byte rows. */
+A3_TARGET static void a3_stage(const a3_geom *g, const ampc__op_call *c, const ampc_tensor *x, int pro, int64_t n0,
+                               int64_t ns, uint16_t *pp, float *tf, uint16_t *t16) {
+  memset(pp, 0, (size_t)(g->cb * 16 * g->L) * 4);
+  int64_t HW = g->H * g->W;
+  const __m512i ilv = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
+                                       20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t s = 0; s < ns; s++)
+    for (int64_t ch = 0; ch < g->Ci; ch += 2) {
+      /* the pair's first plane goes through t16 when staged, the second
+       * through t16's second half */
+      const uint16_t *s0 = a3_channel(g, c, x, pro, n0 + s, ch, tf, t16);
+      const uint16_t *s1 = ch + 1 < g->Ci ? a3_channel(g, c, x, pro, n0 + s, ch + 1, tf, t16 + HW) : NULL;
+      uint16_t *dst = pp + ((ch >> 1) * g->L + s * g->plane + g->Wp + 1) * 2;
+      for (int64_t iy = 0; iy < g->H; iy++)
+        for (int64_t ix = 0; ix < g->W; ix += 16) {
+          int64_t n = g->W - ix < 16 ? g->W - ix : 16;
+          __mmask16 m = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
+          __m256i a = _mm256_maskz_loadu_epi16(m, s0 + iy * g->W + ix);
+          __m256i b = s1 ? _mm256_maskz_loadu_epi16(m, s1 + iy * g->W + ix) : _mm256_setzero_si256();
+          __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+          __mmask32 m2 = n >= 16 ? 0xffffffffu : (__mmask32)((1ull << (2 * n)) - 1);
+          _mm512_mask_storeu_epi16(dst + (iy * g->Wp + ix) * 2, m2, _mm512_permutexvar_epi16(ilv, both));
+        }
+    }
+}
+
+/* Forward (bwd 0: y = conv(x)) or input gradient (bwd 1: dx = conv'(dY)). */
+static ampc_status a3_run(const ampc__op_call *c, int bwd) {
+  const ampc_tensor *x = bwd ? &c->dout : &c->in[0];
+  int nt = cpu_ctx(c)->nthreads;
+  a3_geom g = a3_of(c, bwd, nt);
+  /* threads the workspace holds */
+  size_t room = c->ws_size > g.wbytes + 64 ? (c->ws_size - g.wbytes - 64) / g.per_thread : 0;
+  if (room < 1) return ampc__error(AMPC_ESTATE, "conv2d: AMX workspace too small");
+  if ((size_t)g.nt > room) g.nt = (int)room;
+  char *base = (char *)(((uintptr_t)c->ws + 63) & ~(uintptr_t)63);
+  uint16_t *wp = (uint16_t *)base;
+  const ampc_tensor *b = !bwd && c->n_in > 2 ? &c->in[2] : NULL;
+  const ampc_tensor *dx = &c->din[0];
+  int pro = !bwd && c->pro;
+  int64_t HW = g.H * g.W, ngr = (g.N + g.G - 1) / g.G;
+#pragma omp parallel num_threads(g.nt)
+  {
+    int tid = omp_get_thread_num();
+    char *ws = base + g.wbytes + (size_t)tid * g.per_thread;
+    uint16_t *pp = (uint16_t *)ws, *t16 = (uint16_t *)(ws + g.off_t16);
+    float *yf = (float *)(ws + g.off_y), *tf = (float *)(ws + g.off_t), *tf2 = (float *)(ws + g.off_t2);
+    a3_pack_weight(&g, (const uint16_t *)c->in[1].data, bwd, wp, tid, omp_get_num_threads());
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t gi = 0; gi < ngr; gi++) {
+      int64_t n0 = gi * g.G, ns = g.N - n0 < g.G ? g.N - n0 : g.G;
+      a3_stage(&g, c, x, pro, n0, ns, pp, tf, t16);
+      a3_products(&g, wp, pp, yf);
+      for (int64_t s = 0; s < ns; s++)
+        for (int64_t o = 0; o < g.Co; o++) {
+          const float *src = yf + o * g.F + s * g.plane;
+          float bv = 0.0f;
+          if (b) ampc_load_f32(&bv, b->dtype, cpu_at(b, o), 1);
+          for (int64_t oy = 0; oy < g.H; oy++)
+            for (int64_t ox = 0; ox < g.W; ox++) tf[oy * g.W + ox] = src[oy * g.Wp + ox] + bv;
+          int64_t at = ((n0 + s) * g.Co + o) * HW;
+          if (bwd) cpu_store_grad(c, dx, at, tf, (size_t)HW, c->din_acc[0], tf2);
+          else cpu_store(&c->out, at, tf, (size_t)HW, 0, NULL);
+        }
+    }
+  }
+  return AMPC_OK;
+}
+#else
+static ampc_status a3_run(const ampc__op_call *c, int bwd) {
+  return ampc__error(AMPC_ESTATE, "conv2d: AMX tiles not built in");
+}
+#endif
+
+ampc_status ampc__cpu_a3_fwd(const ampc__op_call *c) { return a3_run(c, 0); }
+ampc_status ampc__cpu_a3_bwd_data(const ampc__op_call *c) { return a3_run(c, 1); }
