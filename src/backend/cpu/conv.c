@@ -121,9 +121,9 @@ static int use_winograd(const ampc__op_call *c) {
 }
 
 /* 3x3 stride-1 convolutions with padding 1 of bf16 (AUTO, on AMX tiles):
- * the forward and the input gradient straight from padded planes on the
- * tiles (conv_amx.c), the weight gradient on im2col's tiles. Not for the
- * direct loop's few input channels. */
+ * the forward, the input gradient and the weight gradient straight from
+ * padded planes on the tiles (conv_amx.c). Not for the direct loop's few
+ * input channels. */
 static int use_a3(const ampc__op_call *c) {
   return cpu_ctx(c)->conv_algo == AMPC_CONV_AUTO && cpu_conv3x3_s1(c) && c->attr.pad == 1 &&
          !ampc__cpu_direct_preferred(c) && conv_amx(c);
@@ -365,6 +365,8 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
   double t0 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0;
   if ((need_dw || need_db) && use_direct(c)) {
     AMPC_TRY(ampc__cpu_direct_bwd_weights(c));
+  } else if ((need_dw || need_db) && amx && run_a3(c)) {
+    AMPC_TRY(ampc__cpu_a3_bwd_weights(c));
   } else if (need_dw || need_db) {
     int nth_used = 1;
 #pragma omp parallel num_threads(g.nt)

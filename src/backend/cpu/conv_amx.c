@@ -50,8 +50,9 @@ static a3_geom a3_geometry(int64_t N, int64_t Ci, int64_t Co, int64_t H, int64_t
   g.ob = up(Co, 32) / 16;
   int64_t per = g.plane * (up(Co, 32) * 4 + up(Ci, 32) * 2);
   g.G = A3_GROUP_BYTES / (per > 0 ? per : 1);
+  int64_t share = (N + (nt < 1 ? 1 : nt) - 1) / (nt < 1 ? 1 : nt);
+  if (g.G > share) g.G = share;
   if (g.G < 1) g.G = 1;
-  if (g.G > N) g.G = N;
   g.F = up(g.G * g.plane, 32);
   g.L = g.F + 2 * g.Wp + 2 + 32;
   g.wbytes = al64((size_t)(9 * g.ob * 16 * g.cb * 32) * 2) + 64;
@@ -71,8 +72,52 @@ static a3_geom a3_of(const ampc__op_call *c, int bwd, int nt) {
              : a3_geometry(x->d[0], x->d[1], w->d[0], x->d[2], x->d[3], nt);
 }
 
+typedef struct {
+  int64_t N, Ci, Co, H, W, Hp, Wp, plane, Cop, Cip;
+  int64_t G, F;  /* samples per group; positions per group (a multiple of 32) */
+  int64_t QL;    /* positions staged per channel: F and what the taps reach past it */
+  size_t shared, off_db, off_dy, off_xp, off_q0, off_q1, off_t, off_t16, per_thread; /* bytes */
+  int nt;
+} a3w_geom;
+
+/* About 2 MB a thread for a group's staged dY and input. */
+enum { A3W_GROUP_BYTES = 2 << 20 };
+
+static a3w_geom a3w_of(const ampc__op_call *c, int nt) {
+  a3w_geom g;
+  const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape;
+  g.N = x->d[0]; g.Ci = x->d[1]; g.H = x->d[2]; g.W = x->d[3]; g.Co = w->d[0];
+  g.Hp = g.H + 2; g.Wp = g.W + 2; g.plane = g.Hp * g.Wp;
+  g.Cop = up(g.Co, 32); g.Cip = up(g.Ci, 32);
+  /* groups of about 2 MB staged, and at least the size of the f32 partial
+   * weight gradient the tiles add each group to (9 Cop Cip floats: for 512
+   * channels 9.4 MB); no more than a thread's share of the batch */
+  int64_t per = g.plane * (g.Cop * 2 + g.Cip * 6), dwb = 9 * g.Cop * g.Cip * 4;
+  int64_t budget = dwb > A3W_GROUP_BYTES ? dwb : A3W_GROUP_BYTES;
+  g.G = budget / (per > 0 ? per : 1);
+  int64_t share = (g.N + (nt < 1 ? 1 : nt) - 1) / (nt < 1 ? 1 : nt);
+  if (g.G > share) g.G = share;
+  if (g.G < 1) g.G = 1;
+  g.F = up(g.G * g.plane, 32);
+  g.QL = up(g.F + 2 * g.Wp + 2 + 2, 32);
+  size_t ok = (size_t)(g.Co * g.Ci * 9) * 4;
+  g.shared = al64(ok) * 2 + 64;
+  size_t dwt = al64((size_t)(9 * g.Cop * g.Cip) * 4), HW = (size_t)(g.H * g.W);
+  g.off_db = dwt;
+  g.off_dy = g.off_db + al64((size_t)g.Cop * 4);
+  g.off_xp = g.off_dy + al64((size_t)(g.Cop * g.F) * 2);
+  g.off_q0 = g.off_xp + al64((size_t)(g.Cip * g.QL) * 2);
+  g.off_q1 = g.off_q0 + al64((size_t)(g.QL / 2 * g.Cip) * 4);
+  g.off_t = g.off_q1 + al64((size_t)(g.QL / 2 * g.Cip) * 4);
+  g.off_t16 = g.off_t + al64(HW * 4);
+  g.per_thread = g.off_t16 + al64(HW * 4) + 64;
+  g.nt = nt < 1 ? 1 : nt;
+  return g;
+}
+
 size_t ampc__cpu_a3_ws(const ampc__op_call *c, int nthreads) {
-  size_t best = 0;
+  a3w_geom gw = a3w_of(c, nthreads);
+  size_t best = gw.shared + (size_t)gw.nt * gw.per_thread + 64;
   for (int bwd = 0; bwd < 2; bwd++) {
     a3_geom g = a3_of(c, bwd, nthreads);
     size_t s = g.wbytes + (size_t)g.nt * g.per_thread + 64;
@@ -240,8 +285,156 @@ static ampc_status a3_run(const ampc__op_call *c, int bwd) {
   }
   return AMPC_OK;
 }
+/* ---- the weight gradient: dW_t (Co x Ci) = sum over positions f of
+ * dY[o][f] * X[c][f + off_t], dY on the padded positions (zero where no
+ * output is) as the tiles' A (32 positions a row), the input as B: pairs of
+ * positions per channel, staged twice (pairs starting at even positions and
+ * at odd ones) since a tap's offset may be odd. */
+
+/* The staged input's pairs of positions, channels side by side: a row of
+ * 16 channels' pairs is one gather of 16 32-bit values a channel apart. */
+A3_TARGET static void a3w_pairs(const a3w_geom *g, const uint16_t *xp, uint16_t *q0, uint16_t *q1) {
+  int64_t np = g->QL / 2 - 1;
+  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32((int)(g->QL * 2)));
+  for (int64_t c0 = 0; c0 < g->Cip; c0 += 16) {
+    const uint16_t *src = xp + c0 * g->QL;
+    uint32_t *d0 = (uint32_t *)q0 + c0, *d1 = (uint32_t *)q1 + c0;
+    for (int64_t p = 0; p < np; p++) {
+      _mm512_storeu_si512((void *)(d0 + p * g->Cip), _mm512_i32gather_epi32(idx, (const void *)(src + 2 * p), 1));
+      _mm512_storeu_si512((void *)(d1 + p * g->Cip), _mm512_i32gather_epi32(idx, (const void *)(src + 2 * p + 1), 1));
+    }
+  }
+}
+
+A3_TARGET static void a3w_products(const a3w_geom *g, const uint16_t *dy, const uint16_t *q0, const uint16_t *q1,
+                                   float *dwt) {
+  a3_cfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; t++) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+  const int64_t ldq = g->Cip * 2; /* uint16 between pair rows */
+  for (int t = 0; t < 9; t++) {
+    int64_t off = (t / 3) * g->Wp + t % 3;
+    const uint16_t *q = (off & 1) ? q1 : q0;
+    int64_t pp = (off & 1) ? (off - 1) / 2 : off / 2; /* pair row of position f = 0 */
+    float *dt = dwt + (size_t)t * g->Cop * g->Cip;
+    for (int64_t o0 = 0; o0 < g->Cop; o0 += 32)
+      for (int64_t c0 = 0; c0 < g->Cip; c0 += 32) {
+        float *d0 = dt + o0 * g->Cip + c0, *d1 = d0 + 16 * g->Cip;
+        _tile_loadd(0, d0, g->Cip * 4);
+        _tile_loadd(1, d0 + 16, g->Cip * 4);
+        _tile_loadd(2, d1, g->Cip * 4);
+        _tile_loadd(3, d1 + 16, g->Cip * 4);
+        const uint16_t *a0 = dy + o0 * g->F, *a1 = a0 + 16 * g->F;
+        const uint16_t *b0 = q + pp * ldq + c0 * 2;
+        for (int64_t f0 = 0; f0 < g->F; f0 += 32) {
+          _tile_loadd(4, a0 + f0, g->F * 2);
+          _tile_loadd(6, b0 + (f0 / 2) * ldq, ldq * 2);
+          _tile_loadd(5, a1 + f0, g->F * 2);
+          _tile_loadd(7, b0 + (f0 / 2) * ldq + 32, ldq * 2);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, d0, g->Cip * 4);
+        _tile_stored(1, d0 + 16, g->Cip * 4);
+        _tile_stored(2, d1, g->Cip * 4);
+        _tile_stored(3, d1 + 16, g->Cip * 4);
+      }
+  }
+  _tile_release();
+}
+
+ampc_status ampc__cpu_a3_bwd_weights(const ampc__op_call *c) {
+  const ampc_tensor *dy = &c->dout, *dw = &c->din[1];
+  const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
+  int need_dw = dw->data != NULL, need_db = db && db->data;
+  a3w_geom g = a3w_of(c, cpu_ctx(c)->nthreads);
+  size_t room = c->ws_size > g.shared + 64 ? (c->ws_size - g.shared - 64) / g.per_thread : 0;
+  if (room < 1) return ampc__error(AMPC_ESTATE, "conv2d: AMX workspace too small");
+  if ((size_t)g.nt > room) g.nt = (int)room;
+  char *base = (char *)(((uintptr_t)c->ws + 63) & ~(uintptr_t)63);
+  int64_t HW = g.H * g.W, ngr = (g.N + g.G - 1) / g.G, K9 = g.Ci * 9;
+  size_t ok = (size_t)(g.Co * K9);
+  float *sum = (float *)base, *tmp = (float *)(base + al64(ok * 4));
+  int nth_used = 1;
+#pragma omp parallel num_threads(g.nt)
+  {
+    int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+#pragma omp single
+    nth_used = nth;
+    char *ws = base + g.shared + (size_t)tid * g.per_thread;
+    float *dwt = (float *)ws, *dbt = (float *)(ws + g.off_db), *tf = (float *)(ws + g.off_t);
+    uint16_t *dyb = (uint16_t *)(ws + g.off_dy), *xp = (uint16_t *)(ws + g.off_xp);
+    uint16_t *q0 = (uint16_t *)(ws + g.off_q0), *q1 = (uint16_t *)(ws + g.off_q1), *t16 = (uint16_t *)(ws + g.off_t16);
+    memset(dwt, 0, (size_t)(9 * g.Cop * g.Cip) * 4);
+    memset(dbt, 0, (size_t)g.Cop * 4);
+    /* groups in a fixed share: the partial sums are added in thread order */
+    for (int64_t gi = tid; gi < ngr; gi += nth) {
+      int64_t n0 = gi * g.G, ns = g.N - n0 < g.G ? g.N - n0 : g.G;
+      memset(dyb, 0, (size_t)(g.Cop * g.F) * 2);
+      memset(xp, 0, (size_t)(g.Cip * g.QL) * 2);
+      for (int64_t s = 0; s < ns; s++) {
+        for (int64_t o = 0; o < g.Co; o++) {
+          const uint16_t *src = (const uint16_t *)dy->data + ((n0 + s) * g.Co + o) * HW;
+          uint16_t *dst = dyb + o * g.F + s * g.plane;
+          for (int64_t oy = 0; oy < g.H; oy++) memcpy(dst + oy * g.Wp, src + oy * g.W, (size_t)g.W * 2);
+          if (need_db) {
+            const float *v = cpu_load(dy, ((n0 + s) * g.Co + o) * HW, (size_t)HW, tf);
+            dbt[o] += cpu_sum(v, (size_t)HW);
+          }
+        }
+        if (need_dw)
+          for (int64_t ch = 0; ch < g.Ci; ch++) {
+            const uint16_t *src;
+            int64_t at = ((n0 + s) * g.Ci + ch) * HW;
+            if (c->pro) {
+              const float *v = cpu_load_input(c, at, (size_t)HW, ch, tf);
+              ampc_f32_to_bf16_n(t16, v, (size_t)HW);
+              src = t16;
+            } else {
+              src = (const uint16_t *)c->in[0].data + at;
+            }
+            uint16_t *dst = xp + ch * g.QL + s * g.plane + g.Wp + 1;
+            for (int64_t iy = 0; iy < g.H; iy++) memcpy(dst + iy * g.Wp, src + iy * g.W, (size_t)g.W * 2);
+          }
+      }
+      if (!need_dw) continue;
+      /* the pairs: q0[p][c] = positions (2p, 2p + 1) of channel c, q1[p][c] = (2p + 1, 2p + 2) */
+      a3w_pairs(&g, xp, q0, q1);
+      a3w_products(&g, dyb, q0, q1, dwt);
+    }
+  }
+  /* the partials in thread order, then dW's layout [o][c][tap] */
+  float *acc = (float *)(base + g.shared);
+  for (int t = 1; t < nth_used; t++) {
+    const float *part = (const float *)(base + g.shared + (size_t)t * g.per_thread);
+    for (int64_t i = 0; i < 9 * g.Cop * g.Cip + g.Cop; i++) acc[i] += part[i];
+  }
+  if (need_dw) {
+    for (int64_t o = 0; o < g.Co; o++)
+      for (int64_t ch = 0; ch < g.Ci; ch++)
+        for (int t = 0; t < 9; t++) sum[o * K9 + ch * 9 + t] = acc[((size_t)t * g.Cop + o) * g.Cip + ch];
+    cpu_store_grad(c, dw, 0, sum, ok, c->din_acc[1], tmp);
+  }
+  if (need_db) {
+    const float *dbs = (const float *)((char *)acc + g.off_db);
+    memcpy(sum, dbs, (size_t)g.Co * 4);
+    cpu_store_grad(c, db, 0, sum, (size_t)g.Co, c->din_acc[2], tmp);
+  }
+  return AMPC_OK;
+}
 #else
 static ampc_status a3_run(const ampc__op_call *c, int bwd) {
+  return ampc__error(AMPC_ESTATE, "conv2d: AMX tiles not built in");
+}
+ampc_status ampc__cpu_a3_bwd_weights(const ampc__op_call *c) {
   return ampc__error(AMPC_ESTATE, "conv2d: AMX tiles not built in");
 }
 #endif

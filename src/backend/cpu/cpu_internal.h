@@ -349,10 +349,12 @@ void ampc__cpu_amx_pack_b(int64_t k, int64_t n, const float *B, int64_t ldb, int
 void ampc__cpu_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const void *Ap, const void *Bp, float *C, int64_t ldc,
                                int add);
 /* 3x3 stride-1 convolutions of bf16 on AMX tiles without im2col
- * (conv_amx.c): the forward and the input gradient. */
+ * (conv_amx.c): the forward, the input gradient, the weight (and bias)
+ * gradient. */
 size_t ampc__cpu_a3_ws(const ampc__op_call *c, int nthreads);
 ampc_status ampc__cpu_a3_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_a3_bwd_data(const ampc__op_call *c);
+ampc_status ampc__cpu_a3_bwd_weights(const ampc__op_call *c);
 size_t ampc__cpu_wino_ws(const ampc__op_call *c, int nthreads);
 ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c);
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c);
