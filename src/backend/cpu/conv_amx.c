@@ -115,13 +115,19 @@ static a3w_geom a3w_of(const ampc__op_call *c, int nt) {
   return g;
 }
 
+/* Room for every thread count up to the compiled one: fewer threads at run
+ * time take larger groups. */
 size_t ampc__cpu_a3_ws(const ampc__op_call *c, int nthreads) {
-  a3w_geom gw = a3w_of(c, nthreads);
-  size_t best = gw.shared + (size_t)gw.nt * gw.per_thread + 64;
-  for (int bwd = 0; bwd < 2; bwd++) {
-    a3_geom g = a3_of(c, bwd, nthreads);
-    size_t s = g.wbytes + (size_t)g.nt * g.per_thread + 64;
+  size_t best = 0;
+  for (int t = 1; t <= (nthreads < 1 ? 1 : nthreads); t++) {
+    a3w_geom gw = a3w_of(c, t);
+    size_t s = gw.shared + (size_t)gw.nt * gw.per_thread + 64;
     if (s > best) best = s;
+    for (int bwd = 0; bwd < 2; bwd++) {
+      a3_geom g = a3_of(c, bwd, t);
+      s = g.wbytes + (size_t)g.nt * g.per_thread + 64;
+      if (s > best) best = s;
+    }
   }
   return best;
 }
