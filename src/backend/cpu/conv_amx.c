@@ -136,12 +136,6 @@ size_t ampc__cpu_a3_ws(const ampc__op_call *c, int nthreads) {
 #include <immintrin.h>
 #define A3_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,amx-tile,amx-bf16")))
 
-typedef struct {
-  uint8_t palette, start_row, rsv[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} a3_cfg;
-
 /* The weight's tiles: [tap][block of 16 outputs][chunk of 32 inputs][16][32],
  * out-of-range entries zero; turned (input gradient) or not. Threads share
  * the blocks. */
@@ -169,14 +163,7 @@ static void a3_pack_weight(const a3_geom *g, const uint16_t *w, int turned, uint
 /* One group's products: out (ob*16 x F f32, rows F apart) = sum over taps of
  * W_t * shifted planes. */
 A3_TARGET static void a3_products(const a3_geom *g, const uint16_t *wp, const uint16_t *pp, float *out) {
-  a3_cfg cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; t++) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
+  ampc__cpu_amx_begin();
   const int64_t lstride = g->L * 4; /* bytes between pair-planes */
   for (int64_t b = 0; b < g->ob; b += 2)
     for (int64_t f0 = 0; f0 < g->F; f0 += 32) {
@@ -205,7 +192,7 @@ A3_TARGET static void a3_products(const a3_geom *g, const uint16_t *wp, const ui
       _tile_stored(2, o1, g->F * 4);
       _tile_stored(3, o1 + 16, g->F * 4);
     }
-  _tile_release();
+  ampc__cpu_amx_end();
 }
 
 /* Channel ch of sample n of x as bf16: the tensor's own values, or through
@@ -315,14 +302,7 @@ A3_TARGET static void a3w_pairs(const a3w_geom *g, const uint16_t *xp, uint16_t 
 
 A3_TARGET static void a3w_products(const a3w_geom *g, const uint16_t *dy, const uint16_t *q0, const uint16_t *q1,
                                    float *dwt) {
-  a3_cfg cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; t++) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
+  ampc__cpu_amx_begin();
   const int64_t ldq = g->Cip * 2; /* uint16 between pair rows */
   for (int t = 0; t < 9; t++) {
     int64_t off = (t / 3) * g->Wp + t % 3;
@@ -354,7 +334,7 @@ A3_TARGET static void a3w_products(const a3w_geom *g, const uint16_t *dy, const 
         _tile_stored(3, d1 + 16, g->Cip * 4);
       }
   }
-  _tile_release();
+  ampc__cpu_amx_end();
 }
 
 ampc_status ampc__cpu_a3_bwd_weights(const ampc__op_call *c) {

@@ -348,6 +348,10 @@ void ampc__cpu_amx_pack_a(int64_t m, int64_t k, const float *A, int64_t lda, int
 void ampc__cpu_amx_pack_b(int64_t k, int64_t n, const float *B, int64_t ldb, int tb, void *dst);
 void ampc__cpu_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const void *Ap, const void *Bp, float *C, int64_t ldc,
                                int add);
+/* Configures the calling thread's tiles (8 of 16 rows by 64 bytes) before
+ * it uses them, and releases them after. */
+void ampc__cpu_amx_begin(void);
+void ampc__cpu_amx_end(void);
 /* 3x3 stride-1 convolutions of bf16 on AMX tiles without im2col
  * (conv_amx.c): the forward, the input gradient, the weight (and bias)
  * gradient. */

@@ -155,6 +155,20 @@ typedef struct {
   uint8_t rows[16];
 } amx_cfg;
 
+/* Every tile 16 rows of 64 bytes, on the calling thread (the tiles'
+ * configuration is a thread's own state), and back to their initial state. */
+AMX_TARGET void ampc__cpu_amx_begin(void) {
+  amx_cfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; t++) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+}
+AMX_TARGET void ampc__cpu_amx_end(void) { _tile_release(); }
+
 /* The sum over k in slices of AMX_KB: the panel of 32 rows of A or 32
  * columns of B for a slice (16 KB) stays in L1 while the other operand's
  * slice streams from L2 past it -- the smaller one's, so that it fits. */
@@ -189,14 +203,7 @@ enum { AMX_KB = 256 };
 AMX_TARGET void ampc__cpu_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const void *Ap_, const void *Bp_, float *C,
                                           int64_t ldc, int add) {
   const uint16_t *Ap = amx_align((void *)Ap_), *Bp = amx_align((void *)Bp_);
-  amx_cfg cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; t++) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
+  ampc__cpu_amx_begin();
   float buf[256] __attribute__((aligned(64)));
   int64_t kb = up(k, 32) / 32, mp = up(m, 32), np = up(n, 32);
   for (int64_t q0 = 0; q0 < kb; q0 += AMX_KB / 32) {
@@ -228,9 +235,11 @@ AMX_TARGET void ampc__cpu_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const
         AMX_C_STORE(3, i0 + 16, j0 + 16);
       }
   }
-  _tile_release();
+  ampc__cpu_amx_end();
 }
 #else
+void ampc__cpu_amx_begin(void) {}
+void ampc__cpu_amx_end(void) {}
 void ampc__cpu_amx_pack_a(int64_t m, int64_t k, const float *A, int64_t lda, int ta, void *dst, int part, int nparts) {}
 void ampc__cpu_amx_pack_b(int64_t k, int64_t n, const float *B, int64_t ldb, int tb, void *dst) {}
 void ampc__cpu_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const void *Ap, const void *Bp, float *C, int64_t ldc,
