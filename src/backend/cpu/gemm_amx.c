@@ -156,17 +156,16 @@ typedef struct {
 } amx_cfg;
 
 /* Every tile 16 rows of 64 bytes, on the calling thread (the tiles'
- * configuration is a thread's own state), and back to their initial state. */
-AMX_TARGET void ampc__cpu_amx_begin(void) {
-  amx_cfg cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; t++) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
-}
+ * configuration is a thread's own state), and back to their initial state.
+ * The configuration is a constant: GCC does not see that LDTILECFG reads all
+ * 64 bytes of its operand, and dropped the stores of one built on the stack
+ * (the tiles then had no rows, and the first load faulted). */
+static const amx_cfg amx_config = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+AMX_TARGET void ampc__cpu_amx_begin(void) { _tile_loadconfig(&amx_config); }
 AMX_TARGET void ampc__cpu_amx_end(void) { _tile_release(); }
 
 /* The sum over k in slices of AMX_KB: the panel of 32 rows of A or 32
