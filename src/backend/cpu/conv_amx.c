@@ -23,8 +23,6 @@
 
 #include "backend/cpu/cpu_internal.h"
 
-static int64_t up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
 typedef struct {
   int64_t N, Ci, Co, H, W, Hp, Wp, plane;
   int64_t cb;    /* chunks of 32 input channels */
@@ -46,14 +44,14 @@ static a3_geom a3_geometry(int64_t N, int64_t Ci, int64_t Co, int64_t H, int64_t
   a3_geom g;
   g.N = N; g.Ci = Ci; g.Co = Co; g.H = H; g.W = W;
   g.Hp = H + 2; g.Wp = W + 2; g.plane = g.Hp * g.Wp;
-  g.cb = up(Ci, 32) / 32;
-  g.ob = up(Co, 32) / 16;
-  int64_t per = g.plane * (up(Co, 32) * 4 + up(Ci, 32) * 2);
+  g.cb = cpu_round_up(Ci, 32) / 32;
+  g.ob = cpu_round_up(Co, 32) / 16;
+  int64_t per = g.plane * (cpu_round_up(Co, 32) * 4 + cpu_round_up(Ci, 32) * 2);
   g.G = A3_GROUP_BYTES / (per > 0 ? per : 1);
   int64_t share = (N + (nt < 1 ? 1 : nt) - 1) / (nt < 1 ? 1 : nt);
   if (g.G > share) g.G = share;
   if (g.G < 1) g.G = 1;
-  g.F = up(g.G * g.plane, 32);
+  g.F = cpu_round_up(g.G * g.plane, 32);
   g.L = g.F + 2 * g.Wp + 2 + 32;
   g.wbytes = al64((size_t)(9 * g.ob * 16 * g.cb * 32) * 2) + 64;
   size_t pbytes = al64((size_t)(g.cb * 16 * g.L) * 4);
@@ -88,7 +86,7 @@ static a3w_geom a3w_of(const ampc__op_call *c, int nt) {
   const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape;
   g.N = x->d[0]; g.Ci = x->d[1]; g.H = x->d[2]; g.W = x->d[3]; g.Co = w->d[0];
   g.Hp = g.H + 2; g.Wp = g.W + 2; g.plane = g.Hp * g.Wp;
-  g.Cop = up(g.Co, 32); g.Cip = up(g.Ci, 32);
+  g.Cop = cpu_round_up(g.Co, 32); g.Cip = cpu_round_up(g.Ci, 32);
   /* groups of about 2 MB staged, and at least the size of the f32 partial
    * weight gradient the tiles add each group to (9 Cop Cip floats: for 512
    * channels 9.4 MB); no more than a thread's share of the batch */
@@ -98,8 +96,8 @@ static a3w_geom a3w_of(const ampc__op_call *c, int nt) {
   int64_t share = (g.N + (nt < 1 ? 1 : nt) - 1) / (nt < 1 ? 1 : nt);
   if (g.G > share) g.G = share;
   if (g.G < 1) g.G = 1;
-  g.F = up(g.G * g.plane, 32);
-  g.QL = up(g.F + 2 * g.Wp + 2 + 2, 32);
+  g.F = cpu_round_up(g.G * g.plane, 32);
+  g.QL = cpu_round_up(g.F + 2 * g.Wp + 2 + 2, 32);
   size_t ok = (size_t)(g.Co * g.Ci * 9) * 4;
   g.shared = al64(ok) * 2 + 64;
   size_t dwt = al64((size_t)(9 * g.Cop * g.Cip) * 4), HW = (size_t)(g.H * g.W);
@@ -213,8 +211,7 @@ A3_TARGET static void a3_stage(const a3_geom *g, const ampc__op_call *c, const a
                                int64_t ns, uint16_t *pp, float *tf, uint16_t *t16) {
   memset(pp, 0, (size_t)(g->cb * 16 * g->L) * 4);
   int64_t HW = g->H * g->W;
-  const __m512i ilv = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
-                                       20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i ilv = _mm512_set_epi16(CPU_AMX_PAIRS_IDX);
   for (int64_t s = 0; s < ns; s++)
     for (int64_t ch = 0; ch < g->Ci; ch += 2) {
       /* the pair's first plane goes through t16 when staged, the second

@@ -341,6 +341,12 @@ void ampc__cpu_transpose(const float *src, int64_t rows, int64_t cols, float *ds
  * to when add. pack_a packs part `part` of `nparts` of A's rows, for threads
  * to share it. */
 int ampc__cpu_amx(void);
+/* x rounded up to a multiple of m */
+static inline int64_t cpu_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+/* _mm512_set_epi16's arguments that interleave two rows of 16 bf16 (a's
+ * then b's in one vector) into 16 pairs (a[j], b[j]): the tiles' B layout */
+#define CPU_AMX_PAIRS_IDX                                                                                          \
+  31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0
 extern int ampc__cpu_amx_off;
 size_t ampc__cpu_amx_pack_a_bytes(int64_t m, int64_t k);
 size_t ampc__cpu_amx_pack_b_bytes(int64_t k, int64_t n);

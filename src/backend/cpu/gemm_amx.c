@@ -63,10 +63,12 @@ int ampc__cpu_amx(void) {
 int ampc__cpu_amx(void) { return 0; }
 #endif
 
-static int64_t up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-size_t ampc__cpu_amx_pack_a_bytes(int64_t m, int64_t k) { return (size_t)(up(m, 32) * up(k, 32)) * 2 + 64; }
-size_t ampc__cpu_amx_pack_b_bytes(int64_t k, int64_t n) { return (size_t)(up(k, 32) * up(n, 32)) * 2 + 64; }
+size_t ampc__cpu_amx_pack_a_bytes(int64_t m, int64_t k) {
+  return (size_t)(cpu_round_up(m, 32) * cpu_round_up(k, 32)) * 2 + 64;
+}
+size_t ampc__cpu_amx_pack_b_bytes(int64_t k, int64_t n) {
+  return (size_t)(cpu_round_up(k, 32) * cpu_round_up(n, 32)) * 2 + 64;
+}
 
 #ifdef AMX_BUILT
 #define AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,amx-tile,amx-bf16")))
@@ -83,8 +85,7 @@ static inline void amx_tr16(const uint32_t *src, uint32_t *dst) {
  * past kend is zeros) as 16 pairs of bf16, the two rows' values of a column
  * side by side. */
 AMX_TARGET static inline __m512i amx_pairs(const float *row, int64_t ld, int64_t p, int64_t kend, __mmask16 mc) {
-  const __m512i ilv = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
-                                       20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i ilv = _mm512_set_epi16(CPU_AMX_PAIRS_IDX);
   __m512 r0 = p < kend ? _mm512_maskz_loadu_ps(mc, row + p * ld) : _mm512_setzero_ps();
   __m512 r1 = p + 1 < kend ? _mm512_maskz_loadu_ps(mc, row + (p + 1) * ld) : _mm512_setzero_ps();
   return _mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(r1, r0));
@@ -104,7 +105,7 @@ static __mmask16 amx_mask(int64_t n) { return n >= 16 ? 0xffff : n > 0 ? (__mmas
 AMX_TARGET void ampc__cpu_amx_pack_a(int64_t m, int64_t k, const float *A, int64_t lda, int ta, void *dst_, int part,
                                      int nparts) {
   uint16_t *dst = amx_align(dst_);
-  int64_t mb = up(m, 32) / 16, kb = up(k, 32) / 32;
+  int64_t mb = cpu_round_up(m, 32) / 16, kb = cpu_round_up(k, 32) / 32;
   int64_t b0 = mb * part / nparts, b1 = mb * (part + 1) / nparts;
   uint32_t tmp[256] __attribute__((aligned(64)));
   for (int64_t ib = b0; ib < b1; ib++)
@@ -128,7 +129,7 @@ AMX_TARGET void ampc__cpu_amx_pack_a(int64_t m, int64_t k, const float *A, int64
  * pairs of k][16 columns][2]. */
 AMX_TARGET void ampc__cpu_amx_pack_b(int64_t k, int64_t n, const float *B, int64_t ldb, int tb, void *dst_) {
   uint16_t *dst = amx_align(dst_);
-  int64_t nb = up(n, 32) / 16, kb = up(k, 32) / 32;
+  int64_t nb = cpu_round_up(n, 32) / 16, kb = cpu_round_up(k, 32) / 32;
   uint32_t tmp[256] __attribute__((aligned(64)));
   for (int64_t jb = 0; jb < nb; jb++) {
     int64_t j0 = jb * 16;
@@ -204,7 +205,7 @@ AMX_TARGET void ampc__cpu_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const
   const uint16_t *Ap = amx_align((void *)Ap_), *Bp = amx_align((void *)Bp_);
   ampc__cpu_amx_begin();
   float buf[256] __attribute__((aligned(64)));
-  int64_t kb = up(k, 32) / 32, mp = up(m, 32), np = up(n, 32);
+  int64_t kb = cpu_round_up(k, 32) / 32, mp = cpu_round_up(m, 32), np = cpu_round_up(n, 32);
   for (int64_t q0 = 0; q0 < kb; q0 += AMX_KB / 32) {
     int64_t q1 = q0 + AMX_KB / 32 < kb ? q0 + AMX_KB / 32 : kb;
     int acc = add || q0 > 0;
