@@ -273,6 +273,28 @@ TEST(winograd_same_bits_any_threads) {
   test_conv_algo = AMPC_CONV_AUTO;
 }
 
+/* Case cs in precision pc, forward and backward on two threads twice, the
+ * second time with the test hook *hook set, the two compared within tol. */
+static void compare_with_hook(const op_case *cs, const prec_case *pc, int *hook, double tol, const char *what) {
+  ctx_case = cs->name;
+  ctx_prec = pc->name;
+  net a = {0}, b = {0};
+  if (build(&a, cs, &pc->p, cs->n, 2) == 0 && build(&b, cs, &pc->p, cs->n, 2) == 0) {
+    for (int r = 0; r < 2; r++) {
+      net *q = r ? &b : &a;
+      *hook = r;
+      CHECK_OK(ampc_graph_forward(q->g, 1));
+      CHECK_OK(ampc_graph_backward(q->g, q->loss, 1.0f, 0));
+    }
+    *hook = 0;
+    snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&b, cs);
+    compare_snapshots(&sa, &sb, tol, what);
+  }
+  ampc_graph_free(a.g);
+  ampc_graph_free(b.g);
+  tmp_free_all();
+}
+
 /* Winograd's small products give the same bits through the 16-wide kernel
  * (AVX-512's; here forced, so it runs on any CPU) as through the 8-wide one:
  * each output is the same in-order sum. Where the CPU has AVX-512 the default
@@ -284,25 +306,8 @@ TEST(winograd_wide_kernel_same_bits) {
   for (int i = 0; i < 3; i++)
     for (int t = 0; t < 2; t++)
       for (int p = 0; p < NPRECS; p++) {
-        const op_case *cs = find_case(names[i]);
-        ctx_case = cs->name;
-        ctx_prec = PRECS[p].name;
         ampc__cpu_wino_tile_target = targets[t];
-        net a = {0}, b = {0};
-        if (build(&a, cs, &PRECS[p].p, cs->n, 2) == 0 && build(&b, cs, &PRECS[p].p, cs->n, 2) == 0) {
-          for (int r = 0; r < 2; r++) {
-            net *q = r ? &b : &a;
-            ampc__cpu_gemm_force_wide = r;
-            CHECK_OK(ampc_graph_forward(q->g, 1));
-            CHECK_OK(ampc_graph_backward(q->g, q->loss, 1.0f, 0));
-          }
-          ampc__cpu_gemm_force_wide = 0;
-          snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&b, cs);
-          compare_snapshots(&sa, &sb, 0.0, "8-wide vs 16-wide kernel, bit for bit");
-        }
-        ampc_graph_free(a.g);
-        ampc_graph_free(b.g);
-        tmp_free_all();
+        compare_with_hook(find_case(names[i]), &PRECS[p], &ampc__cpu_gemm_force_wide, 0.0, "8-wide vs 16-wide kernel, bit for bit");
       }
   ampc__cpu_wino_tile_target = 0;
   test_conv_algo = AMPC_CONV_AUTO;
@@ -493,25 +498,9 @@ TEST(conv2d_amx) {
     const op_case *cs = &CASES[i];
     if (cs->k != K_CONV) continue;
     const prec_case *pc = &PRECS[2];
-    ctx_case = cs->name;
-    ctx_prec = pc->name;
     CHECK(pc->p.act_type == AMPC_DTYPE_BF16 && pc->p.param_type == AMPC_DTYPE_BF16);
-    net a = {0}, b = {0};
-    if (build(&a, cs, &pc->p, cs->n, 2) == 0 && build(&b, cs, &pc->p, cs->n, 2) == 0) {
-      for (int r = 0; r < 2; r++) {
-        net *q = r ? &b : &a;
-        ampc__cpu_amx_off = r;
-        CHECK_OK(ampc_graph_forward(q->g, 1));
-        CHECK_OK(ampc_graph_backward(q->g, q->loss, 1.0f, 0));
-      }
-      ampc__cpu_amx_off = 0;
-      snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&b, cs);
-      /* one bf16 step of the largest value at most */
-      compare_snapshots(&sa, &sb, 1.0 / 128, "AMX tiles vs f32 products");
-    }
-    ampc_graph_free(a.g);
-    ampc_graph_free(b.g);
-    tmp_free_all();
+    /* one bf16 step of the largest value at most */
+    compare_with_hook(cs, pc, &ampc__cpu_amx_off, 1.0 / 128, "AMX tiles vs f32 products");
   }
   test_conv_algo = AMPC_CONV_AUTO;
 }
