@@ -134,6 +134,15 @@ size_t ampc__cpu_a3_ws(const ampc__op_call *c, int nthreads) {
 #include <immintrin.h>
 #define A3_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,amx-tile,amx-bf16")))
 
+/* At most the threads whose slices (per_thread bytes each, after `shared`)
+ * the call's workspace holds. */
+static ampc_status a3_threads(const ampc__op_call *c, size_t shared, size_t per_thread, int *nt) {
+  size_t room = c->ws_size > shared + 64 ? (c->ws_size - shared - 64) / per_thread : 0;
+  if (room < 1) return ampc__error(AMPC_ESTATE, "conv2d: AMX workspace too small");
+  if ((size_t)*nt > room) *nt = (int)room;
+  return AMPC_OK;
+}
+
 /* The weight's tiles: [tap][block of 16 outputs][chunk of 32 inputs][16][32],
  * out-of-range entries zero; turned (input gradient) or not. Threads share
  * the blocks. */
@@ -193,11 +202,11 @@ A3_TARGET static void a3_products(const a3_geom *g, const uint16_t *wp, const ui
   ampc__cpu_amx_end();
 }
 
-/* Channel ch of sample n of x as bf16: the tensor's own values, or through
- * the call's batch norm prologue (pro) into t16. */
-static const uint16_t *a3_channel(const a3_geom *g, const ampc__op_call *c, const ampc_tensor *x, int pro, int64_t n,
+/* The plane of HW values of channel ch at element `at` of x as bf16: the
+ * tensor's own values, or through the call's batch norm prologue (pro) into
+ * t16 (tf: HW floats of room). */
+static const uint16_t *a3_channel(const ampc__op_call *c, const ampc_tensor *x, int pro, int64_t at, int64_t HW,
                                   int64_t ch, float *tf, uint16_t *t16) {
-  int64_t HW = g->H * g->W, at = (n * g->Ci + ch) * HW;
   if (!pro) return (const uint16_t *)x->data + at;
   const float *v = cpu_load_input(c, at, (size_t)HW, ch, tf);
   ampc_f32_to_bf16_n(t16, v, (size_t)HW);
@@ -216,8 +225,9 @@ A3_TARGET static void a3_stage(const a3_geom *g, const ampc__op_call *c, const a
     for (int64_t ch = 0; ch < g->Ci; ch += 2) {
       /* the pair's first plane goes through t16 when staged, the second
        * through t16's second half */
-      const uint16_t *s0 = a3_channel(g, c, x, pro, n0 + s, ch, tf, t16);
-      const uint16_t *s1 = ch + 1 < g->Ci ? a3_channel(g, c, x, pro, n0 + s, ch + 1, tf, t16 + HW) : NULL;
+      int64_t at = ((n0 + s) * g->Ci + ch) * HW;
+      const uint16_t *s0 = a3_channel(c, x, pro, at, HW, ch, tf, t16);
+      const uint16_t *s1 = ch + 1 < g->Ci ? a3_channel(c, x, pro, at + HW, HW, ch + 1, tf, t16 + HW) : NULL;
       uint16_t *dst = pp + ((ch >> 1) * g->L + s * g->plane + g->Wp + 1) * 2;
       for (int64_t iy = 0; iy < g->H; iy++)
         for (int64_t ix = 0; ix < g->W; ix += 16) {
@@ -238,9 +248,7 @@ static ampc_status a3_run(const ampc__op_call *c, int bwd) {
   int nt = cpu_ctx(c)->nthreads;
   a3_geom g = a3_of(c, bwd, nt);
   /* threads the workspace holds */
-  size_t room = c->ws_size > g.wbytes + 64 ? (c->ws_size - g.wbytes - 64) / g.per_thread : 0;
-  if (room < 1) return ampc__error(AMPC_ESTATE, "conv2d: AMX workspace too small");
-  if ((size_t)g.nt > room) g.nt = (int)room;
+  AMPC_TRY(a3_threads(c, g.wbytes, g.per_thread, &g.nt));
   char *base = (char *)(((uintptr_t)c->ws + 63) & ~(uintptr_t)63);
   uint16_t *wp = (uint16_t *)base;
   const ampc_tensor *b = !bwd && c->n_in > 2 ? &c->in[2] : NULL;
@@ -339,9 +347,7 @@ ampc_status ampc__cpu_a3_bwd_weights(const ampc__op_call *c) {
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
   int need_dw = dw->data != NULL, need_db = db && db->data;
   a3w_geom g = a3w_of(c, cpu_ctx(c)->nthreads);
-  size_t room = c->ws_size > g.shared + 64 ? (c->ws_size - g.shared - 64) / g.per_thread : 0;
-  if (room < 1) return ampc__error(AMPC_ESTATE, "conv2d: AMX workspace too small");
-  if ((size_t)g.nt > room) g.nt = (int)room;
+  AMPC_TRY(a3_threads(c, g.shared, g.per_thread, &g.nt));
   char *base = (char *)(((uintptr_t)c->ws + 63) & ~(uintptr_t)63);
   int64_t HW = g.H * g.W, ngr = (g.N + g.G - 1) / g.G, K9 = g.Ci * 9;
   size_t ok = (size_t)(g.Co * K9);
@@ -375,15 +381,7 @@ ampc_status ampc__cpu_a3_bwd_weights(const ampc__op_call *c) {
         }
         if (need_dw)
           for (int64_t ch = 0; ch < g.Ci; ch++) {
-            const uint16_t *src;
-            int64_t at = ((n0 + s) * g.Ci + ch) * HW;
-            if (c->pro) {
-              const float *v = cpu_load_input(c, at, (size_t)HW, ch, tf);
-              ampc_f32_to_bf16_n(t16, v, (size_t)HW);
-              src = t16;
-            } else {
-              src = (const uint16_t *)c->in[0].data + at;
-            }
+            const uint16_t *src = a3_channel(c, &c->in[0], c->pro != NULL, ((n0 + s) * g.Ci + ch) * HW, HW, ch, tf, t16);
             uint16_t *dst = xp + ch * g.QL + s * g.plane + g.Wp + 1;
             for (int64_t iy = 0; iy < g.H; iy++) memcpy(dst + iy * g.Wp, src + iy * g.W, (size_t)g.W * 2);
           }
