@@ -239,6 +239,25 @@ printf '{"epoch":1}\n' > "$dir/keep.jsonl"
 if [ "$(cat "$dir/keep.jsonl")" = '{"epoch":1}' ]; then ok "a run that fails before training leaves --metrics as it was"
 else bad "--metrics emptied by a run that never trained: '$(cat "$dir/keep.jsonl")'"; fi
 
+# --- a loss that is not finite is null in the metrics (JSON has no inf or NaN) ----------------
+AMPC_TEST_INF_AT=0:3 "$ampc" train --model mlp --opt-level O2 --train-limit 640 --test-limit 64 --batch-size 64 --epochs 1 \
+  --quiet --metrics "$dir/inf.jsonl" --log-every 1 > /dev/null 2>&1
+if python3 -c "
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+st = [r for r in recs if 'step' in r and 'epoch' not in r]
+ep = [r for r in recs if 'epoch' in r]
+s3 = [r for r in st if r['step'] == 3]
+assert len(st) == 10 and len(ep) == 1, (len(st), len(ep))
+assert s3 and s3[0]['skipped'] is True and 'loss' in s3[0] and s3[0]['loss'] is None, s3
+assert all(isinstance(r['loss'], float) for r in st if r['step'] != 3)
+assert 'train_loss' in ep[0] and ep[0]['train_loss'] is None and isinstance(ep[0]['test_loss'], float), ep
+" "$dir/inf.jsonl" && "$ampc" report "$dir/inf.jsonl" -o "$dir/inf.html" > /dev/null 2>&1; then
+  ok "an inf input at step 3: its record's loss and the epoch's train_loss are null, the rest numbers; report reads it"
+else
+  bad "non-finite loss in the metrics: $(head -c 600 "$dir/inf.jsonl")"
+fi
+
 # --- writes that fail are errors: the metrics file, standard output --------------------------
 if [ -w /dev/full ] && [ -c /dev/full ]; then
   "$ampc" train --model mlp --train-limit 64 --test-limit 32 --batch-size 32 --epochs 1 --quiet --metrics /dev/full > /dev/null 2> "$dir/full.txt"

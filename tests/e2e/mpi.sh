@@ -160,6 +160,34 @@ if [ -n "$victim" ] && [ $rc != 0 ] && grep -q 'rank 1 .*exited on signal 9' "$d
 else
   bad "kill -9 of rank 1 (pid '$victim'): status $rc: $(head -5 "$dir/kill.err")"
 fi
+# SIGTERM to rank 1 alone: every rank stops after the same step, rank 0 names the signal and
+# where it came from, saves a checkpoint, and the job ends cleanly
+T=(--model cnn --opt-level O2 --epochs 1000 --train-limit 2560 --test-limit 128 --batch-size 64 --threads 1 --quiet)
+"${MPI[@]}" "$ampc" train "${T[@]}" --checkpoint-dir "$dir/ckt" --save-every 5 > /dev/null 2> "$dir/term.err" &
+mpid=$!
+victim=""
+for _ in $(seq 1 600); do
+  if [ -e "$dir/ckt/ckpt-step-00000010.safetensors" ]; then
+    for p in $(pgrep -P $mpid); do
+      tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && victim=$p
+    done
+    break
+  fi
+  kill -0 $mpid 2> /dev/null || break
+  sleep 0.1
+done
+[ -n "$victim" ] && kill -TERM "$victim"
+for _ in $(seq 1 300); do kill -0 $mpid 2> /dev/null || break; sleep 0.1; done
+if kill -0 $mpid 2> /dev/null; then
+  bad "the job still runs 30 s after SIGTERM to rank 1"; kill -9 $mpid
+fi
+wait $mpid; rc=$?
+if [ -n "$victim" ] && [ $rc = 0 ] && grep -q '^ampc: SIGTERM (by another rank) received at epoch [0-9]*, batch [0-9]*/[0-9]*: saving a checkpoint at step' "$dir/term.err" &&
+  grep -q 'resume with: ampc train ... --resume' "$dir/term.err"; then
+  ok "SIGTERM to rank 1: $(grep -o 'SIGTERM (by another rank) received at epoch [0-9]*, batch [0-9/]*' "$dir/term.err"), a checkpoint saved, status 0"
+else
+  bad "SIGTERM to rank 1 (pid '$victim'): status $rc: $(head -5 "$dir/term.err")"
+fi
 cp -r "$dir/ck" "$dir/ck1"
 "${MPI[@]}" "$ampc" train "${F[@]}" --resume "$dir/ck" --save "$dir/res2.st" > /dev/null 2> "$dir/res2.err" || { bad "2-rank resume"; cat "$dir/res2.err"; }
 stcmp "$dir/full.st" "$dir/res2.st" --exact > /dev/null && ok "resume with 2 ranks: bit-identical to the unbroken 2-rank run" || bad "2-rank resume: $(stcmp "$dir/full.st" "$dir/res2.st")"

@@ -18,6 +18,7 @@
 
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) { stop_requested = sig; }
+static int stop_elsewhere; /* data-parallel: the signal a rank other than this one received */
 
 #define CKPT_PREFIX "ckpt-step-"
 #define CKPT_SUFFIX ".safetensors"
@@ -50,6 +51,10 @@ static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc
 
 
 /* One JSON object, one line, flushed. */
+/* A number for a record: null where it is not finite (JSON has no inf or
+ * NaN): an overflowing step's loss, an epoch with no finite loss. */
+static json_t *json_num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
 /* One JSON line into the metrics file. The first write that fails (a full
  * disk) is said at once, with why; training goes on and the run ends with an
  * error (the final check of the file). */
@@ -460,8 +465,8 @@ int cmd_train(int argc, char **argv) {
       if (W > 1) {
         /* the step's loss and images over the ranks, and whether a rank was
          * asked to stop: every rank stops after the same step */
-        double v[3] = {step_lsum, step_n, stop_requested ? 1.0 : 0.0};
-        if (ampc_comm_allreduce_host(comm, v, 3, AMPC_COMM_SUM) < 0) {
+        double v[4] = {step_lsum, step_n, stop_requested == SIGINT ? 1.0 : 0.0, stop_requested == SIGTERM ? 1.0 : 0.0};
+        if (ampc_comm_allreduce_host(comm, v, 4, AMPC_COMM_SUM) < 0) {
           rank_failed();
           rc = 1;
           break;
@@ -470,7 +475,9 @@ int cmd_train(int argc, char **argv) {
         ts.seen += (int64_t)v[1];
         seen_here += (int64_t)v[1];
         step_loss = v[0] / (v[1] > 0 ? v[1] : 1.0);
-        stop_now = v[2] > 0;
+        stop_now = v[2] > 0 || v[3] > 0;
+        /* the signal another rank received, named on this one */
+        if (stop_now && !stop_requested) stop_elsewhere = v[2] > 0 ? SIGINT : SIGTERM;
       } else {
         stop_now = stop_requested != 0;
       }
@@ -530,12 +537,12 @@ int cmd_train(int argc, char **argv) {
       if (mf && a.log_every > 0 && (ts.step % a.log_every == 0 || !info.applied)) {
         json_t *o = json_object();
         json_object_set_new(o, "step", json_integer(ts.step));
-        json_object_set_new(o, "epoch_progress", json_real((double)epoch + (double)b / (double)nb));
-        json_object_set_new(o, "loss", json_real(rec_loss / (double)rec_steps));
-        json_object_set_new(o, "loss_scale", json_real(info.scale));
+        json_object_set_new(o, "epoch_progress", json_num((double)epoch + (double)b / (double)nb));
+        json_object_set_new(o, "loss", json_num(rec_loss / (double)rec_steps));
+        json_object_set_new(o, "loss_scale", json_num(info.scale));
         json_object_set_new(o, "skipped", json_boolean(!info.applied));
-        json_object_set_new(o, "lr", json_real(lr));
-        if (isfinite(info.grad_norm)) json_object_set_new(o, "grad_norm", json_real(info.grad_norm)); /* (not on an overflow) */
+        json_object_set_new(o, "lr", json_num(lr));
+        if (isfinite(info.grad_norm)) json_object_set_new(o, "grad_norm", json_num(info.grad_norm)); /* (not on an overflow) */
         if (W > 1) json_object_set_new(o, "world_size", json_integer(W));
         write_record(mf, o);
         rec_loss = 0.0;
@@ -563,9 +570,9 @@ int cmd_train(int argc, char **argv) {
       const char *dir = a.checkpoint_dir ? a.checkpoint_dir : "checkpoints";
       cli_progress_clear(&pg);
       if (root)
-        fprintf(stderr, "ampc: %s received at epoch %d, batch %lld/%lld: saving a checkpoint at step %lld and stopping\n",
-                stop_requested == SIGINT ? "SIGINT" : stop_requested == SIGTERM ? "SIGTERM" : "a stop request", epoch + 1, (long long)b,
-                (long long)nb, (long long)ts.step);
+        fprintf(stderr, "ampc: %s%s received at epoch %d, batch %lld/%lld: saving a checkpoint at step %lld and stopping\n",
+                (stop_requested ? stop_requested : stop_elsewhere) == SIGINT ? "SIGINT" : "SIGTERM",
+                stop_requested ? "" : " (by another rank)", epoch + 1, (long long)b, (long long)nb, (long long)ts.step);
       /* the default folder is taken only now: take its lock like --checkpoint-dir's */
       int locked = !root || a.checkpoint_dir || cli_ckptdir_lock("saving a checkpoint", dir) >= 0;
       if (!cli_dist_agree(locked) || save_on_root(&s, dir, a.keep, &ts, 0, last_ckpt, NULL, NULL) < 0)
@@ -640,13 +647,13 @@ int cmd_train(int argc, char **argv) {
     if (mf) {
       json_t *o = json_object();
       json_object_set_new(o, "epoch", json_integer(epoch + 1));
-      json_object_set_new(o, "train_loss", json_real(train_loss));
-      json_object_set_new(o, "test_loss", json_real(test_loss));
-      json_object_set_new(o, "test_acc", json_real(test_acc));
-      json_object_set_new(o, "images_per_s", json_real(ips));
-      json_object_set_new(o, "seconds", json_real(secs));
-      json_object_set_new(o, "train_seconds", json_real(train_time));
-      json_object_set_new(o, "lr", json_real(lr));
+      json_object_set_new(o, "train_loss", json_num(train_loss));
+      json_object_set_new(o, "test_loss", json_num(test_loss));
+      json_object_set_new(o, "test_acc", json_num(test_acc));
+      json_object_set_new(o, "images_per_s", json_num(ips));
+      json_object_set_new(o, "seconds", json_num(secs));
+      json_object_set_new(o, "train_seconds", json_num(train_time));
+      json_object_set_new(o, "lr", json_num(lr));
       json_object_set_new(o, "steps", json_integer(ts.step));
       json_object_set_new(o, "opt_level", json_string(ampc_opt_level_name(s.amp_cfg.opt_level)));
       json_object_set_new(o, "half", json_string(ampc_dtype_name(s.amp_cfg.half_type)));
@@ -654,7 +661,7 @@ int cmd_train(int argc, char **argv) {
         json_object_set_new(o, "tf32", json_boolean(a.c.tf32));
         json_object_set_new(o, "cudnn_deterministic", json_boolean(a.c.cudnn_deterministic));
       }
-      json_object_set_new(o, "loss_scale", json_real(ampc_scaler_scale(ampc_amp_scaler(s.amp, 0))));
+      json_object_set_new(o, "loss_scale", json_num(ampc_scaler_scale(ampc_amp_scaler(s.amp, 0))));
       json_object_set_new(o, "skipped_steps", json_integer(ts.skipped));
       json_object_set_new(o, "skipped_steps_total", json_integer(ts.skipped_total));
       json_object_set_new(o, "world_size", json_integer(W));
@@ -663,17 +670,17 @@ int cmd_train(int argc, char **argv) {
         /* the gradient all-reduce of a step: alone (measured at the
          * epoch's second step), the time a rank spent in it overlapped with
          * backward, and the share of it overlap hid */
-        json_object_set_new(o, "comm_seconds_per_step", json_real(comm_step[0]));
-        json_object_set_new(o, "comm_exposed_seconds_per_step", json_real(comm_step[1]));
-        json_object_set_new(o, "comm_hidden_fraction", json_real(comm_hidden));
-        json_object_set_new(o, "comm_bytes_per_step", json_real(comm_bytes));
+        json_object_set_new(o, "comm_seconds_per_step", json_num(comm_step[0]));
+        json_object_set_new(o, "comm_exposed_seconds_per_step", json_num(comm_step[1]));
+        json_object_set_new(o, "comm_hidden_fraction", json_num(comm_hidden));
+        json_object_set_new(o, "comm_bytes_per_step", json_num(comm_bytes));
       }
       ampc_amp_memory(s.amp, &mem); /* with what the steps made (accumulation's f32 master gradients) */
       json_object_set_new(o, "memory", cli_memory_json(&mem));
       if (a.c.amp_report) {
         json_object_set_new(o, "grad_half_values", json_integer(st.values));
-        json_object_set_new(o, "grad_underflow_fraction", json_real(uf));
-        json_object_set_new(o, "grad_max_abs", json_real(st.max_abs));
+        json_object_set_new(o, "grad_underflow_fraction", json_num(uf));
+        json_object_set_new(o, "grad_max_abs", json_num(st.max_abs));
       }
       write_record(mf, o);
     }
