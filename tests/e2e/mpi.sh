@@ -135,26 +135,33 @@ done
 F1=(--model cnn --opt-level O2 --epochs 2 --train-limit 2560 --test-limit 128 --batch-size 64 --threads 1)
 F=("${F1[@]}" --quiet)
 "${MPI[@]}" "$ampc" train "${F[@]}" --save "$dir/full.st" > /dev/null 2>&1 || bad "unbroken 2-rank run"
-# kill -9 of rank 1 once a mid-epoch checkpoint exists
-"${MPI[@]}" "$ampc" train "${F[@]}" --checkpoint-dir "$dir/ck" --save-every 5 > /dev/null 2> "$dir/kill.err" &
-mpid=$!
-victim=""
-for _ in $(seq 1 600); do
-  if [ -e "$dir/ck/ckpt-step-00000010.safetensors" ]; then
-    for p in $(pgrep -P $mpid); do
-      tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && victim=$p
-    done
-    break
+# signal_rank1 SIGNAL CKDIR ERRFILE ARGS...: starts a 2-rank run of ARGS saving checkpoints every 5
+# steps in CKDIR (stderr to ERRFILE), sends SIGNAL to rank 1 once step 10's checkpoint exists, and
+# waits up to 30 s for the job to end; sets victim (rank 1's pid, empty when it was not found) and rc
+signal_rank1() {
+  local sig=$1 ck=$2 err=$3; shift 3
+  "${MPI[@]}" "$ampc" train "$@" --checkpoint-dir "$ck" --save-every 5 > /dev/null 2> "$err" &
+  local mpid=$!
+  victim=""
+  for _ in $(seq 1 600); do
+    if [ -e "$ck/ckpt-step-00000010.safetensors" ]; then
+      for p in $(pgrep -P $mpid); do
+        tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && victim=$p
+      done
+      break
+    fi
+    kill -0 $mpid 2> /dev/null || break
+    sleep 0.1
+  done
+  [ -n "$victim" ] && kill -"$sig" "$victim"
+  for _ in $(seq 1 300); do kill -0 $mpid 2> /dev/null || break; sleep 0.1; done
+  if kill -0 $mpid 2> /dev/null; then
+    bad "the job still runs 30 s after SIG$sig to rank 1"; kill -9 $mpid
   fi
-  kill -0 $mpid 2> /dev/null || break
-  sleep 0.1
-done
-[ -n "$victim" ] && kill -9 "$victim"
-for _ in $(seq 1 300); do kill -0 $mpid 2> /dev/null || break; sleep 0.1; done
-if kill -0 $mpid 2> /dev/null; then
-  bad "the job still runs 30 s after rank 1 was killed"; kill -9 $mpid
-fi
-wait $mpid; rc=$?
+  wait $mpid; rc=$?
+}
+# kill -9 of rank 1 once a mid-epoch checkpoint exists
+signal_rank1 KILL "$dir/ck" "$dir/kill.err" "${F[@]}"
 if [ -n "$victim" ] && [ $rc != 0 ] && grep -q 'rank 1 .*exited on signal 9' "$dir/kill.err"; then
   ok "kill -9 of rank 1: the job ends (status $rc): $(grep -o 'process rank 1 .*exited on signal 9[^.]*' "$dir/kill.err" | head -1)"
 else
@@ -162,26 +169,8 @@ else
 fi
 # SIGTERM to rank 1 alone: every rank stops after the same step, rank 0 names the signal and
 # where it came from, saves a checkpoint, and the job ends cleanly
-T=(--model cnn --opt-level O2 --epochs 1000 --train-limit 2560 --test-limit 128 --batch-size 64 --threads 1 --quiet)
-"${MPI[@]}" "$ampc" train "${T[@]}" --checkpoint-dir "$dir/ckt" --save-every 5 > /dev/null 2> "$dir/term.err" &
-mpid=$!
-victim=""
-for _ in $(seq 1 600); do
-  if [ -e "$dir/ckt/ckpt-step-00000010.safetensors" ]; then
-    for p in $(pgrep -P $mpid); do
-      tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && victim=$p
-    done
-    break
-  fi
-  kill -0 $mpid 2> /dev/null || break
-  sleep 0.1
-done
-[ -n "$victim" ] && kill -TERM "$victim"
-for _ in $(seq 1 300); do kill -0 $mpid 2> /dev/null || break; sleep 0.1; done
-if kill -0 $mpid 2> /dev/null; then
-  bad "the job still runs 30 s after SIGTERM to rank 1"; kill -9 $mpid
-fi
-wait $mpid; rc=$?
+signal_rank1 TERM "$dir/ckt" "$dir/term.err" --model cnn --opt-level O2 --epochs 1000 --train-limit 2560 --test-limit 128 \
+  --batch-size 64 --threads 1 --quiet
 if [ -n "$victim" ] && [ $rc = 0 ] && grep -q '^ampc: SIGTERM (by another rank) received at epoch [0-9]*, batch [0-9]*/[0-9]*: saving a checkpoint at step' "$dir/term.err" &&
   grep -q 'resume with: ampc train ... --resume' "$dir/term.err"; then
   ok "SIGTERM to rank 1: $(grep -o 'SIGTERM (by another rank) received at epoch [0-9]*, batch [0-9/]*' "$dir/term.err"), a checkpoint saved, status 0"
