@@ -49,8 +49,6 @@ static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc
   return 0;
 }
 
-
-/* One JSON object, one line, flushed. */
 /* A number for a record: null where it is not finite (JSON has no inf or
  * NaN): an overflowing step's loss, an epoch with no finite loss. */
 static json_t *json_num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
