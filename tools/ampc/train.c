@@ -18,7 +18,6 @@
 
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) { stop_requested = sig; }
-static int stop_elsewhere; /* data-parallel: the signal a rank other than this one received */
 
 #define CKPT_PREFIX "ckpt-step-"
 #define CKPT_SUFFIX ".safetensors"
@@ -377,6 +376,7 @@ int cmd_train(int argc, char **argv) {
     double t0 = cli_now(), last_print = t0 - 1.0, prior_seconds = ts.train_seconds; /* the bar shows from the first step */
     int64_t seen_here = 0;
     int micro = 0, stop_now = 0;
+    int stop_elsewhere = 0; /* data-parallel: the signal a rank other than this one received */
     double comm_alone = -1.0, comm_alone_bytes = 0.0; /* the epoch's all-reduce alone: seconds, bytes */
     int64_t steps_here = 0;
     ampc_amp_comm_stats comm_kept = {0};              /* the overlapped steps' before that */
