@@ -306,6 +306,9 @@ extern int ampc__cpu_gemm_force_wide;
 /* 1: every Winograd product on the library's sgemm, as past 512 channels
  * (and past 64 on a CPU without AVX-512) */
 extern int ampc__cpu_wino_blas;
+/* > 0: a single-chunk Winograd layer makes U a block of that many output
+ * channels (rounded up to 8) at a time, as ResNet-18's 512-channel layers do */
+extern int ampc__cpu_wino_block;
 /* 1: every im2col product on the library's sgemm, as on a CPU without AVX-512 */
 extern int ampc__cpu_conv_blas;
 /* 1: every linear product on the library's sgemm, as on a CPU without AVX-512 */

@@ -313,6 +313,70 @@ TEST(winograd_wide_kernel_same_bits) {
   test_conv_algo = AMPC_CONV_AUTO;
 }
 
+/* Case cs in precision pc on 2 threads, then with U made blocks of block
+ * output channels (compiled and run so) on nt threads, compared within tol. */
+static void compare_blocks(const op_case *cs, const prec_case *pc, int block, int nt, double tol, const char *what) {
+  ctx_case = cs->name;
+  ctx_prec = pc->name;
+  net a = {0}, q = {0};
+  int ok = build(&a, cs, &pc->p, cs->n, 2) == 0;
+  ampc__cpu_wino_block = block;
+  ok = ok && build(&q, cs, &pc->p, cs->n, nt) == 0;
+  ampc__cpu_wino_block = 0;
+  if (ok && nt == 2 && block < (cs->c > cs->o ? cs->c : cs->o)) {
+    /* the blocks took effect: U is smaller (the only convolution here) */
+    ampc_mem_report ma, mq;
+    ampc_graph_memory(a.g, &ma);
+    ampc_graph_memory(q.g, &mq);
+    CHECK(ampc_mem_total(&mq, AMPC_MEM_WORKSPACE) < ampc_mem_total(&ma, AMPC_MEM_WORKSPACE));
+  }
+  if (ok) {
+    for (int r = 0; r < 2; r++) {
+      net *x = r ? &q : &a;
+      ampc__cpu_wino_block = r ? block : 0;
+      CHECK_OK(ampc_graph_forward(x->g, 1));
+      CHECK_OK(ampc_graph_backward(x->g, x->loss, 1.0f, 0));
+    }
+    ampc__cpu_wino_block = 0;
+    snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&q, cs);
+    compare_snapshots(&sa, &sb, tol, what);
+  }
+  ampc_graph_free(a.g);
+  ampc_graph_free(q.g);
+  tmp_free_all();
+}
+
+/* A single-chunk layer whose U is made a block of output channels at a
+ * time (ResNet-18's 512-channel layers) gives the bits of one pass: each
+ * output is the same in-order sum whatever the block. Blocks of 8, 16 and 24
+ * channels, whole and partial (20 and 40 output channels; 24 and 32 input,
+ * backward data's blocks), in f32 on both tiles and in 16-bit storage, on 1,
+ * 2 and 3 threads against 2 unblocked; with the products on sgemm too (whose
+ * own blocking may differ with the block: close, not the same bits). */
+TEST(winograd_blocks_same_bits) {
+  static const char *names[] = {"conv3x3_24ch", "conv3x3_32to40"};
+  static const int blocks[] = {8, 16, 24};
+  test_conv_algo = AMPC_CONV_WINOGRAD;
+  ampc__cpu_wino_tile_target = 100000; /* one chunk */
+  for (int t = 0; t < 2; t++) {
+    ampc__cpu_wino_f32_tile = t ? 4 : 0;
+    for (int i = 0; i < 2; i++)
+      for (int b = 0; b < 3; b++)
+        for (int p = 0; p < NPRECS; p++)
+          for (int nt = 1; nt <= 3; nt++)
+            compare_blocks(find_case(names[i]), &PRECS[p], blocks[b], nt, 0.0,
+                           "one pass vs blocks of output channels, bit for bit");
+  }
+  ampc__cpu_wino_f32_tile = 0;
+  ampc__cpu_wino_blas = 1;
+  for (int p = 0; p < NPRECS; p++)
+    compare_blocks(find_case("conv3x3_32to40"), &PRECS[p], 16, 2, prec_tol(&PRECS[p].p),
+                   "one pass vs blocks of output channels, products on sgemm");
+  ampc__cpu_wino_blas = 0;
+  ampc__cpu_wino_tile_target = 0;
+  test_conv_algo = AMPC_CONV_AUTO;
+}
+
 /* The direct loop's 16-wide (AVX-512) code through its portable build,
  * forced so that it runs on any CPU, against the f64 reference like every
  * path; and against the 8-wide loop (on an AVX-512 CPU the device's level
@@ -507,6 +571,7 @@ TEST(conv2d_amx) {
 
 TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(conv2d_direct),
           TEST_ENTRY(winograd_same_bits_any_threads), TEST_ENTRY(winograd_wide_kernel_same_bits),
+          TEST_ENTRY(winograd_blocks_same_bits),
           TEST_ENTRY(conv2d_direct_wide), TEST_ENTRY(direct_wide_kernel_same_forward), TEST_ENTRY(conv2d_amx),
           TEST_ENTRY(maxpool_backward_ties_and_nan),
           TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu), TEST_ENTRY(maxpool2d),

@@ -139,6 +139,7 @@ static wg_geom wg_geometry(int64_t m, int64_t N, int64_t ci, int64_t co, int64_t
  * and its conversion buffer, a row of weights. */
 typedef struct {
   wg_geom f, d, w; /* forward; backward data; backward weights (F(4x4) always) */
+  int64_t cb;      /* output channels a pass where U is made a block at a time (wg_block); 0: all at once */
   size_t off_v, off_m, off_wf, off_db, shared, per_thread; /* floats */
   size_t vm;                                               /* a V and M pair; one per thread from off_v */
   size_t off_du, du;                                       /* backward weights by slots: WG_SLOTS partial dU of du */
@@ -192,6 +193,32 @@ static int64_t wg_tile(const ampc__op_call *c) {
 /* Floats of one chunk's V or M: its transform points, each pstride apart. */
 static size_t wg_vm_floats(const wg_geom *g, int64_t c8) { return (size_t)g->np * wg_pstride(c8 * g->tbmax); }
 
+/* Layers of one chunk in every phase (ResNet-18's 512-channel layers at
+ * batch 128: 128 tiles) make U, M and the weight in f32 a block of output
+ * channels at a time, when U whole would pass WG_UBLOCK_BYTES: the chunk's V
+ * is made once, then for each block of cb output channels (the forward's
+ * and the weight gradient's O, backward data's C) the block's U (or dU), its
+ * products and its outputs. The products' sums are the same (each output
+ * channel's sum over the input channels, in order), so the results are the
+ * same bits as one pass; the workspace of a 512-channel layer is 16.6 MB
+ * instead of 56.7 (U alone 37.7 MB: the largest workspace of ResNet-18's
+ * ops, part of its training's peak memory). A layer of several chunks keeps U
+ * whole: a block at a time would make each chunk's V again for every block,
+ * or U for every chunk. Output channels a pass: a multiple of 32 (the
+ * 16-wide kernel's block of columns) with U within WG_UBLOCK_BYTES. */
+enum { WG_UBLOCK_BYTES = 6 << 20 };
+/* Output channels a pass when > 0 (rounded up to 8), wherever a layer has a
+ * single chunk: a hook for tests, whose layers are too small to reach the
+ * bound. */
+int ampc__cpu_wino_block = 0;
+static int64_t wg_block(const wg_geom *f, const wg_geom *d, const wg_geom *w, int64_t c8) {
+  if (wg_chunks(f) != 1 || wg_chunks(d) != 1 || wg_chunks(w) != 1) return 0;
+  int64_t cb = ampc__cpu_wino_block > 0 ? up8(ampc__cpu_wino_block)
+                                        : (int64_t)(WG_UBLOCK_BYTES / ((size_t)WG_NP * (size_t)c8 * sizeof(float))) / 32 * 32;
+  if (cb < WG_VL) cb = WG_VL;
+  return cb < (f->co > d->co ? f->co : d->co) ? cb : 0;
+}
+
 static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
   wg_layout L;
   const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape, *y = &c->out.shape;
@@ -202,31 +229,47 @@ static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
   L.w = wg_geometry(4, N, C, O, H, W, OH, OW, p);
   int64_t c8 = up8(C > O ? C : O);
   size_t vm1 = zmax(zmax(wg_vm_floats(&L.f, c8), wg_vm_floats(&L.d, c8)), wg_vm_floats(&L.w, c8));
-  L.off_v = (size_t)(WG_NP * c8 * c8);
-  L.off_m = L.off_v + vm1;
-  /* the weight in f32 is needed only while U is made, before any chunk: it
-   * shares V and M's space, growing it when it does not fit */
-  L.vm = 2 * vm1;
-  L.du = (size_t)(WG_NP * O) * (size_t)L.w.ci8;
-  int slots = wg_chunks(&L.w) >= WG_PRIVATE_CHUNKS * 2 && WG_SLOT_BYTES >= WG_SLOTS * L.du * sizeof(float);
-  if (!slots) L.du = 0;
-  /* V and M pairs: one per thread where threads take whole chunks (the
-   * weight gradient by slots: every thread; forward and backward data: nth
-   * threads of at most nthreads with WG_PRIVATE_CHUNKS chunks each, see
-   * wg_conv_run), else the one the team shares (ResNet-18's 512-channel
-   * layers, a chunk each: 18.9 MB less workspace at 2 threads) */
-  int64_t nt = nthreads < 1 ? 1 : nthreads, pairs = slots ? nt : 1;
-  const wg_geom *run[2] = {&L.f, &L.d};
-  for (int i = 0; i < 2; i++) {
-    int64_t most = wg_chunks(run[i]) / WG_PRIVATE_CHUNKS; /* the most threads that take private chunks */
-    if (most > nt) most = nt;
-    if (most >= 2 && most > pairs) pairs = most;
+  L.cb = wg_block(&L.f, &L.d, &L.w, c8);
+  if (L.cb) {
+    /* U of a block (xi, c8 columns, cb8 rows), V, a block's M, a block's
+     * weight in f32 (cb x c8 x 9), the bias */
+    int64_t cb8 = up8(L.cb);
+    size_t mb = zmax(zmax(wg_vm_floats(&L.f, cb8), wg_vm_floats(&L.d, cb8)), wg_vm_floats(&L.w, cb8));
+    L.off_v = (size_t)(WG_NP * c8 * cb8);
+    L.off_m = L.off_v + vm1;
+    L.off_wf = L.off_m + mb;
+    L.vm = 0;
+    L.off_db = L.off_wf + (size_t)(L.cb * c8 * 9);
+    L.du = 0;
+    L.off_du = L.off_db + (size_t)up8(O) + 16;
+    L.shared = L.off_du;
+  } else {
+    L.off_v = (size_t)(WG_NP * c8 * c8);
+    L.off_m = L.off_v + vm1;
+    /* the weight in f32 is needed only while U is made, before any chunk: it
+     * shares V and M's space, growing it when it does not fit */
+    L.vm = 2 * vm1;
+    L.du = (size_t)(WG_NP * O) * (size_t)L.w.ci8;
+    int slots = wg_chunks(&L.w) >= WG_PRIVATE_CHUNKS * 2 && WG_SLOT_BYTES >= WG_SLOTS * L.du * sizeof(float);
+    if (!slots) L.du = 0;
+    /* V and M pairs: one per thread where threads take whole chunks (the
+     * weight gradient by slots: every thread; forward and backward data: nth
+     * threads of at most nthreads with WG_PRIVATE_CHUNKS chunks each, see
+     * wg_conv_run), else the one the team shares (ResNet-18's 512-channel
+     * layers, a chunk each: 18.9 MB less workspace at 2 threads) */
+    int64_t nt = nthreads < 1 ? 1 : nthreads, pairs = slots ? nt : 1;
+    const wg_geom *run[2] = {&L.f, &L.d};
+    for (int i = 0; i < 2; i++) {
+      int64_t most = wg_chunks(run[i]) / WG_PRIVATE_CHUNKS; /* the most threads that take private chunks */
+      if (most > nt) most = nt;
+      if (most >= 2 && most > pairs) pairs = most;
+    }
+    size_t vm = L.vm * (size_t)pairs, wf = (size_t)(O * C * 9);
+    L.off_wf = L.off_v;
+    L.off_db = L.off_v + (vm > wf ? vm : wf);
+    L.off_du = L.off_db + (size_t)up8(O) + 16;
+    L.shared = L.off_du + WG_SLOTS * L.du;
   }
-  size_t vm = L.vm * (size_t)pairs, wf = (size_t)(O * C * 9);
-  L.off_wf = L.off_v;
-  L.off_db = L.off_v + (vm > wf ? vm : wf);
-  L.off_du = L.off_db + (size_t)up8(O) + 16;
-  L.shared = L.off_du + WG_SLOTS * L.du;
   /* staging: the forward input, backward data's output gradient and backward
    * weights' input (rows of srow x scol positions), or backward weights'
    * output gradient (4 * rb x 4 * tw, fewer) */
@@ -535,47 +578,66 @@ static void wg_chunk(const wg_geom *g, int64_t k, int64_t *n0, int64_t *nbe, int
     for (int64_t var = 0; var < (n); var++) __VA_ARGS__   \
   }
 
-/* One chunk's input transforms (by sample and block of 8 channels), products
- * (by transform point) and output: shared by the team when nth > 1, each
- * phase's items handed out as threads come free; else by the calling thread. */
-static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V, float *M, float *me, int nth) {
+/* One chunk's input transforms (by sample and block of 8 channels), into V:
+ * shared by the team when nth > 1, the items handed out as threads come
+ * free; else by the calling thread. */
+static void wg_chunk_inputs(const wg_conv *a, int64_t k, float *V, float *me, int nth) {
   const wg_geom *g = a->g;
-  const wg_layout *L = a->L;
-  float *st = me + L->off_st, *band = me + L->off_band, *tmp = me + L->off_tmp;
-  int64_t ohw = g->oh * g->ow, cib = g->ci8 / WG_VL, cob = g->co8 / WG_VL, yc = g->m * g->tw;
+  float *st = me + a->L->off_st, *band = me + a->L->off_band;
+  int64_t cib = g->ci8 / WG_VL;
   int64_t n0, nbe, ty0, ty1;
   wg_chunk(g, k, &n0, &nbe, &ty0, &ty1);
   int64_t nty = ty1 - ty0, bt = nty * g->tw, tb = nbe * bt;
-  size_t vstride = wg_pstride(tb * g->ci8), mstride = wg_pstride(tb * g->co8);
+  size_t vstride = wg_pstride(tb * g->ci8);
   WG_ITEMS(it, nbe * cib, {
     int64_t s = it / cib, c0 = (it % cib) * WG_VL;
     wg_stage(g, a->in, a->pro, (n0 + s) * g->ci, c0, g->ci, ty0, ty1, st, band);
     wg_input_tiles(g, st, nty, V + s * bt * g->ci8 + c0, vstride, g->ci8);
   })
+}
+
+/* One chunk's products (by transform point) and outputs for output channels
+ * [r0, r0 + nr), from its V and U (xi, ci, up8(nr)): shared by the team when
+ * nth > 1, as wg_chunk_inputs. */
+static void wg_chunk_outputs(const wg_conv *a, const float *U, int64_t k, const float *V, float *M, float *me, int nth,
+                             int64_t r0, int64_t nr) {
+  const wg_geom *g = a->g;
+  float *st = me + a->L->off_st, *band = me + a->L->off_band, *tmp = me + a->L->off_tmp;
+  int64_t ohw = g->oh * g->ow, ld = up8(nr), cob = ld / WG_VL, yc = g->m * g->tw;
+  int64_t n0, nbe, ty0, ty1;
+  wg_chunk(g, k, &n0, &nbe, &ty0, &ty1);
+  int64_t nty = ty1 - ty0, bt = nty * g->tw, tb = nbe * bt;
+  size_t vstride = wg_pstride(tb * g->ci8), mstride = wg_pstride(tb * ld);
   WG_ITEMS(xi, g->np, {
-    const float *u = U + (size_t)xi * g->ci * g->co8;
+    const float *u = U + (size_t)xi * g->ci * ld;
     if (wg_own(g->ci, g->co8, WG_SMALL_K))
-      ampc__cpu_gemm(tb, g->co8, g->ci, V + (size_t)xi * vstride, g->ci8, 0, u, g->co8, M + (size_t)xi * mstride, g->co8, 0);
+      ampc__cpu_gemm(tb, ld, g->ci, V + (size_t)xi * vstride, g->ci8, 0, u, ld, M + (size_t)xi * mstride, ld, 0);
     else
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)tb, (int)g->co, (int)g->ci, 1.0f, V + (size_t)xi * vstride,
-                  (int)g->ci8, u, (int)g->co8, 0.0f, M + (size_t)xi * mstride, (int)g->co8);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)tb, (int)nr, (int)g->ci, 1.0f, V + (size_t)xi * vstride,
+                  (int)g->ci8, u, (int)ld, 0.0f, M + (size_t)xi * mstride, (int)ld);
   })
   int64_t oy0 = g->m * ty0, oy1 = g->m * ty1 < g->oh ? g->m * ty1 : g->oh, nrow = oy1 - oy0;
   WG_ITEMS(it, nbe * cob, {
-    int64_t s = it / cob, o0 = (it % cob) * WG_VL;
+    int64_t s = it / cob, j0 = (it % cob) * WG_VL, o0 = r0 + j0;
     static const float zero8[WG_VL] = {0};
-    wg_output_tiles(g, M + s * bt * g->co8 + o0, mstride, g->co8, nty, a->bias ? a->bias + o0 : zero8, st);
+    wg_output_tiles(g, M + s * bt * ld + j0, mstride, ld, nty, a->bias ? a->bias + o0 : zero8, st);
     for (int64_t r = 0; r < nrow; r++) {
       float *row[WG_VL];
       for (int q = 0; q < WG_VL; q++) row[q] = band + q * g->band + r * g->ow;
       wg_deinterleave(st + r * yc * WG_VL, g->ow, row);
     }
-    for (int64_t q = 0; q < WG_VL && o0 + q < g->co; q++) {
+    for (int64_t q = 0; q < WG_VL && j0 + q < nr; q++) {
       int64_t at = ((n0 + s) * g->co + o0 + q) * ohw + oy0 * g->ow;
       if (a->grad) cpu_store_grad(a->c, a->out, at, band + q * g->band, (size_t)(nrow * g->ow), a->acc, tmp);
       else cpu_store(a->out, at, band + q * g->band, (size_t)(nrow * g->ow), 0, NULL);
     }
   })
+}
+
+/* One chunk: its input transforms, products and outputs. */
+static void wg_conv_chunk(const wg_conv *a, const float *U, int64_t k, float *V, float *M, float *me, int nth) {
+  wg_chunk_inputs(a, k, V, me, nth);
+  wg_chunk_outputs(a, U, k, V, M, me, nth, 0, a->g->co);
 }
 
 /* Runs inside a parallel region, on every thread; U holds the transformed
@@ -666,6 +728,35 @@ static const float *wg_weight_f32(const ampc__op_call *c, const wg_layout *L) {
   return cpu_load(w, 0, (size_t)ampc_shape_numel(&w->shape), (float *)c->ws + L->off_wf);
 }
 
+/* A single-chunk layer a block of L->cb output channels at a time (see
+ * wg_block), inside a parallel region on every thread: the chunk's V, then
+ * for each block its weight in f32, its U and its products and outputs. The
+ * forward's blocks are rows of the weight (O, C, 3, 3), which lie end to
+ * end; backward data's (rot) are slices of the input channels of every
+ * output channel's row, gathered as (O, nr, 3, 3). */
+static void wg_conv_blocked(const wg_conv *a, int rot, int tid, int nth) {
+  const wg_layout *L = a->L;
+  const wg_geom *g = a->g;
+  const ampc_tensor *w = &a->c->in[1];
+  int64_t O = w->shape.d[0], C = w->shape.d[1];
+  float *ws = (float *)a->c->ws, *me = cpu_ws_slice(a->c, tid, L->per_thread, L->shared);
+  float *U = ws, *V = ws + L->off_v, *M = ws + L->off_m, *wb = ws + L->off_wf;
+  wg_chunk_inputs(a, 0, V, me, nth);
+  for (int64_t r0 = 0; r0 < g->co; r0 += L->cb) {
+    int64_t nr = g->co - r0 < L->cb ? g->co - r0 : L->cb;
+    if (!rot) {
+      WG_ITEMS(o, nr, { ampc_load_f32(wb + o * C * 9, w->dtype, cpu_at(w, (r0 + o) * C * 9), (size_t)(C * 9)); })
+    } else {
+      WG_ITEMS(o, O, { ampc_load_f32(wb + o * nr * 9, w->dtype, cpu_at(w, (o * C + r0) * 9), (size_t)(nr * 9)); })
+    }
+    wg_weights(g, wb, rot ? O : nr, rot ? nr : C, rot, U, tid, nth);
+    if (nth > 1) {
+#pragma omp barrier
+    }
+    wg_chunk_outputs(a, U, 0, V, M, me, nth, r0, nr);
+  }
+}
+
 ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
   wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads);
   const ampc_tensor *b = c->n_in > 2 ? &c->in[2] : NULL;
@@ -674,50 +765,54 @@ ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
     memset(bias, 0, (size_t)L.f.co8 * sizeof(float));
     ampc_load_f32(bias, b->dtype, b->data, (size_t)L.f.co);
   }
-  const float *wf = wg_weight_f32(c, &L);
+  const float *wf = L.cb ? NULL : wg_weight_f32(c, &L);
   wg_conv a = {.c = c, .L = &L, .g = &L.f, .in = &c->in[0], .out = &c->out, .pro = c->pro ? c : NULL, .bias = bias,
                .grad = 0, .acc = 0};
 #pragma omp parallel num_threads(cpu_ctx(c)->nthreads)
   {
     int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-    wg_weights(&L.f, wf, L.f.co, L.f.ci, 0, U, tid, nth);
+    if (L.cb) {
+      wg_conv_blocked(&a, 0, tid, nth);
+    } else {
+      wg_weights(&L.f, wf, L.f.co, L.f.ci, 0, U, tid, nth);
 #pragma omp barrier
-    wg_conv_run(&a, U, tid, nth);
+      wg_conv_run(&a, U, tid, nth);
+    }
   }
   return AMPC_OK;
 }
 
-/* One chunk of the weight gradient: the input's and the output gradient's
- * transforms, then dU[xi] (+)= dM[xi]^T V[xi] by transform point (added when
- * acc); shared by the team when nth > 1, as wg_conv_chunk. */
+/* One chunk of the weight gradient for output channels [r0, r0 + nr): the
+ * input's transforms (when inputs) and the output gradient's, then dU[xi]
+ * (+)= dM[xi]^T V[xi] by transform point (added when acc), dU (xi, nr,
+ * ci8); shared by the team when nth > 1, as wg_conv_chunk. */
 static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k, float *V, float *M, float *me, int nth,
-                           float *dU, int acc) {
+                           float *dU, int acc, int64_t r0, int64_t nr, int inputs) {
   const wg_geom *g = &L->w;
   float *st = me + L->off_st, *band = me + L->off_band;
-  int64_t O = g->co, C = g->ci, cib = g->ci8 / WG_VL, cob = g->co8 / WG_VL;
+  int64_t O = g->co, C = g->ci, cib = inputs ? g->ci8 / WG_VL : 0, ld = up8(nr), cob = ld / WG_VL;
   int64_t n0, nbe, ty0, ty1;
   wg_chunk(g, k, &n0, &nbe, &ty0, &ty1);
   int64_t nty = ty1 - ty0, bt = nty * g->tw, tb = nbe * bt;
-  size_t vstride = wg_pstride(tb * g->ci8), mstride = wg_pstride(tb * g->co8);
+  size_t vstride = wg_pstride(tb * g->ci8), mstride = wg_pstride(tb * ld);
   WG_ITEMS(it, nbe * (cib + cob), {
     int64_t s = it / (cib + cob), blk = it % (cib + cob);
     if (blk < cib) {
       wg_stage(g, &c->in[0], c->pro ? c : NULL, (n0 + s) * C, blk * WG_VL, C, ty0, ty1, st, band);
       wg_input_tiles(g, st, nty, V + s * bt * g->ci8 + blk * WG_VL, vstride, g->ci8);
     } else {
-      int64_t o0 = (blk - cib) * WG_VL;
-      wg_stage_grad(g, &c->dout, (n0 + s) * O, o0, ty0, ty1, st, band);
-      wg_grad_tiles(st, nty, g->tw, M + s * bt * g->co8 + o0, mstride, g->co8);
+      int64_t j0 = (blk - cib) * WG_VL;
+      wg_stage_grad(g, &c->dout, (n0 + s) * O, r0 + j0, ty0, ty1, st, band);
+      wg_grad_tiles(st, nty, g->tw, M + s * bt * ld + j0, mstride, ld);
     }
   })
   WG_ITEMS(xi, WG_NP, {
     if (wg_own(g->ci8, O, WG_SMALL_WGRAD_K))
-      ampc__cpu_gemm(O, g->ci8, tb, M + (size_t)xi * mstride, g->co8, 1, V + (size_t)xi * vstride, g->ci8,
-                    dU + (size_t)xi * O * g->ci8, g->ci8, acc);
+      ampc__cpu_gemm(nr, g->ci8, tb, M + (size_t)xi * mstride, ld, 1, V + (size_t)xi * vstride, g->ci8,
+                    dU + (size_t)xi * nr * g->ci8, g->ci8, acc);
     else
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)O, (int)C, (int)tb, 1.0f, M + (size_t)xi * mstride,
-                  (int)g->co8, V + (size_t)xi * vstride, (int)g->ci8, acc ? 1.0f : 0.0f, dU + (size_t)xi * O * g->ci8,
-                  (int)g->ci8);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nr, (int)C, (int)tb, 1.0f, M + (size_t)xi * mstride, (int)ld,
+                  V + (size_t)xi * vstride, (int)g->ci8, acc ? 1.0f : 0.0f, dU + (size_t)xi * nr * g->ci8, (int)g->ci8);
   })
 }
 
@@ -757,7 +852,7 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
         for (int sl = 0; sl < WG_SLOTS; sl++) {
           float *dU = ws + L.off_du + (size_t)sl * L.du;
           if (sl >= nchunks) memset(dU, 0, L.du * sizeof(float));
-          for (int64_t k = sl; k < nchunks; k += WG_SLOTS) wg_wgrad_chunk(c, &L, k, V, Mt, me, 1, dU, k >= WG_SLOTS);
+          for (int64_t k = sl; k < nchunks; k += WG_SLOTS) wg_wgrad_chunk(c, &L, k, V, Mt, me, 1, dU, k >= WG_SLOTS, 0, O, 1);
         }
         /* dU = the slots in order; each thread sums the rows it then turns into dw */
         for (int64_t o = tid; o < O; o += nth) {
@@ -773,9 +868,22 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
           wg_weight_grad_row(U, O, C, o, wr);
           cpu_store_grad(c, dw, o * C * 9, wr, (size_t)(C * 9), c->din_acc[1], tmp);
         }
+      } else if (need_dw && L.cb) {
+        /* a single chunk, a block of output channels at a time (wg_block):
+         * V with the first block's dM, then each block's dU and its rows of
+         * dw */
+        for (int64_t r0 = 0; r0 < O; r0 += L.cb) {
+          int64_t nr = O - r0 < L.cb ? O - r0 : L.cb;
+          wg_wgrad_chunk(c, &L, 0, V, M, me, nth, U, 0, r0, nr, r0 == 0);
+          for (int64_t o = r0 + tid; o < r0 + nr; o += nth) {
+            wg_weight_grad_row(U, nr, C, o - r0, wr);
+            cpu_store_grad(c, dw, o * C * 9, wr, (size_t)(C * 9), c->din_acc[1], tmp);
+          }
+#pragma omp barrier
+        }
       } else if (need_dw) {
         int64_t nchunks = wg_chunks(g);
-        for (int64_t k = 0; k < nchunks; k++) wg_wgrad_chunk(c, &L, k, V, M, me, nth, U, k > 0);
+        for (int64_t k = 0; k < nchunks; k++) wg_wgrad_chunk(c, &L, k, V, M, me, nth, U, k > 0, 0, O, 1);
 #pragma omp barrier
         for (int64_t o = tid; o < O; o += nth) {
           wg_weight_grad_row(U, O, C, o, wr);
@@ -790,14 +898,18 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
     t1 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0;
   }
   if (need_dx) {
-    const float *wf = wg_weight_f32(c, &L);
+    const float *wf = L.cb ? NULL : wg_weight_f32(c, &L);
     wg_conv a = {.c = c, .L = &L, .g = &L.d, .in = dy, .out = dx, .pro = NULL, .bias = NULL, .grad = 1, .acc = c->din_acc[0]};
 #pragma omp parallel num_threads(cpu_ctx(c)->nthreads)
     {
       int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-      wg_weights(&L.d, wf, O, C, 1, U, tid, nth);
+      if (L.cb) {
+        wg_conv_blocked(&a, 1, tid, nth);
+      } else {
+        wg_weights(&L.d, wf, O, C, 1, U, tid, nth);
 #pragma omp barrier
-      wg_conv_run(&a, U, tid, nth);
+        wg_conv_run(&a, U, tid, nth);
+      }
     }
   }
   if (cpu_ctx(c)->timers) {
