@@ -5,10 +5,12 @@
  * small (deep layers), or a band of output rows of one sample when it is large
  * (early layers). The block width is about the number of output channels, so
  * that streaming the weight matrix and building the columns cost about the
- * same. Each thread takes whole samples (or groups: forward and backward data
- * as threads come free, the weight gradient's in a fixed share, whose partial
- * sums are added in thread order) and runs its blocks' products on the
- * calling thread: ampc's kernel where it runs 16 wide (conv_gemm), else
+ * same. Forward and backward data: each thread takes whole samples (or
+ * groups) as threads come free; the weight gradient: each thread the columns
+ * of a share of the input channels over every group (on AMX tiles: a fixed
+ * share of the groups, whose partial sums are added in thread order). Each
+ * runs its blocks' products on the calling thread: ampc's kernel where it
+ * runs 16 wide (conv_gemm), else
  * single-threaded sgemm (the OpenMP build of OpenBLAS runs on the calling
  * thread inside a parallel region, so there is one pool of threads and no
  * oversubscription). Half storage is converted to f32 while a sample is staged
@@ -62,11 +64,16 @@ static conv_geom conv_geometry_of(const ampc__op_call *c, int nthreads, int amx)
   g.off_y = (size_t)g.K * nc;
   g.off_dcols = g.off_y + (size_t)g.O * nc;
   g.off_dw = g.off_dcols + (size_t)g.K * nc; /* dcols: backward data's columns, or backward weights' transposed */
-  g.off_db = g.off_dw + (size_t)(g.O * g.K);
+  /* a thread's partial weight gradient, the tiles' only (see
+   * ampc__cpu_conv2d_bwd); its bias gradient's partial, or the forward's
+   * bias in f32 */
+  g.off_db = g.off_dw + (amx ? (size_t)(g.O * g.K) : 0);
   g.off_xs = g.off_db + (size_t)g.O;
   g.off_dxs = g.off_xs + (size_t)g.CHW;
   g.per_thread = g.off_dxs + (size_t)g.CHW + 16;
-  g.shared = (size_t)g.O * g.K + 16; /* f32 copy of the weight */
+  /* the weight in f32 (forward, backward data), or the weight and bias
+   * gradient the threads write (backward weights, before the weight) */
+  g.shared = (size_t)(g.O * g.K + g.O) + 16;
   g.off_pa = g.off_pb = g.off_pw = 0;
   if (g.amx) {
     /* A: dY (O x cols); B: the columns (K x cols), their transpose, or dY */
@@ -167,12 +174,14 @@ size_t ampc__cpu_conv2d_ws(const ampc__op_call *c, int nthreads) {
 }
 
 /* cols[row][col0 + (oy-oy0)*OW + ox] for output rows [oy0, oy1) of one staged
- * sample x (C, H, W); ld = the block's width. */
-CPU_VECTOR static void im2col(const conv_geom *g, const float *x, float *cols, int64_t ld, int64_t col0, int64_t oy0, int64_t oy1) {
-  for (int64_t ch = 0; ch < g->C; ch++)
+ * sample x (C, H, W), the rows of channels [c0, c1) (row 0: channel c0's
+ * first tap); ld = the block's width. */
+CPU_VECTOR static void im2col(const conv_geom *g, const float *x, float *cols, int64_t ld, int64_t col0, int64_t oy0, int64_t oy1,
+                              int64_t c0, int64_t c1) {
+  for (int64_t ch = c0; ch < c1; ch++)
     for (int64_t ky = 0; ky < g->k; ky++)
       for (int64_t kx = 0; kx < g->k; kx++) {
-        float *dst = cols + ((ch * g->k + ky) * g->k + kx) * ld + col0;
+        float *dst = cols + (((ch - c0) * g->k + ky) * g->k + kx) * ld + col0;
         const float *plane = x + ch * g->H * g->W;
         /* output columns whose input column is inside the image */
         int64_t lo = g->p - kx > 0 ? (g->p - kx + g->s - 1) / g->s : 0;
@@ -221,12 +230,13 @@ CPU_VECTOR static void col2im(const conv_geom *g, const float *cols, int64_t ld,
       }
 }
 
-/* The columns of a block: output rows [oy0, oy1) of samples [n0, n0 + nbe),
- * each sample's band at column s * band. A half sample, or one through the
- * call's batch norm prologue, is staged into xs once, on its first band (a
- * block of several samples has only one band). */
-static void block_cols(const conv_geom *g, const ampc__op_call *c, int64_t n0, int64_t nbe, int64_t oy0, int64_t oy1, float *xs,
-                       float *cols) {
+/* The columns of a block, the rows of channels [c0, c1): output rows [oy0,
+ * oy1) of samples [n0, n0 + nbe), each sample's band at column s * band. A
+ * half sample's channels, or theirs through the call's batch norm prologue,
+ * are staged into xs (at their place in the sample) once, on the first band
+ * (a block of several samples has only one band). */
+static void block_cols(const conv_geom *g, const ampc__op_call *c, int64_t n0, int64_t nbe, int64_t oy0, int64_t oy1, int64_t c0,
+                       int64_t c1, float *xs, float *cols) {
   const ampc_tensor *x = &c->in[0];
   int64_t band = (oy1 - oy0) * g->OW, ld = nbe * band, HW = g->H * g->W;
   int direct = x->dtype == AMPC_DTYPE_F32 && !c->pro;
@@ -234,11 +244,11 @@ static void block_cols(const conv_geom *g, const ampc__op_call *c, int64_t n0, i
     const float *xp = direct ? (const float *)x->data + (n0 + s) * g->CHW : xs;
     if (!direct && (nbe > 1 || oy0 == 0)) {
       if (c->pro)
-        for (int64_t ch = 0; ch < g->C; ch++) cpu_load_input(c, (n0 + s) * g->CHW + ch * HW, (size_t)HW, ch, xs + ch * HW);
+        for (int64_t ch = c0; ch < c1; ch++) cpu_load_input(c, (n0 + s) * g->CHW + ch * HW, (size_t)HW, ch, xs + ch * HW);
       else
-        ampc_load_f32(xs, x->dtype, cpu_at(x, (n0 + s) * g->CHW), (size_t)g->CHW);
+        ampc_load_f32(xs + c0 * HW, x->dtype, cpu_at(x, (n0 + s) * g->CHW + c0 * HW), (size_t)((c1 - c0) * HW));
     }
-    im2col(g, xp, cols, ld, s * band, oy0, oy1);
+    im2col(g, xp, cols, ld, s * band, oy0, oy1, c0, c1);
   }
 }
 
@@ -321,7 +331,7 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
       group_of(&g, gi, &n0, &nbe);
       for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {
         int64_t oy1 = oy0 + g.rb < g.OH ? oy0 + g.rb : g.OH, band = (oy1 - oy0) * g.OW, ld = nbe * band;
-        block_cols(&g, c, n0, nbe, oy0, oy1, xs, cols);
+        block_cols(&g, c, n0, nbe, oy0, oy1, 0, g.C, xs, cols);
         if (nbe == 1 && y->dtype == AMPC_DTYPE_F32) {
           /* one sample into f32: the product lands in place, rows OHW apart */
           float *yp = (float *)y->data + n0 * g.O * g.OHW + oy0 * g.OW;
@@ -367,7 +377,7 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
     AMPC_TRY(ampc__cpu_direct_bwd_weights(c));
   } else if ((need_dw || need_db) && amx && run_a3(c)) {
     AMPC_TRY(ampc__cpu_a3_bwd_weights(c));
-  } else if (need_dw || need_db) {
+  } else if ((need_dw || need_db) && amx) {
     int nth_used = 1;
 #pragma omp parallel num_threads(g.nt)
     {
@@ -385,23 +395,12 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
           int64_t ldd;
           const float *dyp = gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc, &ldd);
           if (need_dw) {
-            block_cols(&g, c, n0, nbe, oy0, oy1, xs, cols);
-            if (amx) {
-              /* dW += dY * cols^T: dY's tiles, and the columns' turned */
-              float *pa = ws + g.off_pa, *pb = ws + g.off_pb;
-              ampc__cpu_amx_pack_a(g.O, ld, dyp, ldd, 0, pa, 0, 1);
-              ampc__cpu_amx_pack_b(ld, g.K, cols, ld, 1, pb);
-              ampc__cpu_amx_gemm_packed(g.O, g.K, ld, pa, pb, dwt, g.K, 1);
-            } else if (conv_own(g.K)) {
-              /* dW += dY * cols^T on ampc's kernel, which wants B's rows
-               * contiguous: the columns transposed (ld x K) first */
-              float *colst = ws + g.off_dcols;
-              ampc__cpu_transpose(cols, g.K, ld, colst);
-              ampc__cpu_gemm(g.O, g.K, ld, dyp, ldd, 0, colst, g.K, dwt, g.K, 1);
-            } else {
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.O, (int)g.K, (int)ld, 1.0f, dyp, (int)ldd, cols,
-                          (int)ld, 1.0f, dwt, (int)g.K);
-            }
+            /* dW += dY * cols^T: dY's tiles, and the columns' turned */
+            float *pa = ws + g.off_pa, *pb = ws + g.off_pb;
+            block_cols(&g, c, n0, nbe, oy0, oy1, 0, g.C, xs, cols);
+            ampc__cpu_amx_pack_a(g.O, ld, dyp, ldd, 0, pa, 0, 1);
+            ampc__cpu_amx_pack_b(ld, g.K, cols, ld, 1, pb);
+            ampc__cpu_amx_gemm_packed(g.O, g.K, ld, pa, pb, dwt, g.K, 1);
           }
           if (need_db)
             for (int64_t m = 0; m < g.O; m++) dbt[m] += cpu_sum(dyp + m * ldd, (size_t)ld);
@@ -417,6 +416,60 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
     float *tmp = (float *)c->ws; /* the shared weight copy is not made yet */
     if (need_dw) cpu_store_grad(c, dw, 0, sum, (size_t)(g.O * g.K), c->din_acc[1], tmp);
     if (need_db) cpu_store_grad(c, db, 0, sum + g.O * g.K, (size_t)g.O, c->din_acc[2], tmp);
+  } else if (need_dw || need_db) {
+    /* Each thread the weight gradient's columns of a share of the input
+     * channels (whole blocks of 8, so that each share's columns stay a
+     * multiple of 8 where K is), over every group in order, written into
+     * the one sum in the shared workspace (the weight's f32 copy is made
+     * after): the rows of the im2col matrix a thread builds are its own
+     * channels' only, no thread keeps a partial O x K gradient (ResNet-18's
+     * 256 -> 512 strided layer: 4.7 MB a thread), and each element is the
+     * same in-order sum over the samples for any thread count. The bias
+     * gradient is the first share's. */
+    float *sum = (float *)c->ws;
+#pragma omp parallel num_threads(g.nt)
+    {
+      int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+      float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
+      float *cols = ws, *dyc = ws + g.off_y, *colst = ws + g.off_dcols, *xs = ws + g.off_xs, *dbt = sum + g.O * g.K;
+      int64_t blocks = (g.C + 7) / 8, c0 = 8 * (blocks * tid / nth), c1 = 8 * (blocks * (tid + 1) / nth);
+      if (c0 > g.C) c0 = g.C;
+      if (c1 > g.C) c1 = g.C;
+      int64_t k0 = c0 * g.k * g.k, kr = (c1 - c0) * g.k * g.k, own = conv_own(g.K);
+      for (int64_t m = 0; m < g.O; m++) memset(sum + m * g.K + k0, 0, (size_t)kr * sizeof(float));
+      int bias = need_db && tid == 0;
+      if (bias) memset(dbt, 0, (size_t)g.O * sizeof(float));
+      for (int64_t gi = 0; gi < ng && (kr > 0 || bias); gi++) {
+        int64_t n0, nbe;
+        group_of(&g, gi, &n0, &nbe);
+        for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {
+          int64_t oy1 = oy0 + g.rb < g.OH ? oy0 + g.rb : g.OH, band = (oy1 - oy0) * g.OW, ld = nbe * band;
+          int64_t ldd;
+          const float *dyp = gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc, &ldd);
+          if (need_dw && kr > 0) {
+            block_cols(&g, c, n0, nbe, oy0, oy1, c0, c1, xs, cols);
+            if (own) {
+              /* dW += dY * cols^T on ampc's kernel, which wants B's rows
+               * contiguous: the columns transposed (ld x kr) first */
+              ampc__cpu_transpose(cols, kr, ld, colst);
+              ampc__cpu_gemm(g.O, kr, ld, dyp, ldd, 0, colst, kr, sum + k0, g.K, 1);
+            } else {
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.O, (int)kr, (int)ld, 1.0f, dyp, (int)ldd, cols,
+                          (int)ld, 1.0f, sum + k0, (int)g.K);
+            }
+          }
+          if (bias)
+            for (int64_t m = 0; m < g.O; m++) dbt[m] += cpu_sum(dyp + m * ldd, (size_t)ld);
+        }
+      }
+#pragma omp barrier
+      /* stored a row of the gradient at a time, rows shared out */
+      if (need_dw)
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < g.O; m++)
+          cpu_store_grad(c, dw, m * g.K, sum + m * g.K, (size_t)g.K, c->din_acc[1], cols);
+      if (bias) cpu_store_grad(c, db, 0, dbt, (size_t)g.O, c->din_acc[2], cols);
+    }
   }
   double t1 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0;
   if (need_dx && amx && run_a3(c)) {
