@@ -273,26 +273,41 @@ TEST(winograd_same_bits_any_threads) {
   test_conv_algo = AMPC_CONV_AUTO;
 }
 
-/* Case cs in precision pc, forward and backward on two threads twice, the
- * second time with the test hook *hook set, the two compared within tol. */
-static void compare_with_hook(const op_case *cs, const prec_case *pc, int *hook, double tol, const char *what) {
+/* Case cs in precision pc, forward and backward on two threads, then run
+ * again with the test hook *hook = value on nt threads (and compiled so when
+ * build_too: a hook that lays out the workspace), the two compared within
+ * tol; ws, when not NULL, gets the two graphs' workspace bytes. */
+static void compare_hooked(const op_case *cs, const prec_case *pc, int *hook, int value, int build_too, int nt, double tol,
+                           const char *what, size_t ws[2]) {
   ctx_case = cs->name;
   ctx_prec = pc->name;
   net a = {0}, b = {0};
-  if (build(&a, cs, &pc->p, cs->n, 2) == 0 && build(&b, cs, &pc->p, cs->n, 2) == 0) {
+  int ok = build(&a, cs, &pc->p, cs->n, 2) == 0;
+  *hook = build_too ? value : 0;
+  ok = ok && build(&b, cs, &pc->p, cs->n, nt) == 0;
+  *hook = 0;
+  if (ok) {
     for (int r = 0; r < 2; r++) {
       net *q = r ? &b : &a;
-      *hook = r;
+      *hook = r ? value : 0;
       CHECK_OK(ampc_graph_forward(q->g, 1));
       CHECK_OK(ampc_graph_backward(q->g, q->loss, 1.0f, 0));
     }
     *hook = 0;
     snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&b, cs);
     compare_snapshots(&sa, &sb, tol, what);
+    for (int r = 0; ws && r < 2; r++) {
+      ampc_mem_report m;
+      ampc_graph_memory(r ? b.g : a.g, &m);
+      ws[r] = ampc_mem_total(&m, AMPC_MEM_WORKSPACE);
+    }
   }
   ampc_graph_free(a.g);
   ampc_graph_free(b.g);
   tmp_free_all();
+}
+static void compare_with_hook(const op_case *cs, const prec_case *pc, int *hook, double tol, const char *what) {
+  compare_hooked(cs, pc, hook, 1, 0, 2, tol, what, NULL);
 }
 
 /* Winograd's small products give the same bits through the 16-wide kernel
@@ -313,39 +328,6 @@ TEST(winograd_wide_kernel_same_bits) {
   test_conv_algo = AMPC_CONV_AUTO;
 }
 
-/* Case cs in precision pc on 2 threads, then with U made blocks of block
- * output channels (compiled and run so) on nt threads, compared within tol. */
-static void compare_blocks(const op_case *cs, const prec_case *pc, int block, int nt, double tol, const char *what) {
-  ctx_case = cs->name;
-  ctx_prec = pc->name;
-  net a = {0}, q = {0};
-  int ok = build(&a, cs, &pc->p, cs->n, 2) == 0;
-  ampc__cpu_wino_block = block;
-  ok = ok && build(&q, cs, &pc->p, cs->n, nt) == 0;
-  ampc__cpu_wino_block = 0;
-  if (ok && nt == 2 && block < (cs->c > cs->o ? cs->c : cs->o)) {
-    /* the blocks took effect: U is smaller (the only convolution here) */
-    ampc_mem_report ma, mq;
-    ampc_graph_memory(a.g, &ma);
-    ampc_graph_memory(q.g, &mq);
-    CHECK(ampc_mem_total(&mq, AMPC_MEM_WORKSPACE) < ampc_mem_total(&ma, AMPC_MEM_WORKSPACE));
-  }
-  if (ok) {
-    for (int r = 0; r < 2; r++) {
-      net *x = r ? &q : &a;
-      ampc__cpu_wino_block = r ? block : 0;
-      CHECK_OK(ampc_graph_forward(x->g, 1));
-      CHECK_OK(ampc_graph_backward(x->g, x->loss, 1.0f, 0));
-    }
-    ampc__cpu_wino_block = 0;
-    snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&q, cs);
-    compare_snapshots(&sa, &sb, tol, what);
-  }
-  ampc_graph_free(a.g);
-  ampc_graph_free(q.g);
-  tmp_free_all();
-}
-
 /* A single-chunk layer whose U is made a block of output channels at a
  * time (ResNet-18's 512-channel layers) gives the bits of one pass: each
  * output is the same in-order sum whatever the block. Blocks of 8, 16 and 24
@@ -363,15 +345,20 @@ TEST(winograd_blocks_same_bits) {
     for (int i = 0; i < 2; i++)
       for (int b = 0; b < 3; b++)
         for (int p = 0; p < NPRECS; p++)
-          for (int nt = 1; nt <= 3; nt++)
-            compare_blocks(find_case(names[i]), &PRECS[p], blocks[b], nt, 0.0,
-                           "one pass vs blocks of output channels, bit for bit");
+          for (int nt = 1; nt <= 3; nt++) {
+            const op_case *cs = find_case(names[i]);
+            size_t ws[2] = {0, 0};
+            compare_hooked(cs, &PRECS[p], &ampc__cpu_wino_block, blocks[b], 1, nt, 0.0,
+                           "one pass vs blocks of output channels, bit for bit", ws);
+            /* the blocks took effect: U is smaller (the only convolution here) */
+            if (nt == 2 && blocks[b] < (cs->c > cs->o ? cs->c : cs->o)) CHECK(ws[1] < ws[0]);
+          }
   }
   ampc__cpu_wino_f32_tile = 0;
   ampc__cpu_wino_blas = 1;
   for (int p = 0; p < NPRECS; p++)
-    compare_blocks(find_case("conv3x3_32to40"), &PRECS[p], 16, 2, prec_tol(&PRECS[p].p),
-                   "one pass vs blocks of output channels, products on sgemm");
+    compare_hooked(find_case("conv3x3_32to40"), &PRECS[p], &ampc__cpu_wino_block, 16, 1, 2, prec_tol(&PRECS[p].p),
+                   "one pass vs blocks of output channels, products on sgemm", NULL);
   ampc__cpu_wino_blas = 0;
   ampc__cpu_wino_tile_target = 0;
   test_conv_algo = AMPC_CONV_AUTO;

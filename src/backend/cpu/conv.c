@@ -377,69 +377,43 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
     AMPC_TRY(ampc__cpu_direct_bwd_weights(c));
   } else if ((need_dw || need_db) && amx && run_a3(c)) {
     AMPC_TRY(ampc__cpu_a3_bwd_weights(c));
-  } else if ((need_dw || need_db) && amx) {
+  } else if (need_dw || need_db) {
+    /* Without the tiles, each thread takes the weight gradient's columns of
+     * a share of the input channels (whole blocks of 8, so that each share's
+     * columns stay a multiple of 8 where K is) over every group in order,
+     * written into the one sum in the shared workspace (the weight's f32
+     * copy is made after): the rows of the im2col matrix a thread builds are
+     * its own channels' only, no thread keeps a partial O x K gradient
+     * (ResNet-18's 256 -> 512 strided layer: 4.7 MB a thread), and each
+     * element is the same in-order sum over the samples for any thread
+     * count; the bias gradient is the first share's. On the tiles, whose
+     * operands are packed whole, each thread takes every nth group into a
+     * partial gradient of its own, the partials added in thread order. */
     int nth_used = 1;
+    float *sum = amx ? cpu_ws_slice(c, 0, g.per_thread, g.shared) + g.off_dw : (float *)c->ws;
 #pragma omp parallel num_threads(g.nt)
     {
       int tid = omp_get_thread_num(), nth = omp_get_num_threads();
 #pragma omp single
       nth_used = nth;
       float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
-      float *cols = ws, *dyc = ws + g.off_y, *dwt = ws + g.off_dw, *dbt = ws + g.off_db, *xs = ws + g.off_xs;
-      memset(dwt, 0, (size_t)(g.O * g.K + g.O) * sizeof(float));
-      for (int64_t gi = tid; gi < ng; gi += nth) {
-        int64_t n0, nbe;
-        group_of(&g, gi, &n0, &nbe);
-        for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {
-          int64_t oy1 = oy0 + g.rb < g.OH ? oy0 + g.rb : g.OH, band = (oy1 - oy0) * g.OW, ld = nbe * band;
-          int64_t ldd;
-          const float *dyp = gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc, &ldd);
-          if (need_dw) {
-            /* dW += dY * cols^T: dY's tiles, and the columns' turned */
-            float *pa = ws + g.off_pa, *pb = ws + g.off_pb;
-            block_cols(&g, c, n0, nbe, oy0, oy1, 0, g.C, xs, cols);
-            ampc__cpu_amx_pack_a(g.O, ld, dyp, ldd, 0, pa, 0, 1);
-            ampc__cpu_amx_pack_b(ld, g.K, cols, ld, 1, pb);
-            ampc__cpu_amx_gemm_packed(g.O, g.K, ld, pa, pb, dwt, g.K, 1);
-          }
-          if (need_db)
-            for (int64_t m = 0; m < g.O; m++) dbt[m] += cpu_sum(dyp + m * ldd, (size_t)ld);
-        }
+      float *cols = ws, *dyc = ws + g.off_y, *colst = ws + g.off_dcols, *xs = ws + g.off_xs;
+      float *dwt = amx ? ws + g.off_dw : sum, *dbt = amx ? ws + g.off_db : sum + g.O * g.K;
+      int64_t c0 = 0, c1 = g.C, g0 = tid, gstep = nth;
+      if (!amx) {
+        int64_t blocks = (g.C + 7) / 8;
+        c0 = 8 * (blocks * tid / nth);
+        c1 = 8 * (blocks * (tid + 1) / nth);
+        if (c0 > g.C) c0 = g.C;
+        if (c1 > g.C) c1 = g.C;
+        g0 = 0;
+        gstep = 1;
       }
-    }
-    /* fixed-order reduction of the per-thread partials: deterministic for a thread count */
-    float *sum = cpu_ws_slice(c, 0, g.per_thread, g.shared) + g.off_dw;
-    for (int t = 1; t < nth_used; t++) {
-      const float *part = cpu_ws_slice(c, t, g.per_thread, g.shared) + g.off_dw;
-      for (int64_t i = 0; i < g.O * g.K + g.O; i++) sum[i] += part[i];
-    }
-    float *tmp = (float *)c->ws; /* the shared weight copy is not made yet */
-    if (need_dw) cpu_store_grad(c, dw, 0, sum, (size_t)(g.O * g.K), c->din_acc[1], tmp);
-    if (need_db) cpu_store_grad(c, db, 0, sum + g.O * g.K, (size_t)g.O, c->din_acc[2], tmp);
-  } else if (need_dw || need_db) {
-    /* Each thread the weight gradient's columns of a share of the input
-     * channels (whole blocks of 8, so that each share's columns stay a
-     * multiple of 8 where K is), over every group in order, written into
-     * the one sum in the shared workspace (the weight's f32 copy is made
-     * after): the rows of the im2col matrix a thread builds are its own
-     * channels' only, no thread keeps a partial O x K gradient (ResNet-18's
-     * 256 -> 512 strided layer: 4.7 MB a thread), and each element is the
-     * same in-order sum over the samples for any thread count. The bias
-     * gradient is the first share's. */
-    float *sum = (float *)c->ws;
-#pragma omp parallel num_threads(g.nt)
-    {
-      int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-      float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
-      float *cols = ws, *dyc = ws + g.off_y, *colst = ws + g.off_dcols, *xs = ws + g.off_xs, *dbt = sum + g.O * g.K;
-      int64_t blocks = (g.C + 7) / 8, c0 = 8 * (blocks * tid / nth), c1 = 8 * (blocks * (tid + 1) / nth);
-      if (c0 > g.C) c0 = g.C;
-      if (c1 > g.C) c1 = g.C;
       int64_t k0 = c0 * g.k * g.k, kr = (c1 - c0) * g.k * g.k, own = conv_own(g.K);
-      for (int64_t m = 0; m < g.O; m++) memset(sum + m * g.K + k0, 0, (size_t)kr * sizeof(float));
-      int bias = need_db && tid == 0;
-      if (bias) memset(dbt, 0, (size_t)g.O * sizeof(float));
-      for (int64_t gi = 0; gi < ng && (kr > 0 || bias); gi++) {
+      int bias = need_db && (amx || tid == 0);
+      for (int64_t m = 0; m < g.O; m++) memset(dwt + m * g.K + k0, 0, (size_t)kr * sizeof(float));
+      if (bias || amx) memset(dbt, 0, (size_t)g.O * sizeof(float)); /* (the partials are added whole) */
+      for (int64_t gi = g0; gi < ng && (kr > 0 || bias); gi += gstep) {
         int64_t n0, nbe;
         group_of(&g, gi, &n0, &nbe);
         for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {
@@ -448,27 +422,45 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
           const float *dyp = gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc, &ldd);
           if (need_dw && kr > 0) {
             block_cols(&g, c, n0, nbe, oy0, oy1, c0, c1, xs, cols);
-            if (own) {
+            if (amx) {
+              /* dW += dY * cols^T: dY's tiles, and the columns' turned */
+              float *pa = ws + g.off_pa, *pb = ws + g.off_pb;
+              ampc__cpu_amx_pack_a(g.O, ld, dyp, ldd, 0, pa, 0, 1);
+              ampc__cpu_amx_pack_b(ld, g.K, cols, ld, 1, pb);
+              ampc__cpu_amx_gemm_packed(g.O, g.K, ld, pa, pb, dwt, g.K, 1);
+            } else if (own) {
               /* dW += dY * cols^T on ampc's kernel, which wants B's rows
                * contiguous: the columns transposed (ld x kr) first */
               ampc__cpu_transpose(cols, kr, ld, colst);
-              ampc__cpu_gemm(g.O, kr, ld, dyp, ldd, 0, colst, kr, sum + k0, g.K, 1);
+              ampc__cpu_gemm(g.O, kr, ld, dyp, ldd, 0, colst, kr, dwt + k0, g.K, 1);
             } else {
               cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.O, (int)kr, (int)ld, 1.0f, dyp, (int)ldd, cols,
-                          (int)ld, 1.0f, sum + k0, (int)g.K);
+                          (int)ld, 1.0f, dwt + k0, (int)g.K);
             }
           }
           if (bias)
             for (int64_t m = 0; m < g.O; m++) dbt[m] += cpu_sum(dyp + m * ldd, (size_t)ld);
         }
       }
+      if (!amx) {
 #pragma omp barrier
-      /* stored a row of the gradient at a time, rows shared out */
-      if (need_dw)
+        /* stored a row of the gradient at a time, rows shared out */
+        if (need_dw)
 #pragma omp for schedule(static)
-        for (int64_t m = 0; m < g.O; m++)
-          cpu_store_grad(c, dw, m * g.K, sum + m * g.K, (size_t)g.K, c->din_acc[1], cols);
-      if (bias) cpu_store_grad(c, db, 0, dbt, (size_t)g.O, c->din_acc[2], cols);
+          for (int64_t m = 0; m < g.O; m++)
+            cpu_store_grad(c, dw, m * g.K, sum + m * g.K, (size_t)g.K, c->din_acc[1], cols);
+        if (bias) cpu_store_grad(c, db, 0, dbt, (size_t)g.O, c->din_acc[2], cols);
+      }
+    }
+    if (amx) {
+      /* fixed-order reduction of the per-thread partials: deterministic for a thread count */
+      for (int t = 1; t < nth_used; t++) {
+        const float *part = cpu_ws_slice(c, t, g.per_thread, g.shared) + g.off_dw;
+        for (int64_t i = 0; i < g.O * g.K + g.O; i++) sum[i] += part[i];
+      }
+      float *tmp = (float *)c->ws; /* the shared weight copy is not made yet */
+      if (need_dw) cpu_store_grad(c, dw, 0, sum, (size_t)(g.O * g.K), c->din_acc[1], tmp);
+      if (need_db) cpu_store_grad(c, db, 0, sum + g.O * g.K, (size_t)g.O, c->din_acc[2], tmp);
     }
   }
   double t1 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0;
