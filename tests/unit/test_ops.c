@@ -328,6 +328,28 @@ TEST(winograd_wide_kernel_same_bits) {
   test_conv_algo = AMPC_CONV_AUTO;
 }
 
+/* The im2col path on ampc's kernel gives the same bits for any thread
+ * count: the forward's and backward data's outputs are each one in-order sum
+ * whatever the group of samples, and the weight gradient's threads each sum
+ * the columns of a share of the input channels over every sample in order
+ * (shapes whose blocks are all multiples of 8 columns, which the kernel
+ * takes; the AMX tiles' weight gradient, which adds per-thread partials, is
+ * off). */
+TEST(im2col_same_bits_any_threads) {
+  static const char *names[] = {"conv3x3_16x16", "conv3x3_s2_32ch", "conv3x3_32to40"};
+  int none = 0;
+  test_conv_algo = AMPC_CONV_IM2COL;
+  ampc__cpu_gemm_force_wide = 1;
+  ampc__cpu_amx_off = 1;
+  for (int i = 0; i < 3; i++)
+    for (int p = 0; p < NPRECS; p++)
+      for (int nt = 1; nt <= 3; nt += 2)
+        compare_hooked(find_case(names[i]), &PRECS[p], &none, 0, 0, nt, 0.0, "2 threads vs 1 and 3, bit for bit", NULL);
+  ampc__cpu_amx_off = 0;
+  ampc__cpu_gemm_force_wide = 0;
+  test_conv_algo = AMPC_CONV_AUTO;
+}
+
 /* A single-chunk layer whose U is made a block of output channels at a
  * time (ResNet-18's 512-channel layers) gives the bits of one pass: each
  * output is the same in-order sum whatever the block. Blocks of 8, 16 and 24
@@ -558,7 +580,7 @@ TEST(conv2d_amx) {
 
 TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(conv2d_direct),
           TEST_ENTRY(winograd_same_bits_any_threads), TEST_ENTRY(winograd_wide_kernel_same_bits),
-          TEST_ENTRY(winograd_blocks_same_bits),
+          TEST_ENTRY(winograd_blocks_same_bits), TEST_ENTRY(im2col_same_bits_any_threads),
           TEST_ENTRY(conv2d_direct_wide), TEST_ENTRY(direct_wide_kernel_same_forward), TEST_ENTRY(conv2d_amx),
           TEST_ENTRY(maxpool_backward_ties_and_nan),
           TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu), TEST_ENTRY(maxpool2d),

@@ -438,8 +438,9 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
                           (int)ld, 1.0f, dwt + k0, (int)g.K);
             }
           }
-          if (bias)
-            for (int64_t m = 0; m < g.O; m++) dbt[m] += cpu_sum(dyp + m * ldd, (size_t)ld);
+          if (bias) /* a sample's band at a time: the same sums whatever the group */
+            for (int64_t m = 0; m < g.O; m++)
+              for (int64_t s = 0; s < nbe; s++) dbt[m] += cpu_sum(dyp + m * ldd + s * band, (size_t)band);
         }
       }
       if (!amx) {
