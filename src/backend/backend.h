@@ -41,6 +41,12 @@ typedef struct {
                             * their input (ampc__op_call.pro), and forward keeps
                             * each channel's scale, then each one's shift, in aux
                             * after mean, invstd and the mode (at aux + 2C + 1) */
+  int recompute;           /* batch norm: its output is stored for forward readers
+                            * that backward does not read it for (a residual sum),
+                            * but backward reads it from nowhere: the convolutions
+                            * after it apply it to their input as with nostore, its
+                            * own backward takes its ReLU's mask from its input,
+                            * and forward keeps the scales and shifts as nostore's */
 } ampc__op_attr;
 
 /* Sums across the ranks of data-parallel training, for a kernel whose
@@ -73,7 +79,8 @@ typedef struct {
                                        * batches, between its statistics pass and its
                                        * normalisation (NULL: this rank's batch alone) */
   const void *ctx;                    /* the backend's own context for its kernels (set by run) */
-  /* conv2d after a batch norm that stores no output (attr.nostore): in[0] is
+  /* conv2d after a batch norm that stores no output (attr.nostore) or that
+   * backward recomputes (attr.recompute): in[0] is
    * the batch norm's input, and each value the convolution loads from it is
    * what the batch norm would have stored: x * pro[ch] + pro[C + ch] (C
    * channels), through a ReLU when pro_relu, rounded to pro_type. NULL: none. */

@@ -31,7 +31,7 @@ typedef struct {
   ampc__op_attr attr;
   ampc_value alias;      /* flatten, fused ops: the value whose memory this one shares */
   ampc_value pool_out;   /* batch norm with a fused 2x2 max pool: the pool's value */
-  ampc_value pro;        /* conv2d: the batch norm (attr.nostore) it applies to its input
+  ampc_value pro;        /* conv2d: the batch norm (attr.nostore or recompute) it applies to its input
                           * as it loads it, reading that batch norm's input */
   ampc_shape store;      /* the shape of its memory: shape, or pool_out's */
   float *init;           /* params and buffers: recorded f32 values (host) */

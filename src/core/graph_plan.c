@@ -91,8 +91,8 @@ static int bwd_reads_output(const ampc__value *v) {
     case AMPC_OP_RELU:
     case AMPC_OP_SOFTMAX:
     case AMPC_OP_LOG_SOFTMAX: return 1;
-    case AMPC_OP_BATCHNORM2D:
-    case AMPC_OP_ADD: return v->attr.relu; /* the fused ReLU's mask */
+    case AMPC_OP_BATCHNORM2D: return v->attr.relu && !v->attr.recompute; /* the fused ReLU's mask */
+    case AMPC_OP_ADD: return v->attr.relu;
     default: return 0;
   }
 }
@@ -110,7 +110,8 @@ static int bwd_reads_output(const ampc__value *v) {
  * backward (which reads it last). Within a backward step the op's input
  * gradients are placed while everything it reads is still live; its own
  * output gradient and the activations it read last are freed after it.
- * A batch norm that stores nothing (attr.nostore) has no memory; the
+ * A batch norm that stores nothing (attr.nostore) has no memory, one that
+ * backward recomputes (attr.recompute) none after forward's last reader; the
  * convolutions that apply it read its input, in forward and backward.
  * Sets act_off / grad_off (SIZE_MAX: none) and bw_freed; returns the arena's
  * size and its bytes by type at the peak. */
@@ -175,7 +176,8 @@ static ampc_status plan(ampc_graph *g, int acts, int grads, size_t *arena, size_
       if (v->in[j] < 0) continue;
       ampc_value r = ampc__graph_root(g, v->in[j]);
       last_use[r] = last_read[r] = k;
-      if (bwd_reads_inputs(v) && T - 1 - k > dies[r]) dies[r] = T - 1 - k;
+      /* (a convolution's batch norm input: what the prologue reads, below) */
+      if (bwd_reads_inputs(v) && !(j == 0 && v->pro != AMPC_VALUE_NONE) && T - 1 - k > dies[r]) dies[r] = T - 1 - k;
     }
     ampc_value x = pro_read(g, v);
     if (x != AMPC_VALUE_NONE) {

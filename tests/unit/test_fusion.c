@@ -29,7 +29,13 @@ static int count_nostore(const ampc_graph *g) {
   for (size_t i = 0; i < g->nv; i++) n += g->v[i].op == AMPC_OP_BATCHNORM2D && g->v[i].attr.nostore;
   return n;
 }
-static int last_nostore = -1;
+static int last_nostore = -1, last_recompute = -1;
+/* and those stored for forward but recomputed by backward (attr.recompute) */
+static int count_recompute(const ampc_graph *g) {
+  int n = 0;
+  for (size_t i = 0; i < g->nv; i++) n += g->v[i].op == AMPC_OP_BATCHNORM2D && g->v[i].attr.recompute;
+  return n;
+}
 
 typedef struct {
   float loss;
@@ -57,7 +63,7 @@ static run_result run(const char *model, int C, int H, int fuse, ampc_dtype act,
   ampc_graph_precision p = {act, AMPC_DTYPE_F32, act, 0, AMPC_DTYPE_F16, NULL};
   CHECK_OK(ampc_graph_set_precision(g, &p));
   CHECK_OK(ampc_graph_compile(g));
-  if (fuse) last_nostore = count_nostore(g);
+  if (fuse) last_nostore = count_nostore(g), last_recompute = count_recompute(g);
   if (test_isa) ampc__cpu_set_isa(ampc__graph_device(g), test_isa);
   ampc_tensor x = ampc_graph_tensor(g, ampc_model_input(m));
   ampc_rng rng = ampc_rng_make(7, AMPC_RNG_STREAM_USER);
@@ -163,6 +169,7 @@ TEST(resnet18_batchnorm_in_convolution) {
   }
   test_conv = AMPC_CONV_AUTO;
   CHECK_MSG(last_nostore == 8, "%d batch norms store nothing, not ResNet-18's 8", last_nostore);
+  CHECK_MSG(last_recompute == 1, "%d batch norms recomputed by backward, not ResNet-18's first alone", last_recompute);
   compare_mode("resnet18", 3, 8, AMPC_DTYPE_F16, 0, -1);
   compare_mode("resnet18", 3, 8, AMPC_DTYPE_F16, 1, 17);
   compare_mode("resnet18", 3, 6, AMPC_DTYPE_F32, 1, -1); /* planes of 6, 3, 2, 1 */

@@ -34,10 +34,11 @@ static bn_geom bn_geometry(const ampc__op_call *c) {
 size_t ampc__cpu_bn_aux_floats(const ampc__op_call *c) {
   size_t n = 2 * (size_t)c->in[0].shape.d[1] + 1; /* mean, inverse std, mode */
   if (c->attr.pool) n += ((size_t)ampc_shape_numel(&c->out.shape) + 3) / 4;
-  if (c->attr.nostore) n += 2 * (size_t)c->in[0].shape.d[1]; /* scale, shift: the convolutions' prologue */
+  if (c->attr.nostore || c->attr.recompute) n += 2 * (size_t)c->in[0].shape.d[1]; /* scale, shift: the convolutions' prologue */
   return n;
 }
-/* With nostore (no pool then): each channel's scale, then each one's shift. */
+/* With nostore or recompute (no pool then): each channel's scale, then each
+ * one's shift. */
 static float *bn_scale_shift(const ampc__op_call *c, const bn_geom *g) { return c->aux + 2 * g->C + 1; }
 static unsigned char *bn_winners(const ampc__op_call *c, const bn_geom *g) {
   return (unsigned char *)(c->aux + 2 * g->C + 1);
@@ -177,10 +178,11 @@ void ampc__cpu_bn_recompute(const float *x, size_t n, float scale, float shift, 
 }
 
 /* The output's values [off, off + n) (within a plane, or whole planes) as
- * f32: loaded, or where nothing was stored (nostore) computed again from x
- * as forward would have stored them. */
+ * f32: loaded, or where nothing was stored (nostore) or what was stored is
+ * gone by backward (recompute) computed again from x as forward stored
+ * them. */
 static const float *bn_out(const ampc__op_call *c, const bn_geom *g, int64_t off, size_t n, float *ys) {
-  if (!c->attr.nostore) return cpu_load(&c->out, off, n, ys);
+  if (!c->attr.nostore && !c->attr.recompute) return cpu_load(&c->out, off, n, ys);
   const float *x = cpu_load(&c->in[0], off, n, ys), *ss = bn_scale_shift(c, g);
   for (size_t i = 0; i < n;) {
     int64_t e = off + (int64_t)i, ch = e / g->HW % g->C;
@@ -258,8 +260,9 @@ static float param_at(const ampc_tensor *t, int64_t i) {
   return v;
 }
 
-/* With nostore: each channel's scale and shift as bn_apply computes them,
- * for the convolutions that apply them (after forward's statistics). */
+/* With nostore or recompute: each channel's scale and shift as bn_apply
+ * computes them, for the convolutions that apply them and for backward's
+ * recomputed output (after forward's statistics). */
 static void bn_keep_scale_shift(const ampc__op_call *c, const bn_geom *g) {
   const float *mean_s = c->aux, *invstd_s = c->aux + g->C;
   float *ss = bn_scale_shift(c, g);
@@ -489,7 +492,7 @@ static ampc_status bn_fwd_sync(const ampc__op_call *c) {
     rv[ch] = (1.0f - mom) * rv[ch] + mom * (float)(sq / (count - 1));
     if (!c->attr.nostore) bn_apply(c, &g, ch, mean, invstd, NULL, xs, ys);
   }
-  if (c->attr.nostore) bn_keep_scale_shift(c, &g);
+  if (c->attr.nostore || c->attr.recompute) bn_keep_scale_shift(c, &g);
   c->aux[2 * g.C] = 1.0f;
   if (c->n_in > 5 && c->in[5].data) ((int64_t *)c->in[5].data)[0] += 1;
   return AMPC_OK;
@@ -539,7 +542,7 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
     bn_fwd_by_sample(c, &g);
   else
     bn_fwd_by_channel(c, &g);
-  if (c->attr.nostore) bn_keep_scale_shift(c, &g);
+  if (c->attr.nostore || c->attr.recompute) bn_keep_scale_shift(c, &g);
   c->aux[2 * g.C] = c->training ? 1.0f : 0.0f; /* which statistics backward differentiates */
   if (c->training && c->n_in > 5 && c->in[5].data) ((int64_t *)c->in[5].data)[0] += 1;
   return AMPC_OK;
