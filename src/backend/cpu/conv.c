@@ -386,7 +386,9 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
      * its own channels' only, no thread keeps a partial O x K gradient
      * (ResNet-18's 256 -> 512 strided layer: 4.7 MB a thread), and each
      * element is the same in-order sum over the samples for any thread
-     * count; the bias gradient is the first share's. On the tiles, whose
+     * count; the bias gradient is the first share's. Each thread gathers a
+     * group's dY itself (O x cols conversions against the O x cols x K/nth
+     * products they feed, and no barrier a group). On the tiles, whose
      * operands are packed whole, each thread takes every nth group into a
      * partial gradient of its own, the partials added in thread order. */
     int nth_used = 1;

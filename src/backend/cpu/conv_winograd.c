@@ -204,10 +204,10 @@ static size_t wg_vm_floats(const wg_geom *g, int64_t c8) { return (size_t)g->np 
  * instead of 56.7 (U alone 37.7 MB: the largest workspace of ResNet-18's
  * ops, part of its training's peak memory; blocks of 32 channels, 2.4 MB of
  * U, ran as fast as one pass on an AMD Zen 4, a little faster forward). A
- * layer of several chunks keeps U
- * whole: a block at a time would make each chunk's V again for every block,
- * or U for every chunk. Output channels a pass: a multiple of 32 (the
- * 16-wide kernel's block of columns) with U within WG_UBLOCK_BYTES. */
+ * layer of several chunks keeps U whole: a block at a time would make each
+ * chunk's V again for every block, or U for every chunk. Output channels a
+ * pass: a multiple of 32 (the 16-wide kernel's block of columns) with U
+ * within WG_UBLOCK_BYTES. */
 enum { WG_UBLOCK_BYTES = 3 << 20 };
 /* Output channels a pass when > 0 (rounded up to 8), wherever a layer has a
  * single chunk: a hook for tests, whose layers are too small to reach the
