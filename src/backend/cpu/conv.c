@@ -415,7 +415,7 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
       int bias = need_db && (amx || tid == 0);
       for (int64_t m = 0; m < g.O; m++) memset(dwt + m * g.K + k0, 0, (size_t)kr * sizeof(float));
       if (bias || amx) memset(dbt, 0, (size_t)g.O * sizeof(float)); /* (the partials are added whole) */
-      for (int64_t gi = g0; gi < ng && (kr > 0 || bias); gi += gstep) {
+      for (int64_t gi = g0; gi < ng && ((need_dw && kr > 0) || bias); gi += gstep) {
         int64_t n0, nbe;
         group_of(&g, gi, &n0, &nbe);
         for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {

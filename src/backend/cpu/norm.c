@@ -29,12 +29,16 @@ static bn_geom bn_geometry(const ampc__op_call *c) {
   return g;
 }
 
+/* Whether forward keeps each channel's scale and shift for the convolutions
+ * after it (and for backward's recomputed output): nostore or recompute. */
+static int bn_keeps_scale_shift(const ampc__op_call *c) { return c->attr.nostore || c->attr.recompute; }
+
 /* With a fused max pool, each window's winner (0..3), one byte per pooled
  * value, is kept after the statistics in the op's saved state. */
 size_t ampc__cpu_bn_aux_floats(const ampc__op_call *c) {
   size_t n = 2 * (size_t)c->in[0].shape.d[1] + 1; /* mean, inverse std, mode */
   if (c->attr.pool) n += ((size_t)ampc_shape_numel(&c->out.shape) + 3) / 4;
-  if (c->attr.nostore || c->attr.recompute) n += 2 * (size_t)c->in[0].shape.d[1]; /* scale, shift: the convolutions' prologue */
+  if (bn_keeps_scale_shift(c)) n += 2 * (size_t)c->in[0].shape.d[1]; /* scale, shift: the convolutions' prologue */
   return n;
 }
 /* With nostore or recompute (no pool then): each channel's scale, then each
@@ -182,7 +186,7 @@ void ampc__cpu_bn_recompute(const float *x, size_t n, float scale, float shift, 
  * gone by backward (recompute) computed again from x as forward stored
  * them. */
 static const float *bn_out(const ampc__op_call *c, const bn_geom *g, int64_t off, size_t n, float *ys) {
-  if (!c->attr.nostore && !c->attr.recompute) return cpu_load(&c->out, off, n, ys);
+  if (!bn_keeps_scale_shift(c)) return cpu_load(&c->out, off, n, ys);
   const float *x = cpu_load(&c->in[0], off, n, ys), *ss = bn_scale_shift(c, g);
   for (size_t i = 0; i < n;) {
     int64_t e = off + (int64_t)i, ch = e / g->HW % g->C;
@@ -492,7 +496,7 @@ static ampc_status bn_fwd_sync(const ampc__op_call *c) {
     rv[ch] = (1.0f - mom) * rv[ch] + mom * (float)(sq / (count - 1));
     if (!c->attr.nostore) bn_apply(c, &g, ch, mean, invstd, NULL, xs, ys);
   }
-  if (c->attr.nostore || c->attr.recompute) bn_keep_scale_shift(c, &g);
+  if (bn_keeps_scale_shift(c)) bn_keep_scale_shift(c, &g);
   c->aux[2 * g.C] = 1.0f;
   if (c->n_in > 5 && c->in[5].data) ((int64_t *)c->in[5].data)[0] += 1;
   return AMPC_OK;
@@ -542,7 +546,7 @@ ampc_status ampc__cpu_bn_fwd(const ampc__op_call *c) {
     bn_fwd_by_sample(c, &g);
   else
     bn_fwd_by_channel(c, &g);
-  if (c->attr.nostore || c->attr.recompute) bn_keep_scale_shift(c, &g);
+  if (bn_keeps_scale_shift(c)) bn_keep_scale_shift(c, &g);
   c->aux[2 * g.C] = c->training ? 1.0f : 0.0f; /* which statistics backward differentiates */
   if (c->training && c->n_in > 5 && c->in[5].data) ((int64_t *)c->in[5].data)[0] += 1;
   return AMPC_OK;
