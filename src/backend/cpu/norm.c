@@ -14,6 +14,7 @@
  * averages them like every other parameter's. */
 #include <math.h>
 #include <omp.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_internal.h"
 #include "core/dtype_internal.h"
@@ -154,9 +155,165 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) static void apply_f16_avx512(co
   }
   if (i < n) apply_f16_avx2(x + i, n - i, scale, shift, relu, y + i);
 }
+
+/* Batch norm backward's per-plane passes over 16-bit storage, one pass
+ * each on AVX-512, where the per-plane loops above convert a plane to f32,
+ * then mask and scatter or sum it, then convert the result back, each a call:
+ * the fused pool's gradient from the 16-bit pooled planes, the two sums with
+ * x converted as they read it, and dx stored straight into f16. Each gives
+ * the loops' bits: the sums add the same elements in the same lanes and
+ * order as cpu_sum_dy_dyx (whose AVX2 and AVX-512 builds contract the
+ * products into FMAs, as these do), dx is plane_dx's arithmetic with its
+ * FMAs, and the scatter is exact. test_fusion's batchnorm_avx512_same_bits
+ * runs them against the loops. (The forward's passes done the same way
+ * were no faster on a Zen 4: its f16 conversions and masked stores cost
+ * what the fusion saves; measured, left out.) */
+#define BN512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+BN512 static inline __m512 h16_ld(const uint16_t *p, int bf) {
+  __m256i h = _mm256_loadu_si256((const __m256i *)p);
+  return bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+BN512 static inline __m512 h16_ldm(const uint16_t *p, __mmask16 m, int bf) {
+  __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+BN512 static inline __m256 h8_ld(const uint16_t *p, int bf) {
+  __m128i h = _mm_loadu_si128((const __m128i *)p);
+  return bf ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+BN512 static inline float h1_ld(uint16_t v, int bf) {
+  if (!bf) return _cvtsh_ss(v);
+  uint32_t u = (uint32_t)v << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* cpu_sum_dy_dyx's ending: its four 8-lane partial sums are (lo, hi of a)
+ * and (lo, hi of b), the tails already in lo (lane 0 for single elements) */
+static float bn_sum32_end(const float lo[8], const float a1[8], const float a2[8], const float a3[8]) {
+  float v[8];
+  for (int j = 0; j < 8; j++) v[j] = (lo[j] + a1[j]) + (a2[j] + a3[j]);
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+BN512 static void bn_sums_end(__m512 A, __m512 B, __m256 lo, float tail, int has_tail, float *out) {
+  float a[16], b[16], l[8];
+  _mm512_storeu_ps(a, A);
+  _mm512_storeu_ps(b, B);
+  _mm256_storeu_ps(l, lo);
+  if (has_tail) l[0] = tail;
+  *out = bn_sum32_end(l, a + 8, b, b + 8);
+}
+
+/* plane_dsums with x a 16-bit plane (its f32 values also stored in cache
+ * unless NULL) */
+BN512 static void dsums_h16_avx512(const float *dy, const uint16_t *x, int bf, float mean, size_t n, float *cache, float *s1,
+                                   float *s2) {
+  const __m512 mm = _mm512_set1_ps(mean);
+  __m512 A = _mm512_setzero_ps(), B = A, QA = A, QB = A;
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m512 u = h16_ld(x + i, bf), v = h16_ld(x + i + 16, bf);
+    if (cache) {
+      _mm512_storeu_ps(cache + i, u);
+      _mm512_storeu_ps(cache + i + 16, v);
+    }
+    __m512 d = _mm512_loadu_ps(dy + i), e = _mm512_loadu_ps(dy + i + 16);
+    A = _mm512_add_ps(A, d);
+    B = _mm512_add_ps(B, e);
+    QA = _mm512_fmadd_ps(d, _mm512_sub_ps(u, mm), QA);
+    QB = _mm512_fmadd_ps(e, _mm512_sub_ps(v, mm), QB);
+  }
+  __m256 a0 = _mm512_castps512_ps256(A), q0 = _mm512_castps512_ps256(QA);
+  const __m256 m8 = _mm256_set1_ps(mean);
+  for (; i + 8 <= n; i += 8) {
+    __m256 u = h8_ld(x + i, bf), d = _mm256_loadu_ps(dy + i);
+    if (cache) _mm256_storeu_ps(cache + i, u);
+    a0 = _mm256_add_ps(a0, d);
+    q0 = _mm256_fmadd_ps(d, _mm256_sub_ps(u, m8), q0);
+  }
+  float ta = _mm256_cvtss_f32(a0), tq = _mm256_cvtss_f32(q0);
+  int tail = i < n;
+  for (; i < n; i++) {
+    float u = h1_ld(x[i], bf);
+    if (cache) cache[i] = u;
+    ta += dy[i];
+    tq = fmaf(dy[i], u - mean, tq);
+  }
+  bn_sums_end(A, B, a0, ta, tail, s1);
+  bn_sums_end(QA, QB, q0, tq, tail, s2);
+}
+
+/* plane_dx into an f16 plane o, x from its f32 copy xc or (xc NULL) the
+ * 16-bit plane x: k * (count * dy - dbeta - xhat * dgamma), with the two
+ * FMAs plane_dx's AVX2 and AVX-512 builds make of it */
+BN512 static void dx_f16_avx512(const float *xc, const uint16_t *x, int bf, const float *dy, size_t n, float mean, float invstd,
+                                float k, float count, float dbeta, float dgamma, uint16_t *o) {
+  const __m512 mm = _mm512_set1_ps(mean), is = _mm512_set1_ps(invstd), kk = _mm512_set1_ps(k), cn = _mm512_set1_ps(count);
+  const __m512 db = _mm512_set1_ps(dbeta), dgm = _mm512_set1_ps(dgamma);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 xv = xc ? _mm512_loadu_ps(xc + i) : h16_ld(x + i, bf);
+    __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(xv, mm), is);
+    __m512 t = _mm512_fnmadd_ps(xhat, dgm, _mm512_fmsub_ps(cn, _mm512_loadu_ps(dy + i), db));
+    _mm256_storeu_si256((__m256i *)(o + i), _mm512_cvtps_ph(_mm512_mul_ps(kk, t), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; i++) {
+    float xv = xc ? xc[i] : h1_ld(x[i], bf), xhat = (xv - mean) * invstd;
+    o[i] = _cvtss_sh(k * fmaf(-xhat, dgamma, fmaf(count, dy[i], -dbeta)), _MM_FROUND_TO_NEAREST_INT);
+  }
+}
+
+/* pool_dy from 16-bit pooled dy and output: the full plane d (H x W) with
+ * each window's gradient at its winner, masked by the fused ReLU where the
+ * pooled output is not positive; zeros elsewhere */
+BN512 static void pool_dy_h16_avx512(const uint16_t *dy, const uint16_t *y, int bf, int relu, const unsigned char *win, int64_t H,
+                                     int64_t W, float *d) {
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+  int64_t OH = H / 2, OW = W / 2;
+  for (int64_t oy = 0; oy < OH; oy++) {
+    float *d0 = d + 2 * oy * W, *d1 = d0 + W;
+    for (int64_t ox = 0; ox < OW; ox += 16) {
+      int64_t m = OW - ox < 16 ? OW - ox : 16, cols = 2 * m;
+      __mmask16 mw = (__mmask16)((1u << m) - 1);
+      __mmask16 ml = cols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cols) - 1);
+      __mmask16 mh = cols > 16 ? (__mmask16)((1u << (cols - 16)) - 1) : 0;
+      int64_t at = oy * OW + ox;
+      __m512 g = h16_ldm(dy + at, mw, bf);
+      if (relu) g = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(h16_ldm(y + at, mw, bf), _mm512_setzero_ps(), _CMP_GT_OQ), g);
+      __m512i w = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mw, win + at));
+      __m512 ga = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(w, _mm512_setzero_si512()), g);
+      __m512 gb = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(w, _mm512_set1_epi32(1)), g);
+      __m512 gc = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(w, _mm512_set1_epi32(2)), g);
+      __m512 gd = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(w, _mm512_set1_epi32(3)), g);
+      _mm512_mask_storeu_ps(d0 + 2 * ox, ml, _mm512_permutex2var_ps(ga, lo, gb));
+      _mm512_mask_storeu_ps(d0 + 2 * ox + 16, mh, _mm512_permutex2var_ps(ga, hi, gb));
+      _mm512_mask_storeu_ps(d1 + 2 * ox, ml, _mm512_permutex2var_ps(gc, lo, gd));
+      _mm512_mask_storeu_ps(d1 + 2 * ox + 16, mh, _mm512_permutex2var_ps(gc, hi, gd));
+    }
+  }
+  if (W & 1) /* a last odd column is outside every window */
+    for (int64_t r = 0; r < 2 * OH; r++) d[r * W + W - 1] = 0.0f;
+  if (H & 1) memset(d + (H - 1) * W, 0, (size_t)W * sizeof(float));
+}
 #else
 #define BN_X86 0
 #endif
+
+/* 1: the per-plane loops even where the AVX-512 passes run (a test hook) */
+int ampc__cpu_bn_generic = 0;
+static int bn_avx512(const ampc__op_call *c) {
+#if BN_X86
+  const ampc__cpu_isa *isa = cpu_ctx(c)->isa;
+  return isa && isa->avx512 && !ampc__cpu_bn_generic;
+#else
+  (void)c;
+  return 0;
+#endif
+}
+static int is_h16(ampc_dtype t) { return t == AMPC_DTYPE_F16 || t == AMPC_DTYPE_BF16; }
 
 /* y = x * scale + shift (through a fused ReLU), rounded to the storage type
  * where a fused pool reads it. */
@@ -229,6 +386,13 @@ static const float *cache_dy(const ampc__op_call *c, int64_t off, size_t n, floa
  * is not positive (the winner's own output); tmp holds 3 pooled planes. */
 static const float *pool_dy(const ampc__op_call *c, const bn_geom *g, int64_t plane, float *d, float *tmp) {
   size_t np = (size_t)g->PHW;
+#if BN_X86
+  if (bn_avx512(c) && is_h16(c->dout.dtype) && (!c->attr.relu || c->out.dtype == c->dout.dtype)) {
+    pool_dy_h16_avx512(cpu_at(&c->dout, plane * g->PHW), cpu_at(&c->out, plane * g->PHW), c->dout.dtype == AMPC_DTYPE_BF16,
+                       c->attr.relu, bn_winners(c, g) + plane * g->PHW, g->H, g->W, d);
+    return d;
+  }
+#endif
   const float *dy = cpu_load(&c->dout, plane * g->PHW, np, tmp);
   if (c->attr.relu) {
     const float *y = cpu_load(&c->out, plane * g->PHW, np, tmp + np);
@@ -522,8 +686,8 @@ static void bn_fwd_by_channel(const ampc__op_call *c, const bn_geom *gp) {
       ampc_load_f32(&k0, x->dtype, cpu_at(x, ch * g.HW), 1);
       for (int64_t n = 0; n < g.N; n++) {
         if (n + CPU_AHEAD < g.N) cpu_prefetch(x, ((n + CPU_AHEAD) * g.C + ch) * g.HW, (size_t)g.HW, 0);
-        const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, cache ? xc + n * g.HW : xs);
         float a, b;
+        const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, cache ? xc + n * g.HW : xs);
         plane_sums(xp, k0, (size_t)g.HW, &a, &b);
         sum += a;
         sq += b;
@@ -624,6 +788,10 @@ static void bn_bwd_by_channel(const ampc__op_call *c, const bn_geom *gp, int bat
    * norm backward 7% faster than with both caches spilling) */
   int cache_x = cache && g.N * g.HW <= BN_CACHE_BOTH_FLOATS;
   int64_t NHW = g.N * g.HW;
+  int fast = bn_avx512(c) && is_h16(x->dtype), bf = x->dtype == AMPC_DTYPE_BF16;
+  /* dx straight into f16 where nothing is added to it or counted (--amp-report) */
+  int fast_dx = fast && batch_stats && dx->dtype == AMPC_DTYPE_F16 && !c->din_acc[0] && !cpu_ctx(c)->grad_stats;
+  (void)fast, (void)bf, (void)fast_dx;
 #pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *dys = xs + g.HW, *out = dys + g.HW;
@@ -633,11 +801,19 @@ static void bn_bwd_by_channel(const ampc__op_call *c, const bn_geom *gp, int bat
     for (int64_t n = 0; n < g.N; n++) {
       int64_t off = (n * g.C + ch) * g.HW;
       if (n + CPU_AHEAD < g.N) bn_prefetch_bwd(c, &g, (n + CPU_AHEAD) * g.C + ch);
-      const float *xp = cpu_load(x, off, (size_t)g.HW, cache_x ? xc + n * g.HW : xs);
       const float *dp = c->attr.pool ? pool_dy(c, &g, n * g.C + ch, cache ? dc + n * g.HW : dys, ys)
                         : cache       ? cache_dy(c, off, (size_t)g.HW, dc + n * g.HW, ys)
                                       : load_dy(c, off, (size_t)g.HW, dys, ys, 1);
       float a, b;
+#if BN_X86
+      if (fast) {
+        dsums_h16_avx512(dp, cpu_at(x, off), bf, mean, (size_t)g.HW, cache_x ? xc + n * g.HW : NULL, &a, &b);
+        sdy += a;
+        sdyx += b;
+        continue;
+      }
+#endif
+      const float *xp = cpu_load(x, off, (size_t)g.HW, cache_x ? xc + n * g.HW : xs);
       plane_dsums(dp, xp, mean, (size_t)g.HW, &a, &b);
       sdy += a;
       sdyx += b;
@@ -651,10 +827,17 @@ static void bn_bwd_by_channel(const ampc__op_call *c, const bn_geom *gp, int bat
       for (int64_t n = 0; n < g.N; n++) {
         int64_t off = (n * g.C + ch) * g.HW;
         if (n + CPU_AHEAD < g.N) cpu_prefetch(dx, off + CPU_AHEAD * g.C * g.HW, (size_t)g.HW, 1);
-        const float *xp = cache_x && x->dtype != AMPC_DTYPE_F32 ? xc + n * g.HW : cpu_load(x, off, (size_t)g.HW, xs);
         const float *dp = cache && (c->dout.dtype != AMPC_DTYPE_F32 || c->attr.relu || c->attr.pool) ? dc + n * g.HW
                           : c->attr.pool ? pool_dy(c, &g, n * g.C + ch, dys, ys)
                                          : load_dy(c, off, (size_t)g.HW, dys, ys, 0);
+        const float *xq = cache_x && x->dtype != AMPC_DTYPE_F32 ? xc + n * g.HW : NULL;
+#if BN_X86
+        if (fast_dx) {
+          dx_f16_avx512(xq, cpu_at(x, off), bf, dp, (size_t)g.HW, mean, invstd, k, (float)count, dbeta_c, dgamma_c, cpu_at(dx, off));
+          continue;
+        }
+#endif
+        const float *xp = xq ? xq : cpu_load(x, off, (size_t)g.HW, xs);
         float *o = c->din_acc[0] ? out : cpu_out(dx, off, out);
         if (batch_stats) {
           plane_dx(xp, dp, (size_t)g.HW, mean, invstd, k, (float)count, dbeta_c, dgamma_c, o);
