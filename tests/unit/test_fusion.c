@@ -163,9 +163,10 @@ TEST(cnn_fused_pool_each_isa) {
  * graphs, f16 and bf16, training and eval, a NaN, planes whose sizes end in
  * a whole vector, 8 values and single ones (12x12 -> 6x6, 13x13, 28x28 ->
  * 14x14), odd planes, x kept in f32 between the passes or converted again
- * (N x H x W above 65536), and no channel cache at all (above 2^18); ResNet-18
- * (batch norms that store nothing or are recomputed). Where the CPU has no
- * AVX-512, both runs take the loops. */
+ * (N x H x W above 65536), and no channel cache at all (above 2^18); planes
+ * of 4x4 to 9x9 through the channel loop, SyncBatchNorm's passes and the
+ * guarded backend; ResNet-18 (batch norms that store nothing or are
+ * recomputed). Where the CPU has no AVX-512, both runs take the loops. */
 extern int ampc__cpu_bn_generic;
 static void compare_generic(const char *model, int C, int H, int fuse, ampc_dtype act, int training, int nan_at) {
   ampc__cpu_bn_generic = 1;
@@ -185,6 +186,19 @@ TEST(batchnorm_avx512_same_bits) {
       compare_generic("cnn", 1, 12, f, types[t], 1, 30);
       compare_generic("resnet18", 3, 8, f, types[t], 1, -1);
     }
+  /* small planes through the channel loop (the pool gradient's masked
+   * stores), SyncBatchNorm's passes, the guarded backend */
+  extern int ampc__cpu_bn_by_channel;
+  ampc__cpu_bn_by_channel = 1;
+  for (int h = 4; h <= 9; h++) compare_generic("cnn", 1, h, 1, AMPC_DTYPE_F16, 1, -1);
+  ampc__cpu_bn_by_channel = 0;
+  test_sync = 1;
+  compare_generic("cnn", 1, 13, 1, AMPC_DTYPE_F16, 1, -1);
+  compare_generic("cnn", 2, 6, 1, AMPC_DTYPE_BF16, 1, -1);
+  test_sync = 0;
+  test_backend = "cpu-guarded";
+  compare_generic("cnn", 1, 13, 1, AMPC_DTYPE_F16, 1, -1);
+  test_backend = NULL;
   test_batch = 2;
   compare_generic("cnn", 1, 186, 1, AMPC_DTYPE_F16, 1, -1); /* 2 x 186 x 186 > 65536: x converted again */
   compare_generic("cnn", 1, 363, 1, AMPC_DTYPE_F16, 1, -1); /* > 2^18: no cache */
