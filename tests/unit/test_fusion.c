@@ -157,31 +157,32 @@ TEST(cnn_fused_pool_each_isa) {
   test_isa = NULL;
 }
 
-/* Batch norm backward's AVX-512 passes over 16-bit planes (the fused
- * pool's gradient, the sums with x converted as they are read, dx stored
- * straight into f16) give the per-plane loops' bits: fused and plain
+/* Batch norm backward's fused passes over 16-bit planes (the fused pool's
+ * gradient, the sums with x converted as they are read, dx stored straight
+ * into f16), at the AVX-512 and the AVX2 level where the CPU has them, give
+ * the per-plane loops' bits: fused and plain
  * graphs, f16 and bf16, training and eval, a NaN, planes whose sizes end in
  * a whole vector, 8 values and single ones (12x12 -> 6x6, 13x13, 28x28 ->
- * 14x14), odd planes, x kept in f32 between the passes or converted again
+ * 14x14), pooled rows of 6, 8, 9 and 14 windows, odd planes, x kept in f32 between the passes or converted again
  * (N x H x W above 65536), and no channel cache at all (above 2^18); planes
  * of 4x4 to 9x9 through the channel loop, SyncBatchNorm's passes and the
  * guarded backend; ResNet-18 (batch norms that store nothing or are
- * recomputed). Where the CPU has no AVX-512, both runs take the loops. */
+ * recomputed). Where the CPU has neither level, both runs take the loops. */
 extern int ampc__cpu_bn_generic;
 static void compare_generic(const char *model, int C, int H, int fuse, ampc_dtype act, int training, int nan_at) {
   ampc__cpu_bn_generic = 1;
   run_result a = run(model, C, H, fuse, act, training, nan_at);
   ampc__cpu_bn_generic = 0;
   run_result b = run(model, C, H, fuse, act, training, nan_at);
-  check_same(a, b, fuse ? "fused graph, per-plane loops vs AVX-512 passes" : "plain graph, per-plane loops vs AVX-512 passes",
-             model, H, act, training);
+  check_same(a, b, fuse ? "fused graph, per-plane loops vs fused passes" : "plain graph, per-plane loops vs fused passes", model,
+             H, act, training);
 }
-TEST(batchnorm_avx512_same_bits) {
+static void bn_passes_cases(void) {
   static const ampc_dtype types[] = {AMPC_DTYPE_F16, AMPC_DTYPE_BF16};
-  static const int sizes[] = {12, 13, 19, 28};
+  static const int sizes[] = {12, 13, 17, 19, 28};
   for (int f = 0; f < 2; f++)
     for (int t = 0; t < 2; t++) {
-      for (int h = 0; h < 4; h++) compare_generic("cnn", 1 + (h & 1), sizes[h], f, types[t], 1, -1);
+      for (int h = 0; h < 5; h++) compare_generic("cnn", 1 + (h & 1), sizes[h], f, types[t], 1, -1);
       compare_generic("cnn", 1, 12, f, types[t], 0, -1);
       compare_generic("cnn", 1, 12, f, types[t], 1, 30);
       compare_generic("resnet18", 3, 8, f, types[t], 1, -1);
@@ -203,6 +204,17 @@ TEST(batchnorm_avx512_same_bits) {
   compare_generic("cnn", 1, 186, 1, AMPC_DTYPE_F16, 1, -1); /* 2 x 186 x 186 > 65536: x converted again */
   compare_generic("cnn", 1, 363, 1, AMPC_DTYPE_F16, 1, -1); /* > 2^18: no cache */
   test_batch = 4;
+}
+TEST(batchnorm_bwd_passes_same_bits) {
+  const ampc__cpu_isa *isas[2] = {NULL, NULL};
+  if (ampc__cpu_isa_avx512 && ampc__cpu_has_avx512()) isas[0] = ampc__cpu_isa_avx512;
+  if (ampc__cpu_isa_avx2 && ampc__cpu_has_avx2_f16c()) isas[1] = ampc__cpu_isa_avx2;
+  for (int i = 0; i < 2; i++) {
+    if (!isas[i]) continue;
+    test_isa = isas[i];
+    bn_passes_cases();
+  }
+  test_isa = NULL;
 }
 
 TEST(resnet18_fused_equals_plain) {
@@ -287,6 +299,6 @@ TEST(batchnorm_in_convolution_kept) {
 }
 
 TEST_MAIN(TEST_ENTRY(cnn_fused_equals_plain), TEST_ENTRY(cnn_fused_pool_cases), TEST_ENTRY(cnn_fused_pool_each_isa),
-          TEST_ENTRY(batchnorm_avx512_same_bits),
+          TEST_ENTRY(batchnorm_bwd_passes_same_bits),
           TEST_ENTRY(resnet18_fused_equals_plain), TEST_ENTRY(resnet18_batchnorm_in_convolution),
           TEST_ENTRY(batchnorm_in_convolution_kept))

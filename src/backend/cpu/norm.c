@@ -157,17 +157,18 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) static void apply_f16_avx512(co
 }
 
 /* Batch norm backward's per-plane passes over 16-bit storage, one pass
- * each on AVX-512, where the per-plane loops above convert a plane to f32,
- * then mask and scatter or sum it, then convert the result back, each a call:
- * the fused pool's gradient from the 16-bit pooled planes, the two sums with
- * x converted as they read it, and dx stored straight into f16. Each gives
- * the loops' bits: the sums add the same elements in the same lanes and
- * order as cpu_sum_dy_dyx (whose AVX2 and AVX-512 builds contract the
- * products into FMAs, as these do), dx is plane_dx's arithmetic with its
- * FMAs, and the scatter is exact. test_fusion's batchnorm_avx512_same_bits
- * runs them against the loops. (The forward's passes done the same way
- * were no faster on a Zen 4: its f16 conversions and masked stores cost
- * what the fusion saves; measured, left out.) */
+ * each (AVX-512 here, AVX2 below), where the per-plane loops above convert
+ * a plane to f32, then mask and scatter or sum it, then convert the result
+ * back, each a call: the fused pool's gradient from the 16-bit pooled planes,
+ * the two sums with x converted as they read it, and dx stored straight into
+ * f16. Each gives the loops' bits: the sums add the same elements in the
+ * same lanes and order as cpu_sum_dy_dyx (whose AVX2 and AVX-512 builds
+ * contract the products into FMAs, as these do), dx is plane_dx's
+ * arithmetic with its FMAs, and the scatter is exact. test_fusion's
+ * batchnorm_bwd_passes_same_bits runs them against the loops at each level.
+ * (The forward's passes done the same way were no faster on a Zen 4: its
+ * f16 conversions and masked 16-bit stores cost what the fusion saves;
+ * measured, left out.) */
 #define BN512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
 BN512 static inline __m512 h16_ld(const uint16_t *p, int bf) {
@@ -298,20 +299,123 @@ BN512 static void pool_dy_h16_avx512(const uint16_t *dy, const uint16_t *y, int 
     for (int64_t r = 0; r < 2 * OH; r++) d[r * W + W - 1] = 0.0f;
   if (H & 1) memset(d + (H - 1) * W, 0, (size_t)W * sizeof(float));
 }
+
+/* The same three passes 8 wide, for the AVX2 level (AVX2, FMA, F16C): the
+ * sums in cpu_sum_dy_dyx's four 8-lane chains themselves. */
+#define BN256 __attribute__((target("avx2,fma,f16c")))
+BN256 static inline __m256 h8_ld2(const uint16_t *p, int bf) {
+  __m128i h = _mm_loadu_si128((const __m128i *)p);
+  return bf ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+BN256 static void dsums_h16_avx2(const float *dy, const uint16_t *x, int bf, float mean, size_t n, float *cache, float *s1,
+                                 float *s2) {
+  const __m256 mm = _mm256_set1_ps(mean);
+  __m256 a[4], b[4];
+  for (int j = 0; j < 4; j++) a[j] = b[j] = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int j = 0; j < 4; j++) {
+      __m256 u = h8_ld2(x + i + 8 * j, bf), d = _mm256_loadu_ps(dy + i + 8 * j);
+      if (cache) _mm256_storeu_ps(cache + i + 8 * j, u);
+      a[j] = _mm256_add_ps(a[j], d);
+      b[j] = _mm256_fmadd_ps(d, _mm256_sub_ps(u, mm), b[j]);
+    }
+  for (; i + 8 <= n; i += 8) {
+    __m256 u = h8_ld2(x + i, bf), d = _mm256_loadu_ps(dy + i);
+    if (cache) _mm256_storeu_ps(cache + i, u);
+    a[0] = _mm256_add_ps(a[0], d);
+    b[0] = _mm256_fmadd_ps(d, _mm256_sub_ps(u, mm), b[0]);
+  }
+  float la[4][8], lb[4][8];
+  for (int j = 0; j < 4; j++) {
+    _mm256_storeu_ps(la[j], a[j]);
+    _mm256_storeu_ps(lb[j], b[j]);
+  }
+  for (; i < n; i++) {
+    float u = h1_ld(x[i], bf);
+    if (cache) cache[i] = u;
+    la[0][0] += dy[i];
+    lb[0][0] = fmaf(dy[i], u - mean, lb[0][0]);
+  }
+  *s1 = bn_sum32_end(la[0], la[1], la[2], la[3]);
+  *s2 = bn_sum32_end(lb[0], lb[1], lb[2], lb[3]);
+}
+
+BN256 static void dx_f16_avx2(const float *xc, const uint16_t *x, int bf, const float *dy, size_t n, float mean, float invstd,
+                              float k, float count, float dbeta, float dgamma, uint16_t *o) {
+  const __m256 mm = _mm256_set1_ps(mean), is = _mm256_set1_ps(invstd), kk = _mm256_set1_ps(k), cn = _mm256_set1_ps(count);
+  const __m256 db = _mm256_set1_ps(dbeta), dgm = _mm256_set1_ps(dgamma);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 xv = xc ? _mm256_loadu_ps(xc + i) : h8_ld2(x + i, bf);
+    __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(xv, mm), is);
+    __m256 t = _mm256_fnmadd_ps(xhat, dgm, _mm256_fmsub_ps(cn, _mm256_loadu_ps(dy + i), db));
+    _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_mul_ps(kk, t), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; i++) {
+    float xv = xc ? xc[i] : h1_ld(x[i], bf), xhat = (xv - mean) * invstd;
+    o[i] = _cvtss_sh(k * fmaf(-xhat, dgamma, fmaf(count, dy[i], -dbeta)), _MM_FROUND_TO_NEAREST_INT);
+  }
+}
+
+/* pool_dy on rows of at least 8 windows (OW >= 8), 8 a step: a row's last
+ * step overlaps the one before where 8 does not divide OW (the windows they
+ * share are written twice, the same). Shorter rows are the loops' (through
+ * zero-padded copies, the cnn's second batch norm took 1.02 ms against 0.65
+ * through them: Zen 4, the device's level set to AVX2). */
+BN256 static void pool_dy_h16_avx2(const uint16_t *dy, const uint16_t *y, int bf, int relu, const unsigned char *win, int64_t H,
+                                   int64_t W, float *d) {
+  int64_t OH = H / 2, OW = W / 2;
+  for (int64_t oy = 0; oy < OH; oy++) {
+    float *d0 = d + 2 * oy * W, *d1 = d0 + W;
+    for (int64_t s = 0; s < OW; s += 8) {
+      int64_t ox = s + 8 <= OW ? s : OW - 8, at = oy * OW + ox;
+      __m256 g = h8_ld2(dy + at, bf);
+      if (relu) g = _mm256_and_ps(g, _mm256_cmp_ps(h8_ld2(y + at, bf), _mm256_setzero_ps(), _CMP_GT_OQ));
+      __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(win + at)));
+      __m256 ga = _mm256_and_ps(g, _mm256_castsi256_ps(_mm256_cmpeq_epi32(w, _mm256_setzero_si256())));
+      __m256 gb = _mm256_and_ps(g, _mm256_castsi256_ps(_mm256_cmpeq_epi32(w, _mm256_set1_epi32(1))));
+      __m256 gc = _mm256_and_ps(g, _mm256_castsi256_ps(_mm256_cmpeq_epi32(w, _mm256_set1_epi32(2))));
+      __m256 gd = _mm256_and_ps(g, _mm256_castsi256_ps(_mm256_cmpeq_epi32(w, _mm256_set1_epi32(3))));
+      __m256 l0 = _mm256_unpacklo_ps(ga, gb), h0 = _mm256_unpackhi_ps(ga, gb);
+      __m256 l1 = _mm256_unpacklo_ps(gc, gd), h1 = _mm256_unpackhi_ps(gc, gd);
+      _mm256_storeu_ps(d0 + 2 * ox, _mm256_permute2f128_ps(l0, h0, 0x20));
+      _mm256_storeu_ps(d0 + 2 * ox + 8, _mm256_permute2f128_ps(l0, h0, 0x31));
+      _mm256_storeu_ps(d1 + 2 * ox, _mm256_permute2f128_ps(l1, h1, 0x20));
+      _mm256_storeu_ps(d1 + 2 * ox + 8, _mm256_permute2f128_ps(l1, h1, 0x31));
+    }
+  }
+  if (W & 1)
+    for (int64_t r = 0; r < 2 * OH; r++) d[r * W + W - 1] = 0.0f;
+  if (H & 1) memset(d + (H - 1) * W, 0, (size_t)W * sizeof(float));
+}
 #else
 #define BN_X86 0
 #endif
 
-/* 1: the per-plane loops even where the AVX-512 passes run (a test hook) */
+/* 1: the per-plane loops even where the fused passes run (a test hook) */
 int ampc__cpu_bn_generic = 0;
-static int bn_avx512(const ampc__op_call *c) {
+
+/* Batch norm backward's fused passes over 16-bit planes at the device's
+ * level (AVX-512 or AVX2), or none (the per-plane loops). */
+typedef struct {
+  void (*dsums)(const float *dy, const uint16_t *x, int bf, float mean, size_t n, float *cache, float *s1, float *s2);
+  void (*dx)(const float *xc, const uint16_t *x, int bf, const float *dy, size_t n, float mean, float invstd, float k, float count,
+             float dbeta, float dgamma, uint16_t *o);
+  void (*pool_dy)(const uint16_t *dy, const uint16_t *y, int bf, int relu, const unsigned char *win, int64_t H, int64_t W, float *d);
+  int64_t pool_min_ow; /* pool_dy for rows of at least this many windows */
+} bn_passes;
+static bn_passes bn_fused(const ampc__op_call *c) {
+  bn_passes p = {NULL, NULL, NULL, 0};
 #if BN_X86
   const ampc__cpu_isa *isa = cpu_ctx(c)->isa;
-  return isa && isa->avx512 && !ampc__cpu_bn_generic;
+  if (!isa || ampc__cpu_bn_generic) return p;
+  if (isa->avx512) return (bn_passes){dsums_h16_avx512, dx_f16_avx512, pool_dy_h16_avx512, 1};
+  if (isa->avx2) return (bn_passes){dsums_h16_avx2, dx_f16_avx2, pool_dy_h16_avx2, 8};
 #else
   (void)c;
-  return 0;
 #endif
+  return p;
 }
 static int is_h16(ampc_dtype t) { return t == AMPC_DTYPE_F16 || t == AMPC_DTYPE_BF16; }
 
@@ -386,13 +490,12 @@ static const float *cache_dy(const ampc__op_call *c, int64_t off, size_t n, floa
  * is not positive (the winner's own output); tmp holds 3 pooled planes. */
 static const float *pool_dy(const ampc__op_call *c, const bn_geom *g, int64_t plane, float *d, float *tmp) {
   size_t np = (size_t)g->PHW;
-#if BN_X86
-  if (bn_avx512(c) && is_h16(c->dout.dtype) && (!c->attr.relu || c->out.dtype == c->dout.dtype)) {
-    pool_dy_h16_avx512(cpu_at(&c->dout, plane * g->PHW), cpu_at(&c->out, plane * g->PHW), c->dout.dtype == AMPC_DTYPE_BF16,
-                       c->attr.relu, bn_winners(c, g) + plane * g->PHW, g->H, g->W, d);
+  bn_passes fp = bn_fused(c);
+  if (fp.pool_dy && g->W / 2 >= fp.pool_min_ow && is_h16(c->dout.dtype) && (!c->attr.relu || c->out.dtype == c->dout.dtype)) {
+    fp.pool_dy(cpu_at(&c->dout, plane * g->PHW), cpu_at(&c->out, plane * g->PHW), c->dout.dtype == AMPC_DTYPE_BF16, c->attr.relu,
+               bn_winners(c, g) + plane * g->PHW, g->H, g->W, d);
     return d;
   }
-#endif
   const float *dy = cpu_load(&c->dout, plane * g->PHW, np, tmp);
   if (c->attr.relu) {
     const float *y = cpu_load(&c->out, plane * g->PHW, np, tmp + np);
@@ -788,10 +891,10 @@ static void bn_bwd_by_channel(const ampc__op_call *c, const bn_geom *gp, int bat
    * norm backward 7% faster than with both caches spilling) */
   int cache_x = cache && g.N * g.HW <= BN_CACHE_BOTH_FLOATS;
   int64_t NHW = g.N * g.HW;
-  int fast = bn_avx512(c) && is_h16(x->dtype), bf = x->dtype == AMPC_DTYPE_BF16;
+  bn_passes fp = bn_fused(c);
+  int fast = fp.dsums && is_h16(x->dtype), bf = x->dtype == AMPC_DTYPE_BF16;
   /* dx straight into f16 where nothing is added to it or counted (--amp-report) */
   int fast_dx = fast && batch_stats && dx->dtype == AMPC_DTYPE_F16 && !c->din_acc[0] && !cpu_ctx(c)->grad_stats;
-  (void)fast, (void)bf, (void)fast_dx;
 #pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *dys = xs + g.HW, *out = dys + g.HW;
@@ -805,14 +908,12 @@ static void bn_bwd_by_channel(const ampc__op_call *c, const bn_geom *gp, int bat
                         : cache       ? cache_dy(c, off, (size_t)g.HW, dc + n * g.HW, ys)
                                       : load_dy(c, off, (size_t)g.HW, dys, ys, 1);
       float a, b;
-#if BN_X86
       if (fast) {
-        dsums_h16_avx512(dp, cpu_at(x, off), bf, mean, (size_t)g.HW, cache_x ? xc + n * g.HW : NULL, &a, &b);
+        fp.dsums(dp, cpu_at(x, off), bf, mean, (size_t)g.HW, cache_x ? xc + n * g.HW : NULL, &a, &b);
         sdy += a;
         sdyx += b;
         continue;
       }
-#endif
       const float *xp = cpu_load(x, off, (size_t)g.HW, cache_x ? xc + n * g.HW : xs);
       plane_dsums(dp, xp, mean, (size_t)g.HW, &a, &b);
       sdy += a;
@@ -831,12 +932,10 @@ static void bn_bwd_by_channel(const ampc__op_call *c, const bn_geom *gp, int bat
                           : c->attr.pool ? pool_dy(c, &g, n * g.C + ch, dys, ys)
                                          : load_dy(c, off, (size_t)g.HW, dys, ys, 0);
         const float *xq = cache_x && x->dtype != AMPC_DTYPE_F32 ? xc + n * g.HW : NULL;
-#if BN_X86
         if (fast_dx) {
-          dx_f16_avx512(xq, cpu_at(x, off), bf, dp, (size_t)g.HW, mean, invstd, k, (float)count, dbeta_c, dgamma_c, cpu_at(dx, off));
+          fp.dx(xq, cpu_at(x, off), bf, dp, (size_t)g.HW, mean, invstd, k, (float)count, dbeta_c, dgamma_c, cpu_at(dx, off));
           continue;
         }
-#endif
         const float *xp = xq ? xq : cpu_load(x, off, (size_t)g.HW, xs);
         float *o = c->din_acc[0] ? out : cpu_out(dx, off, out);
         if (batch_stats) {
