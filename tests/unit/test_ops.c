@@ -200,6 +200,10 @@ static void run_kind_both_bn_loops(kind k) {
   run_kind(k);
   ampc__cpu_bn_by_channel = 0;
 }
+/* the kernels' inline element sizes are ampc_dtype_size's */
+TEST(cpu_dtype_size_matches) {
+  for (int t = 0; t < AMPC_DTYPE_COUNT; t++) CHECK(cpu_dtype_size((ampc_dtype)t) == ampc_dtype_size((ampc_dtype)t));
+}
 TEST(batchnorm2d_train) { run_kind_both_bn_loops(K_BN_TRAIN); }
 /* PyTorch's eval-mode batch norm is differentiable with the running
  * statistics as constants: dx = dy * gamma / sqrt(running_var + eps). */
@@ -583,7 +587,7 @@ TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winog
           TEST_ENTRY(winograd_blocks_same_bits), TEST_ENTRY(im2col_same_bits_any_threads),
           TEST_ENTRY(conv2d_direct_wide), TEST_ENTRY(direct_wide_kernel_same_forward), TEST_ENTRY(conv2d_amx),
           TEST_ENTRY(maxpool_backward_ties_and_nan),
-          TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu), TEST_ENTRY(maxpool2d),
+          TEST_ENTRY(cpu_dtype_size_matches), TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu), TEST_ENTRY(maxpool2d),
           TEST_ENTRY(avgpool2d), TEST_ENTRY(global_avgpool), TEST_ENTRY(linear), TEST_ENTRY(add), TEST_ENTRY(flatten),
           TEST_ENTRY(softmax), TEST_ENTRY(log_softmax), TEST_ENTRY(cross_entropy), TEST_ENTRY(cast),
           TEST_ENTRY(thread_counts_agree))

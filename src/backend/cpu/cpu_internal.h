@@ -82,8 +82,13 @@ void ampc__cpu_set_isa(ampc__device *d, const ampc__cpu_isa *isa);
 ampc__device *ampc__cpu_device_of(ampc__device *d);
 
 /* Address of element i of a float tensor of any storage type. */
+/* ampc_dtype_size inline for the types kernels address most (it is a
+ * call per cpu_at otherwise: ~1% of the cnn's step on the Zen 4) */
+static inline size_t cpu_dtype_size(ampc_dtype t) {
+  return t == AMPC_DTYPE_F32 ? 4 : t == AMPC_DTYPE_F16 || t == AMPC_DTYPE_BF16 ? 2 : ampc_dtype_size(t);
+}
 static inline void *cpu_at(const ampc_tensor *t, int64_t i) {
-  return (char *)t->data + (size_t)i * ampc_dtype_size(t->dtype);
+  return (char *)t->data + (size_t)i * cpu_dtype_size(t->dtype);
 }
 
 /* Asks for elements [i, i + n) of t to be brought into cache ahead of their
@@ -102,7 +107,7 @@ static inline void cpu_prefetch_bytes(const void *p, size_t bytes, int write) {
   else if (bytes) __builtin_prefetch(c + bytes - 1, 0, 3);
 }
 static inline void cpu_prefetch(const ampc_tensor *t, int64_t i, size_t n, int write) {
-  cpu_prefetch_bytes(cpu_at(t, i), n * ampc_dtype_size(t->dtype), write);
+  cpu_prefetch_bytes(cpu_at(t, i), n * cpu_dtype_size(t->dtype), write);
 }
 
 /* Load n elements starting at element i as f32. When the tensor is already
