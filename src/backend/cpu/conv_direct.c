@@ -173,11 +173,11 @@ typedef int dconv_v16i __attribute__((vector_size(64), aligned(4), may_alias));
  * fwd_quad16; a call, never made, from the portable one) */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(AMPC_NO_CLONES)
 #include <immintrin.h>
-__attribute__((target("avx512f,f16c"))) static inline void dconv_st16h(uint16_t *p, dconv_v16 a) {
-  _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)a, _MM_FROUND_TO_NEAREST_INT));
+__attribute__((target("avx512f,f16c"))) static inline void dconv_st16h(uint16_t *p, const dconv_v16 *a) {
+  _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)*a, _MM_FROUND_TO_NEAREST_INT));
 }
 #else
-static inline void dconv_st16h(uint16_t *p, dconv_v16 a) { (void)p, (void)a; }
+static inline void dconv_st16h(uint16_t *p, const dconv_v16 *a) { (void)p, (void)a; }
 #endif
 
 /* Output rows of channels o .. o + 3 (w[c], b[c], planes y[c]; a group of
@@ -212,7 +212,7 @@ static inline __attribute__((always_inline)) void fwd_quad16(const dconv_geom *g
         }
       if (h && oy + 1 < g->OH)
         for (int c = 0; c < 4; c++)
-          for (int v = 0; v < nv; v++) dconv_st16h(h[c] + oy * g->OW + cb + 16 * v, a[c][v]);
+          for (int v = 0; v < nv; v++) dconv_st16h(h[c] + oy * g->OW + cb + 16 * v, &a[c][v]);
       else
         for (int c = 0; c < 4; c++)
           for (int v = 0; v < nv; v++) *(dconv_v16 *)(y[c] + oy * g->OW + cb + 16 * v) = a[c][v];

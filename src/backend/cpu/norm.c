@@ -183,7 +183,9 @@ BN512 static inline __m256 h8_ld(const uint16_t *p, int bf) {
   __m128i h = _mm_loadu_si128((const __m128i *)p);
   return bf ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
 }
-BN512 static inline float h1_ld(uint16_t v, int bf) {
+/* F16C alone: inlined into the AVX2 passes as well (an AVX-512 build of it,
+ * called from them, could use AVX-512 encodings on a CPU without them) */
+__attribute__((target("f16c"))) static inline float h1_ld(uint16_t v, int bf) {
   if (!bf) return _cvtsh_ss(v);
   uint32_t u = (uint32_t)v << 16;
   float f;
@@ -248,7 +250,16 @@ BN512 static void dsums_h16_avx512(const float *dy, const uint16_t *x, int bf, f
 
 /* plane_dx into an f16 plane o, x from its f32 copy xc or (xc NULL) the
  * 16-bit plane x: k * (count * dy - dbeta - xhat * dgamma), with the two
- * FMAs plane_dx's AVX2 and AVX-512 builds make of it */
+ * FMAs plane_dx's AVX2 and AVX-512 builds make of it; dx_f16_tail from
+ * element i on, one at a time (both widths' tails) */
+__attribute__((target("fma,f16c"))) static inline void dx_f16_tail(const float *xc, const uint16_t *x, int bf, const float *dy,
+                                                                   size_t i, size_t n, float mean, float invstd, float k,
+                                                                   float count, float dbeta, float dgamma, uint16_t *o) {
+  for (; i < n; i++) {
+    float xv = xc ? xc[i] : h1_ld(x[i], bf), xhat = (xv - mean) * invstd;
+    o[i] = _cvtss_sh(k * fmaf(-xhat, dgamma, fmaf(count, dy[i], -dbeta)), _MM_FROUND_TO_NEAREST_INT);
+  }
+}
 BN512 static void dx_f16_avx512(const float *xc, const uint16_t *x, int bf, const float *dy, size_t n, float mean, float invstd,
                                 float k, float count, float dbeta, float dgamma, uint16_t *o) {
   const __m512 mm = _mm512_set1_ps(mean), is = _mm512_set1_ps(invstd), kk = _mm512_set1_ps(k), cn = _mm512_set1_ps(count);
@@ -260,10 +271,7 @@ BN512 static void dx_f16_avx512(const float *xc, const uint16_t *x, int bf, cons
     __m512 t = _mm512_fnmadd_ps(xhat, dgm, _mm512_fmsub_ps(cn, _mm512_loadu_ps(dy + i), db));
     _mm256_storeu_si256((__m256i *)(o + i), _mm512_cvtps_ph(_mm512_mul_ps(kk, t), _MM_FROUND_TO_NEAREST_INT));
   }
-  for (; i < n; i++) {
-    float xv = xc ? xc[i] : h1_ld(x[i], bf), xhat = (xv - mean) * invstd;
-    o[i] = _cvtss_sh(k * fmaf(-xhat, dgamma, fmaf(count, dy[i], -dbeta)), _MM_FROUND_TO_NEAREST_INT);
-  }
+  dx_f16_tail(xc, x, bf, dy, i, n, mean, invstd, k, count, dbeta, dgamma, o);
 }
 
 /* pool_dy from 16-bit pooled dy and output: the full plane d (H x W) with
@@ -352,17 +360,14 @@ BN256 static void dx_f16_avx2(const float *xc, const uint16_t *x, int bf, const 
     __m256 t = _mm256_fnmadd_ps(xhat, dgm, _mm256_fmsub_ps(cn, _mm256_loadu_ps(dy + i), db));
     _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_mul_ps(kk, t), _MM_FROUND_TO_NEAREST_INT));
   }
-  for (; i < n; i++) {
-    float xv = xc ? xc[i] : h1_ld(x[i], bf), xhat = (xv - mean) * invstd;
-    o[i] = _cvtss_sh(k * fmaf(-xhat, dgamma, fmaf(count, dy[i], -dbeta)), _MM_FROUND_TO_NEAREST_INT);
-  }
+  dx_f16_tail(xc, x, bf, dy, i, n, mean, invstd, k, count, dbeta, dgamma, o);
 }
 
 /* pool_dy on rows of at least 8 windows (OW >= 8), 8 a step: a row's last
  * step overlaps the one before where 8 does not divide OW (the windows they
- * share are written twice, the same). Shorter rows are the loops' (through
- * zero-padded copies, the cnn's second batch norm took 1.02 ms against 0.65
- * through them: Zen 4, the device's level set to AVX2). */
+ * share are written twice, the same). Shorter rows stay on the loops: taken
+ * here through zero-padded copies, the cnn's second batch norm backward took
+ * 1.02 ms against their 0.65 (Zen 4, the device's level set to AVX2). */
 BN256 static void pool_dy_h16_avx2(const uint16_t *dy, const uint16_t *y, int bf, int relu, const unsigned char *win, int64_t H,
                                    int64_t W, float *d) {
   int64_t OH = H / 2, OW = W / 2;
