@@ -179,7 +179,8 @@ BN512 static inline __m512 h16_ldm(const uint16_t *p, __mmask16 m, int bf) {
   __m256i h = _mm256_maskz_loadu_epi16(m, p);
   return bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
 }
-BN512 static inline __m256 h8_ld(const uint16_t *p, int bf) {
+/* AVX2 and F16C alone, as h1_ld below: for both levels' passes */
+__attribute__((target("avx2,f16c"))) static inline __m256 h8_ld(const uint16_t *p, int bf) {
   __m128i h = _mm_loadu_si128((const __m128i *)p);
   return bf ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
 }
@@ -311,10 +312,6 @@ BN512 static void pool_dy_h16_avx512(const uint16_t *dy, const uint16_t *y, int 
 /* The same three passes 8 wide, for the AVX2 level (AVX2, FMA, F16C): the
  * sums in cpu_sum_dy_dyx's four 8-lane chains themselves. */
 #define BN256 __attribute__((target("avx2,fma,f16c")))
-BN256 static inline __m256 h8_ld2(const uint16_t *p, int bf) {
-  __m128i h = _mm_loadu_si128((const __m128i *)p);
-  return bf ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
-}
 BN256 static void dsums_h16_avx2(const float *dy, const uint16_t *x, int bf, float mean, size_t n, float *cache, float *s1,
                                  float *s2) {
   const __m256 mm = _mm256_set1_ps(mean);
@@ -323,13 +320,13 @@ BN256 static void dsums_h16_avx2(const float *dy, const uint16_t *x, int bf, flo
   size_t i = 0;
   for (; i + 32 <= n; i += 32)
     for (int j = 0; j < 4; j++) {
-      __m256 u = h8_ld2(x + i + 8 * j, bf), d = _mm256_loadu_ps(dy + i + 8 * j);
+      __m256 u = h8_ld(x + i + 8 * j, bf), d = _mm256_loadu_ps(dy + i + 8 * j);
       if (cache) _mm256_storeu_ps(cache + i + 8 * j, u);
       a[j] = _mm256_add_ps(a[j], d);
       b[j] = _mm256_fmadd_ps(d, _mm256_sub_ps(u, mm), b[j]);
     }
   for (; i + 8 <= n; i += 8) {
-    __m256 u = h8_ld2(x + i, bf), d = _mm256_loadu_ps(dy + i);
+    __m256 u = h8_ld(x + i, bf), d = _mm256_loadu_ps(dy + i);
     if (cache) _mm256_storeu_ps(cache + i, u);
     a[0] = _mm256_add_ps(a[0], d);
     b[0] = _mm256_fmadd_ps(d, _mm256_sub_ps(u, mm), b[0]);
@@ -355,7 +352,7 @@ BN256 static void dx_f16_avx2(const float *xc, const uint16_t *x, int bf, const 
   const __m256 db = _mm256_set1_ps(dbeta), dgm = _mm256_set1_ps(dgamma);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    __m256 xv = xc ? _mm256_loadu_ps(xc + i) : h8_ld2(x + i, bf);
+    __m256 xv = xc ? _mm256_loadu_ps(xc + i) : h8_ld(x + i, bf);
     __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(xv, mm), is);
     __m256 t = _mm256_fnmadd_ps(xhat, dgm, _mm256_fmsub_ps(cn, _mm256_loadu_ps(dy + i), db));
     _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_mul_ps(kk, t), _MM_FROUND_TO_NEAREST_INT));
@@ -375,8 +372,8 @@ BN256 static void pool_dy_h16_avx2(const uint16_t *dy, const uint16_t *y, int bf
     float *d0 = d + 2 * oy * W, *d1 = d0 + W;
     for (int64_t s = 0; s < OW; s += 8) {
       int64_t ox = s + 8 <= OW ? s : OW - 8, at = oy * OW + ox;
-      __m256 g = h8_ld2(dy + at, bf);
-      if (relu) g = _mm256_and_ps(g, _mm256_cmp_ps(h8_ld2(y + at, bf), _mm256_setzero_ps(), _CMP_GT_OQ));
+      __m256 g = h8_ld(dy + at, bf);
+      if (relu) g = _mm256_and_ps(g, _mm256_cmp_ps(h8_ld(y + at, bf), _mm256_setzero_ps(), _CMP_GT_OQ));
       __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(win + at)));
       __m256 ga = _mm256_and_ps(g, _mm256_castsi256_ps(_mm256_cmpeq_epi32(w, _mm256_setzero_si256())));
       __m256 gb = _mm256_and_ps(g, _mm256_castsi256_ps(_mm256_cmpeq_epi32(w, _mm256_set1_epi32(1))));
