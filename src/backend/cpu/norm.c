@@ -791,8 +791,8 @@ static void bn_fwd_by_channel(const ampc__op_call *c, const bn_geom *gp) {
       ampc_load_f32(&k0, x->dtype, cpu_at(x, ch * g.HW), 1);
       for (int64_t n = 0; n < g.N; n++) {
         if (n + CPU_AHEAD < g.N) cpu_prefetch(x, ((n + CPU_AHEAD) * g.C + ch) * g.HW, (size_t)g.HW, 0);
-        float a, b;
         const float *xp = cpu_load(x, (n * g.C + ch) * g.HW, (size_t)g.HW, cache ? xc + n * g.HW : xs);
+        float a, b;
         plane_sums(xp, k0, (size_t)g.HW, &a, &b);
         sum += a;
         sq += b;
