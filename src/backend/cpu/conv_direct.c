@@ -128,28 +128,26 @@ static inline __attribute__((always_inline)) void fwd_pair(const dconv_geom *g, 
 /* The 9 taps' gradient of output channel o over input channel ch, from one
  * sample's padded input and the output gradient plane dyp (rows OW apart,
  * readable 32 floats past its end; columns past OW are masked off), added to
- * dw[0..8]: in VW-lane partial sums over blocks of OWV columns. bwd_taps:
- * 8-wide; bwd_taps16 (below): 16-wide. */
-#define DCONV_TAPS_DEF(name, vt, vti, VW, OWV, HSUM)                                                                   \
-  static inline __attribute__((always_inline)) void name(const dconv_geom *g, const float *xp, const float *dyp,         \
-                                                         int64_t ch, float *dw, const int nv) {                          \
-    vt acc[9];                                                                                                           \
-    vti lane;                                                                                                            \
-    for (int l = 0; l < VW; l++) lane[l] = l;                                                                            \
-    for (int t = 0; t < 9; t++) acc[t] = (vt){0};                                                                        \
-    for (int64_t oy = 0; oy < g->OH; oy++)                                                                               \
-      for (int64_t cb = 0; cb < g->OWV; cb += VW * nv)                                                                   \
-        for (int v = 0; v < nv; v++) {                                                                                   \
-          vti live = lane < (int)(g->OW - cb - VW * v);                                                                  \
-          vt d = (vt)((vti) * (const vt *)(dyp + oy * g->OW + cb + VW * v) & live);                                      \
-          for (int ky = 0; ky < 3; ky++) {                                                                               \
-            const float *row = xp + (ch * g->Hp + oy + ky) * g->Wp + cb + VW * v;                                        \
-            for (int kx = 0; kx < 3; kx++) acc[ky * 3 + kx] += d * *(const vt *)(row + kx);                              \
-          }                                                                                                              \
-        }                                                                                                                \
-    for (int t = 0; t < 9; t++) dw[t] += HSUM(acc[t]);                                                                   \
-  }
-DCONV_TAPS_DEF(bwd_taps, cpu_v8, cpu_v8i, 8, OWv, cpu_hsum8)
+ * dw[0..8]: in 8-lane partial sums over blocks of OWv columns (bwd_taps16
+ * below: the 16-wide loop). */
+static inline __attribute__((always_inline)) void bwd_taps(const dconv_geom *g, const float *xp, const float *dyp, int64_t ch,
+                                                           float *dw, const int nv) {
+  cpu_v8 acc[9];
+  cpu_v8i lane;
+  for (int l = 0; l < 8; l++) lane[l] = l;
+  for (int t = 0; t < 9; t++) acc[t] = (cpu_v8){0};
+  for (int64_t oy = 0; oy < g->OH; oy++)
+    for (int64_t cb = 0; cb < g->OWv; cb += 8 * nv)
+      for (int v = 0; v < nv; v++) {
+        cpu_v8i live = lane < (int)(g->OW - cb - 8 * v);
+        cpu_v8 d = (cpu_v8)((cpu_v8i) * (const cpu_v8 *)(dyp + oy * g->OW + cb + 8 * v) & live);
+        for (int ky = 0; ky < 3; ky++) {
+          const float *row = xp + (ch * g->Hp + oy + ky) * g->Wp + cb + 8 * v;
+          for (int kx = 0; kx < 3; kx++) acc[ky * 3 + kx] += d * *(const cpu_v8 *)(row + kx);
+        }
+      }
+  for (int t = 0; t < 9; t++) dw[t] += cpu_hsum8(acc[t]);
+}
 
 /* ---- the 16-wide loops (AVX-512's 32 registers of 16 floats) ----
  *
