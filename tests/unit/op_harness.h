@@ -195,6 +195,9 @@ static const op_case CASES[] = {
     {.name = "conv3x3_32to40", .k = K_CONV, .n = 2, .c = 32, .h = 8, .w = 10, .o = 40, .ks = 3, .stride = 1, .pad = 1, .bias = 1},
     /* ResNet-18's downsampling shapes in small: im2col's products on ampc's kernel where it runs 16 wide
        (planes of 4x4 outputs; 288 rows of columns, past one slice of the kernel's sum over k) */
+    /* the Fashion-MNIST cnn's 14 x 14 planes: enough samples that Winograd's F(4x4) packs them 3 x 3 to a
+       canvas (wg_pack), two canvases, the second with room for 9 more */
+    {.name = "conv3x3_14x14", .k = K_CONV, .n = 18, .c = 8, .h = 14, .w = 14, .o = 16, .ks = 3, .stride = 1, .pad = 1, .bias = 1},
     {.name = "conv3x3_s2_32ch", .k = K_CONV, .n = 2, .c = 32, .h = 8, .w = 8, .o = 16, .ks = 3, .stride = 2, .pad = 1},
     {.name = "conv1x1_s2_8ch", .k = K_CONV, .n = 2, .c = 8, .h = 8, .w = 8, .o = 16, .ks = 1, .stride = 2},
     {.name = "bn_train", .k = K_BN_TRAIN, .n = 3, .c = 3, .h = 5, .w = 5},
@@ -309,6 +312,9 @@ extern int ampc__cpu_wino_blas;
 /* > 0: a single-chunk Winograd layer makes U a block of that many output
  * channels (rounded up to 8) at a time, as ResNet-18's 512-channel layers do */
 extern int ampc__cpu_wino_block;
+/* > 0: a same-size Winograd convolution packs that many samples a side to a
+ * canvas; < 0: never; 0: the library's choice (a hook of the CPU backend) */
+extern int ampc__cpu_wino_pack;
 /* 1: every im2col product on the library's sgemm, as on a CPU without AVX-512 */
 extern int ampc__cpu_conv_blas;
 /* 1: every linear product on the library's sgemm, as on a CPU without AVX-512 */

@@ -150,8 +150,10 @@ TEST(conv2d) { run_kind(K_CONV); }
  * forced wherever it applies (stride 1, 3x3): with the default chunks, with
  * chunks that cut a sample into bands of tile rows, and with chunks of
  * several samples; in f32 with both tiles, F(2x2) (the default there) and
- * F(4x4) (the one of 16-bit storage); and with every product on the
- * library's sgemm (the path past 512 channels). */
+ * F(4x4) (the one of 16-bit storage); with every product on the library's
+ * sgemm (the path past 512 channels); and with the same-size convolutions'
+ * planes never packed, and packed 2 x 2 and 3 x 3 to a canvas (canvases
+ * with empty places, cut into bands of tile rows, in chunks of several). */
 /* Every case of kind k as the CPU gives it, then with its products on
  * sgemm (blas_hook set) and on ampc's 16-wide kernel (forced: the portable
  * build of it where the CPU has no AVX-512). */
@@ -184,6 +186,21 @@ TEST(conv2d_winograd) {
   ampc__cpu_wino_blas = 1;
   run_kind(K_CONV);
   ampc__cpu_wino_blas = 0;
+  static const int packs[] = {-1, 2, 3};
+  static const int64_t canvas_targets[] = {0, 5, 300}; /* bands of tile rows; several canvases a chunk */
+  for (int i = 0; i < 3; i++) {
+    ampc__cpu_wino_pack = packs[i];
+    for (int t = 0; t < 2; t++) {
+      ampc__cpu_wino_f32_tile = t ? 4 : 0;
+      for (int j = packs[i] < 0 ? 2 : 0; j < 3; j++) {
+        ampc__cpu_wino_tile_target = canvas_targets[j];
+        run_kind(K_CONV);
+      }
+    }
+  }
+  ampc__cpu_wino_pack = 0;
+  ampc__cpu_wino_tile_target = 0;
+  ampc__cpu_wino_f32_tile = 0;
   test_conv_algo = AMPC_CONV_AUTO;
 }
 /* and the direct loop forced wherever it applies (stride 1, 3x3) */
@@ -248,10 +265,10 @@ TEST(thread_counts_agree) {
 /* Winograd's results are the same bits for any thread count, whether the
  * threads share each chunk (few chunks) or take whole chunks each (many). */
 TEST(winograd_same_bits_any_threads) {
-  static const char *names[] = {"conv3x3_16x16", "conv3x3_24ch"};
+  static const char *names[] = {"conv3x3_16x16", "conv3x3_24ch", "conv3x3_14x14"};
   static const int64_t targets[] = {0, 5};
   test_conv_algo = AMPC_CONV_WINOGRAD;
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 3; i++)
     for (int t = 0; t < 2; t++)
       for (int p = 0; p < NPRECS; p++) {
         const op_case *cs = find_case(names[i]);
@@ -273,6 +290,41 @@ TEST(winograd_same_bits_any_threads) {
             tmp_free_all();
           }
       }
+  ampc__cpu_wino_tile_target = 0;
+  test_conv_algo = AMPC_CONV_AUTO;
+}
+
+/* A graph built for a batch and run at smaller ones (ampc_graph_set_batch)
+ * gives the bits of a graph built for the smaller batch: Winograd packs the
+ * 14 x 14 planes of 18 samples 3 x 3 to a canvas, of 17 and 9 samples too,
+ * of 10 and 5 not at all, and the workspace laid out for 18 holds each
+ * (else the convolution would fall back to im2col: other bits). Chunks of
+ * 96 tiles, the cnn's: 6 samples of 16 tiles take more room than a band of
+ * 6 of a canvas' 11 tile rows. */
+TEST(winograd_smaller_batch_same_bits) {
+  const op_case *cs = find_case("conv3x3_14x14");
+  static const int64_t smaller[] = {17, 10, 9, 5};
+  test_conv_algo = AMPC_CONV_WINOGRAD;
+  ampc__cpu_wino_tile_target = 96;
+  for (int p = 0; p < NPRECS; p++)
+    for (int i = 0; i < 4; i++) {
+      ctx_case = cs->name;
+      ctx_prec = PRECS[p].name;
+      net a = {0}, b = {0};
+      if (build(&a, cs, &PRECS[p].p, cs->n, 2) == 0 && build(&b, cs, &PRECS[p].p, smaller[i], 2) == 0) {
+        CHECK_OK(ampc_graph_set_batch(a.g, smaller[i]));
+        for (int r = 0; r < 2; r++) {
+          net *q = r ? &b : &a;
+          CHECK_OK(ampc_graph_forward(q->g, 1));
+          CHECK_OK(ampc_graph_backward(q->g, q->loss, 1.0f, 0));
+        }
+        snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&b, cs);
+        compare_snapshots(&sa, &sb, 0.0, "built for 18 samples, run at fewer, bit for bit");
+      }
+      ampc_graph_free(a.g);
+      ampc_graph_free(b.g);
+      tmp_free_all();
+    }
   ampc__cpu_wino_tile_target = 0;
   test_conv_algo = AMPC_CONV_AUTO;
 }
@@ -380,6 +432,12 @@ TEST(winograd_blocks_same_bits) {
             if (nt == 2 && blocks[b] < (cs->c > cs->o ? cs->c : cs->o)) CHECK(ws[1] < ws[0]);
           }
   }
+  /* planes packed to a canvas (one chunk of one canvas) */
+  ampc__cpu_wino_pack = 2;
+  for (int p = 0; p < NPRECS; p++)
+    compare_hooked(find_case("conv3x3_24ch"), &PRECS[p], &ampc__cpu_wino_block, 8, 1, 2, 0.0,
+                   "planes packed 2 x 2: one pass vs blocks of output channels, bit for bit", NULL);
+  ampc__cpu_wino_pack = 0;
   ampc__cpu_wino_f32_tile = 0;
   ampc__cpu_wino_blas = 1;
   for (int p = 0; p < NPRECS; p++)
@@ -583,7 +641,8 @@ TEST(conv2d_amx) {
 }
 
 TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(conv2d_direct),
-          TEST_ENTRY(winograd_same_bits_any_threads), TEST_ENTRY(winograd_wide_kernel_same_bits),
+          TEST_ENTRY(winograd_same_bits_any_threads), TEST_ENTRY(winograd_smaller_batch_same_bits),
+          TEST_ENTRY(winograd_wide_kernel_same_bits),
           TEST_ENTRY(winograd_blocks_same_bits), TEST_ENTRY(im2col_same_bits_any_threads),
           TEST_ENTRY(conv2d_direct_wide), TEST_ENTRY(direct_wide_kernel_same_forward), TEST_ENTRY(conv2d_amx),
           TEST_ENTRY(maxpool_backward_ties_and_nan),

@@ -43,8 +43,13 @@
  * and outputs are de-interleaved into planes as they are stored (and rounded
  * to their storage type then), so 16-bit storage adds no pass over memory.
  *
+ * Where a plane's side is not a multiple of the tile's, a same-size
+ * convolution packs the planes of several samples into one canvas, a zero
+ * row or column between them, and tiles the canvas (wg_pack): the cnn's
+ * 14 x 14 planes take 14 tiles each instead of 16.
+ *
  * Tiles are processed in chunks (several samples, or a band of tile rows of
- * one sample) small enough that V and M stay in cache. When a layer has many
+ * one sample; canvases the same) small enough that V and M stay in cache. When a layer has many
  * chunks (large planes, few channels) each thread takes whole chunks, handed
  * out as threads come free, with its own V and M: no barriers, and a thread
  * slowed down by something else on the machine does less of the work. When
@@ -97,7 +102,9 @@ static size_t wg_pstride(int64_t n) {
  * padded by pad, into co output channels of oh x ow, in m x m tiles. */
 typedef struct {
   int64_t m, a, np;  /* outputs per tile side (4 or 2), inputs (m + 2), transform points (a * a) */
-  int64_t N, ci, co, ci8, co8, ih, iw, oh, ow, pad;
+  int64_t N, ci, co, ci8, co8, ih, iw, oh, ow, pad; /* N, ih, iw, oh, ow: of the canvases where packed */
+  int64_t P;        /* samples a canvas side (see wg_pack); 1: a canvas is a sample's plane */
+  int64_t ns, sih, siw, soh, sow; /* samples; a sample's input and output planes */
   int64_t th, tw;   /* tile rows and columns */
   int64_t nb, rb;   /* samples per chunk; tile rows per chunk (th when nb > 1) */
   int64_t tbmax;    /* tiles of the largest chunk */
@@ -105,10 +112,54 @@ typedef struct {
   int64_t band;     /* floats of one plane's loaded input band or output band */
 } wg_geom;
 
+/* Samples a side of the square canvas a same-size convolution (pad 1,
+ * output the input's size) packs its planes into, P x P of them with a zero
+ * row and column between neighbours -- each plane's padding, so every output
+ * is its own plane's convolution -- when that takes fewer tiles: planes whose
+ * side is not a multiple of m leave part of their last tiles empty (a 14 x 14
+ * plane in tiles of 4 outputs is 16 x 16, 31% more than its outputs), a
+ * canvas only at its own edge (4 x 4 planes of 14: 59 x 59 in 15 x 15 tiles,
+ * 14.1 tiles a plane instead of 16). The products, transforms and staging
+ * all scale with the tiles. P: the side whose canvases (the last one part
+ * empty) take the fewest tiles, 1 (each plane on its own) unless they take
+ * at most WG_PACK_GAIN percent of the planes' tiles. The cnn's 128 samples:
+ * 8 canvases of 4 x 4 planes, 1800 tiles instead of 2048 (3 x 3: 15
+ * canvases, 1815); its second convolution 2.35 -> 2.05-2.1 ms forward,
+ * 4.7 -> 4.2-4.4 backward on an AMD Zen 4 (O2, 2 threads, min of 300
+ * steps, alternating runs). A tile then holds
+ * values of up to four planes: an output is its own plane's sum, but its
+ * rounding error scales with the largest input of its tile, as Winograd's
+ * does within a plane; and a non-finite input reaches the other planes of
+ * its tiles (in training it makes the loss non-finite all the same). */
+enum { WG_PACK_MAX = 6, WG_PACK_GAIN = 92 };
+/* P where > 0 (same-size convolutions only), never packed where < 0, instead
+ * of the choice below: a hook for tests. */
+int ampc__cpu_wino_pack = 0;
+static int wg_same_size(int64_t ih, int64_t iw, int64_t oh, int64_t ow, int64_t pad) { return pad == 1 && oh == ih && ow == iw; }
+static int64_t wg_pack(int64_t m, int64_t N, int64_t ih, int64_t iw, int64_t oh, int64_t ow, int64_t pad) {
+  if (!wg_same_size(ih, iw, oh, ow, pad) || ampc__cpu_wino_pack < 0) return 1;
+  if (ampc__cpu_wino_pack > 0) return ampc__cpu_wino_pack;
+  int64_t plain = N * ((oh + m - 1) / m) * ((ow + m - 1) / m), best = 1, bt = plain * WG_PACK_GAIN / 100 + 1;
+  for (int64_t P = 2; P <= WG_PACK_MAX; P++) {
+    int64_t t = (N + P * P - 1) / (P * P) * ((P * (oh + 1) - 1 + m - 1) / m) * ((P * (ow + 1) - 1 + m - 1) / m);
+    if (t < bt) bt = t, best = P;
+  }
+  return best;
+}
+
+/* pack: samples a canvas side where > 0 (same-size convolutions only), else
+ * wg_pack's choice */
 static wg_geom wg_geometry(int64_t m, int64_t N, int64_t ci, int64_t co, int64_t ih, int64_t iw, int64_t oh, int64_t ow,
-                           int64_t pad) {
+                           int64_t pad, int64_t pack) {
   wg_geom g;
   g.m = m; g.a = m + 2; g.np = g.a * g.a;
+  g.ns = N; g.sih = ih; g.siw = iw; g.soh = oh; g.sow = ow;
+  g.P = pack <= 0 ? wg_pack(m, N, ih, iw, oh, ow, pad) : wg_same_size(ih, iw, oh, ow, pad) ? pack : 1;
+  if (g.P > 1) {
+    N = (N + g.P * g.P - 1) / (g.P * g.P);
+    ih = oh = g.P * (ih + 1) - 1;
+    iw = ow = g.P * (iw + 1) - 1;
+  }
   g.N = N; g.ci = ci; g.co = co; g.ci8 = up8(ci); g.co8 = up8(co);
   g.ih = ih; g.iw = iw; g.oh = oh; g.ow = ow; g.pad = pad;
   g.th = (oh + m - 1) / m; g.tw = (ow + m - 1) / m;
@@ -126,6 +177,12 @@ static wg_geom wg_geometry(int64_t m, int64_t N, int64_t ci, int64_t co, int64_t
   if (ampc__cpu_gemm_wide() && balance > target) target = balance;
   if (ampc__cpu_wino_tile_target > 0) target = ampc__cpu_wino_tile_target;
   cpu_blocking(target, g.tw, g.th, N, &g.nb, &g.rb);
+  /* a canvas in bands of even height (the cnn's 15 tile rows in 5 + 5 + 5,
+   * not 6 + 6 + 3: conv2 0.1-0.2 ms a step faster on an AMD Zen 4) */
+  if (g.P > 1 && g.nb == 1) {
+    int64_t bands = (g.th + g.rb - 1) / g.rb;
+    g.rb = (g.th + bands - 1) / bands;
+  }
   g.tbmax = g.nb * g.rb * g.tw;
   g.srow = m * g.rb + 2;
   g.scol = m * g.tw + 2;
@@ -221,14 +278,14 @@ static int64_t wg_block(const wg_geom *f, const wg_geom *d, const wg_geom *w, in
   return cb < (f->co > d->co ? f->co : d->co) ? cb : 0;
 }
 
-static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
+static wg_layout wg_plan(const ampc__op_call *c, int nthreads, int64_t pack) {
   wg_layout L;
   const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape, *y = &c->out.shape;
   int64_t N = x->d[0], C = x->d[1], H = x->d[2], W = x->d[3], O = w->d[0], OH = y->d[2], OW = y->d[3], p = c->attr.pad;
   int64_t m = wg_tile(c);
-  L.f = wg_geometry(m, N, C, O, H, W, OH, OW, p);
-  L.d = wg_geometry(m, N, O, C, OH, OW, H, W, 2 - p);
-  L.w = wg_geometry(4, N, C, O, H, W, OH, OW, p);
+  L.f = wg_geometry(m, N, C, O, H, W, OH, OW, p, pack);
+  L.d = wg_geometry(m, N, O, C, OH, OW, H, W, 2 - p, pack);
+  L.w = wg_geometry(4, N, C, O, H, W, OH, OW, p, pack);
   int64_t c8 = up8(C > O ? C : O);
   size_t vm1 = zmax(zmax(wg_vm_floats(&L.f, c8), wg_vm_floats(&L.d, c8)), wg_vm_floats(&L.w, c8));
   L.cb = wg_block(&L.f, &L.d, &L.w, c8);
@@ -285,9 +342,20 @@ static wg_layout wg_plan(const ampc__op_call *c, int nthreads) {
   return L;
 }
 
+/* The workspace for the call's batch and any smaller one, which may pack
+ * its planes differently (wg_pack): where a plane's side is not a multiple
+ * of 4 (elsewhere nothing packs), the most any side of canvas takes (for a
+ * given side, a smaller batch takes no more). */
 size_t ampc__cpu_wino_ws(const ampc__op_call *c, int nthreads) {
-  wg_layout L = wg_plan(c, nthreads);
-  return (L.shared + L.per_thread * (size_t)(nthreads < 1 ? 1 : nthreads)) * sizeof(float);
+  const ampc_shape *x = &c->in[0].shape, *y = &c->out.shape;
+  int may_pack = wg_same_size(x->d[2], x->d[3], y->d[2], y->d[3], c->attr.pad) && (y->d[2] % 4 || y->d[3] % 4);
+  size_t most = 0;
+  for (int64_t pack = 0; pack <= (may_pack ? WG_PACK_MAX : 0); pack++) {
+    wg_layout L = wg_plan(c, nthreads, pack);
+    size_t n = (L.shared + L.per_thread * (size_t)(nthreads < 1 ? 1 : nthreads)) * sizeof(float);
+    if (n > most) most = n;
+  }
+  return most;
 }
 
 /* ---- the transforms, one dimension, on 8 channels at once ---- */
@@ -522,27 +590,48 @@ static void wg_stage_rows(const wg_geom *g, const ampc_tensor *t, const ampc__op
   }
 }
 
-/* Stages tile rows [ty0, ty1) of channels [c0, c0 + 8) of one sample (plane
- * of channel c at element (base + c) * ih*iw of t; channels >= nch are zero)
- * as st[r][q][8]: row r is input row m*ty0 - pad + r, column q input column
- * q - pad, zero outside the plane. */
-static void wg_stage(const wg_geom *g, const ampc_tensor *t, const ampc__op_call *pro, int64_t base, int64_t c0, int64_t nch,
+/* The pieces of canvas rows [y0, y1) (see wg_pack): for each sample s < ns
+ * of canvas n with rows there, its rows [r0, r0 + nrow) lie at canvas rows
+ * from y, columns from x; fn(s, r0, nrow, y, x) each. h, w: a sample's
+ * plane. One piece, the canvas itself, where P is 1. */
+#define WG_PIECES(g, n, y0, y1, h, w, fn)                                                            \
+  for (int64_t gy_ = 0; gy_ < (g)->P; gy_++) {                                                      \
+    int64_t top_ = gy_ * ((h) + 1), lo_ = (y0) > top_ ? (y0) : top_;                                 \
+    int64_t hi_ = (y1) < top_ + (h) ? (y1) : top_ + (h);                                             \
+    for (int64_t gx_ = 0; gx_ < (g)->P && hi_ > lo_; gx_++) {                                        \
+      int64_t s_ = ((n) * (g)->P + gy_) * (g)->P + gx_;                                              \
+      if (s_ >= (g)->ns) break;                                                                     \
+      fn(s_, lo_ - top_, hi_ - lo_, lo_, gx_ * ((w) + 1));                                           \
+    }                                                                                               \
+  }
+
+/* Stages tile rows [ty0, ty1) of channels [c0, c0 + 8) of canvas n (sample
+ * s's plane of channel c at element (s * nch + c) * sih*siw of t; channels >=
+ * nch are zero) as st[r][q][8]: row r is canvas row m*ty0 - pad + r, column
+ * q canvas column q - pad, zero outside the samples' planes. */
+static void wg_stage(const wg_geom *g, const ampc_tensor *t, const ampc__op_call *pro, int64_t n, int64_t c0, int64_t nch,
                      int64_t ty0, int64_t ty1, float *st, float *bands) {
   int64_t rows = g->m * (ty1 - ty0) + 2, iy0 = g->m * ty0 - g->pad;
-  int64_t lo = iy0 < 0 ? 0 : iy0, hi = iy0 + rows < g->ih ? iy0 + rows : g->ih;
   memset(st, 0, (size_t)(rows * g->scol * WG_VL) * sizeof(float));
-  if (hi <= lo) return;
-  wg_stage_rows(g, t, pro, base, c0, nch, g->ih * g->iw, lo, hi - lo, g->iw, bands, st + ((lo - iy0) * g->scol + g->pad) * WG_VL,
-                g->scol * WG_VL);
+#define WG_STAGE_PIECE(s, row0, nrow, y, x)                                                                              \
+  wg_stage_rows(g, t, pro, (s) * nch, c0, nch, g->sih * g->siw, row0, nrow, g->siw, bands,                                   \
+                st + (((y) - iy0) * g->scol + g->pad + (x)) * WG_VL, g->scol * WG_VL)
+  WG_PIECES(g, n, iy0, iy0 + rows, g->sih, g->siw, WG_STAGE_PIECE)
+#undef WG_STAGE_PIECE
 }
 
-/* Stages output rows [m*ty0, m*ty1) of gradient channels [c0, c0 + 8) as
- * st[r][q][8], rows of m*tw positions, zero past the plane. */
-static void wg_stage_grad(const wg_geom *g, const ampc_tensor *dy, int64_t base, int64_t c0, int64_t ty0, int64_t ty1, float *st,
+/* Stages canvas rows [m*ty0, m*ty1) of gradient channels [c0, c0 + 8) of
+ * canvas n as st[r][q][8], rows of m*tw positions, zero outside the samples'
+ * planes. */
+static void wg_stage_grad(const wg_geom *g, const ampc_tensor *dy, int64_t n, int64_t c0, int64_t ty0, int64_t ty1, float *st,
                           float *bands) {
-  int64_t yc = g->m * g->tw, oy0 = g->m * ty0, oy1 = g->m * ty1 < g->oh ? g->m * ty1 : g->oh;
+  int64_t yc = g->m * g->tw, oy0 = g->m * ty0, oy1 = g->m * ty1;
   memset(st, 0, (size_t)(g->m * (ty1 - ty0) * yc * WG_VL) * sizeof(float));
-  wg_stage_rows(g, dy, NULL, base, c0, g->co, g->oh * g->ow, oy0, oy1 - oy0, g->ow, bands, st, yc * WG_VL);
+#define WG_GRAD_PIECE(s, row0, nrow, y, x)                                                                               \
+  wg_stage_rows(g, dy, NULL, (s) * g->co, c0, g->co, g->soh * g->sow, row0, nrow, g->sow, bands,                             \
+                st + (((y) - oy0) * yc + (x)) * WG_VL, yc * WG_VL)
+  WG_PIECES(g, n, oy0, oy1, g->soh, g->sow, WG_GRAD_PIECE)
+#undef WG_GRAD_PIECE
 }
 
 /* ---- one convolution: in (N, ci, ih, iw) -> out (N, co, oh, ow) ---- */
@@ -593,10 +682,26 @@ static void wg_chunk_inputs(const wg_conv *a, int64_t k, float *V, float *me, in
   size_t vstride = wg_pstride(tb * g->ci8);
   WG_ITEMS(it, nbe * cib, {
     int64_t s = it / cib, c0 = (it % cib) * WG_VL;
-    wg_stage(g, a->in, a->pro, (n0 + s) * g->ci, c0, g->ci, ty0, ty1, st, band);
+    wg_stage(g, a->in, a->pro, n0 + s, c0, g->ci, ty0, ty1, st, band);
     wg_input_tiles(g, st, nty, V + s * bt * g->ci8 + c0, vstride, g->ci8);
   })
 }
+
+/* wg_chunk_outputs' piece of sample smp: its rows [row0, row0 + nrow0) at
+ * canvas rows from y, columns from x of the staged output band st. */
+#define WG_OUT_PIECE(smp, row0, nrow0, y, x)                                                                         \
+  {                                                                                                                  \
+    for (int64_t r = 0; r < (nrow0); r++) {                                                                          \
+      float *row[WG_VL];                                                                                             \
+      for (int q = 0; q < WG_VL; q++) row[q] = band + q * g->band + r * g->sow;                                      \
+      wg_deinterleave(st + (((y) - oy0 + r) * yc + (x)) * WG_VL, g->sow, row);                                       \
+    }                                                                                                                \
+    for (int64_t q = 0; q < WG_VL && j0 + q < nr; q++) {                                                             \
+      int64_t at = ((smp) * g->co + o0 + q) * ohw + (row0) * g->sow;                                                 \
+      if (a->grad) cpu_store_grad(a->c, a->out, at, band + q * g->band, (size_t)((nrow0) * g->sow), a->acc, tmp);     \
+      else cpu_store(a->out, at, band + q * g->band, (size_t)((nrow0) * g->sow), 0, NULL);                            \
+    }                                                                                                                \
+  }
 
 /* One chunk's products (by transform point) and outputs for output channels
  * [r0, r0 + nr), from its V and U (xi, ci, up8(nr)): shared by the team when
@@ -605,7 +710,7 @@ static void wg_chunk_outputs(const wg_conv *a, const float *U, int64_t k, const 
                              int64_t r0, int64_t nr) {
   const wg_geom *g = a->g;
   float *st = me + a->L->off_st, *band = me + a->L->off_band, *tmp = me + a->L->off_tmp;
-  int64_t ohw = g->oh * g->ow, ld = up8(nr), cob = ld / WG_VL, yc = g->m * g->tw;
+  int64_t ohw = g->soh * g->sow, ld = up8(nr), cob = ld / WG_VL, yc = g->m * g->tw;
   int64_t n0, nbe, ty0, ty1;
   wg_chunk(g, k, &n0, &nbe, &ty0, &ty1);
   int64_t nty = ty1 - ty0, bt = nty * g->tw, tb = nbe * bt;
@@ -623,16 +728,8 @@ static void wg_chunk_outputs(const wg_conv *a, const float *U, int64_t k, const 
     int64_t s = it / cob, j0 = (it % cob) * WG_VL, o0 = r0 + j0;
     static const float zero8[WG_VL] = {0};
     wg_output_tiles(g, M + s * bt * ld + j0, mstride, ld, nty, a->bias ? a->bias + o0 : zero8, st);
-    for (int64_t r = 0; r < nrow; r++) {
-      float *row[WG_VL];
-      for (int q = 0; q < WG_VL; q++) row[q] = band + q * g->band + r * g->ow;
-      wg_deinterleave(st + r * yc * WG_VL, g->ow, row);
-    }
-    for (int64_t q = 0; q < WG_VL && j0 + q < nr; q++) {
-      int64_t at = ((n0 + s) * g->co + o0 + q) * ohw + oy0 * g->ow;
-      if (a->grad) cpu_store_grad(a->c, a->out, at, band + q * g->band, (size_t)(nrow * g->ow), a->acc, tmp);
-      else cpu_store(a->out, at, band + q * g->band, (size_t)(nrow * g->ow), 0, NULL);
-    }
+    /* each sample's rows of the canvas band, de-interleaved into its planes */
+    WG_PIECES(g, n0 + s, oy0, oy0 + nrow, g->soh, g->sow, WG_OUT_PIECE)
   })
 }
 
@@ -760,7 +857,7 @@ static void wg_conv_blocked(const wg_conv *a, int rot, int tid, int nth) {
 }
 
 ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
-  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads);
+  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads, 0);
   const ampc_tensor *b = c->n_in > 2 ? &c->in[2] : NULL;
   float *U = (float *)c->ws, *bias = b ? (float *)c->ws + L.off_db : NULL;
   if (b) {
@@ -800,11 +897,11 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
   WG_ITEMS(it, nbe * (cib + cob), {
     int64_t s = it / (cib + cob), blk = it % (cib + cob);
     if (blk < cib) {
-      wg_stage(g, &c->in[0], c->pro ? c : NULL, (n0 + s) * C, blk * WG_VL, C, ty0, ty1, st, band);
+      wg_stage(g, &c->in[0], c->pro ? c : NULL, n0 + s, blk * WG_VL, C, ty0, ty1, st, band);
       wg_input_tiles(g, st, nty, V + s * bt * g->ci8 + blk * WG_VL, vstride, g->ci8);
     } else {
       int64_t j0 = (blk - cib) * WG_VL;
-      wg_stage_grad(g, &c->dout, (n0 + s) * O, r0 + j0, ty0, ty1, st, band);
+      wg_stage_grad(g, &c->dout, n0 + s, r0 + j0, ty0, ty1, st, band);
       wg_grad_tiles(st, nty, g->tw, M + s * bt * ld + j0, mstride, ld);
     }
   })
@@ -819,14 +916,14 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
 }
 
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
-  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads);
+  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads, 0);
   const wg_geom *g = &L.w;
   const ampc_tensor *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
   int need_dx = dx->data != NULL, need_dw = dw->data != NULL, need_db = db && db->data;
   float *ws = (float *)c->ws, *U = ws, *V = ws + L.off_v, *M = ws + L.off_m, *dbias = ws + L.off_db;
   double t0 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0, t1 = t0;
-  int64_t ohw = g->oh * g->ow, O = g->co, C = g->ci;
+  int64_t ohw = g->soh * g->sow, O = g->co, C = g->ci;
   if (need_dw || need_db) {
 #pragma omp parallel num_threads(cpu_ctx(c)->nthreads)
     {
@@ -836,9 +933,9 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
       if (need_db)
         for (int64_t o = tid; o < O; o += nth) {
           float s = 0.0f;
-          int64_t piece = g->band / g->ow * g->ow; /* whole rows that fit the band buffer */
-          for (int64_t n = 0; n < g->N; n++) {
-            if (n + CPU_AHEAD < g->N) cpu_prefetch(dy, ((n + CPU_AHEAD) * O + o) * ohw, (size_t)ohw, 0);
+          int64_t piece = g->band / g->sow * g->sow; /* whole rows that fit the band buffer */
+          for (int64_t n = 0; n < g->ns; n++) {
+            if (n + CPU_AHEAD < g->ns) cpu_prefetch(dy, ((n + CPU_AHEAD) * O + o) * ohw, (size_t)ohw, 0);
             for (int64_t i = 0; i < ohw; i += piece) {
               size_t len = (size_t)(ohw - i < piece ? ohw - i : piece);
               s += cpu_sum(cpu_load(dy, (n * O + o) * ohw + i, len, band), len);
