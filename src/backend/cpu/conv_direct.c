@@ -5,7 +5,9 @@
  * up to 32 columns of one output row, accumulated over the 9C taps of the
  * sample's zero-padded f32 copy. The weight gradient runs the same way with
  * the 9 taps of one (output, input) channel pair in registers over a row of
- * the output gradient.
+ * the output gradient (with AVX-512, two output channels' at once, from the
+ * same shifted input vectors: the cnn's first convolution's backward
+ * 0.68-0.80 -> 0.60 ms a step on a Zen 4, the same bits).
  *
  * Forward and the weight (and bias) gradient; the input gradient, which a
  * first layer does not need, stays with the im2col path. Each thread takes
@@ -24,8 +26,9 @@ typedef struct {
   int64_t nv16, OWv16; /* the same for the 16-wide (AVX-512) loops: 1 or 2 vectors */
   int64_t Hp, Wp;    /* the padded sample's planes */
   /* per thread, in floats: the padded sample, four output planes (with a
-   * block's overrun), an output gradient plane (with 32 floats to spare), the
-   * weight gradient partial, a plane of the input being staged */
+   * block's overrun; backward's second output gradient plane is the first),
+   * an output gradient plane (with 32 floats to spare), the weight gradient
+   * partial, a plane of the input being staged */
   size_t off_y0, off_y1, off_y2, off_y3, off_dys, off_part, off_xt, per_thread;
   size_t shared; /* the f32 weight and bias */
 } dconv_geom;
@@ -252,6 +255,43 @@ static inline __attribute__((always_inline)) void bwd_taps16(const dconv_geom *g
   for (int t = 0; t < 9; t++) dw[t] += dconv_hsum16(acc[t]);
 }
 
+/* bwd_taps16 for two output channels at once (dyp0, dyp1 into dw0, dw1):
+ * each input row's shifted vectors, made once, serve both (18 accumulators
+ * of AVX-512's 32 registers); each channel's products and sums are
+ * bwd_taps16's, in its order, so the same bits */
+static inline __attribute__((always_inline)) void bwd_taps16x2(const dconv_geom *g, const float *xp, const float *dyp0,
+                                                               const float *dyp1, int64_t ch, float *dw0, float *dw1,
+                                                               const int nv) {
+  dconv_v16 acc0[9], acc1[9];
+  dconv_v16i lane;
+  for (int l = 0; l < 16; l++) lane[l] = l;
+  for (int t = 0; t < 9; t++) acc0[t] = acc1[t] = (dconv_v16){0};
+  for (int64_t oy = 0; oy < g->OH; oy++)
+    for (int64_t cb = 0; cb < g->OWv16; cb += 16 * nv)
+      for (int v = 0; v < nv; v++) {
+        dconv_v16i live = lane < (int)(g->OW - cb - 16 * v);
+        int64_t at = oy * g->OW + cb + 16 * v;
+        dconv_v16 d0 = (dconv_v16)((dconv_v16i)DCONV_LD16(dyp0 + at) & live);
+        dconv_v16 d1 = (dconv_v16)((dconv_v16i)DCONV_LD16(dyp1 + at) & live);
+        for (int ky = 0; ky < 3; ky++) {
+          const float *row = xp + (ch * g->Hp + oy + ky) * g->Wp + cb + 16 * v;
+          dconv_v16 x0 = DCONV_LD16(row), x1 = DCONV_LD16(row + 16);
+          dconv_v16 s1 = __builtin_shufflevector(x0, x1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
+          dconv_v16 s2 = __builtin_shufflevector(x0, x1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17);
+          acc0[ky * 3] += d0 * x0;
+          acc0[ky * 3 + 1] += d0 * s1;
+          acc0[ky * 3 + 2] += d0 * s2;
+          acc1[ky * 3] += d1 * x0;
+          acc1[ky * 3 + 1] += d1 * s1;
+          acc1[ky * 3 + 2] += d1 * s2;
+        }
+      }
+  for (int t = 0; t < 9; t++) {
+    dw0[t] += dconv_hsum16(acc0[t]);
+    dw1[t] += dconv_hsum16(acc1[t]);
+  }
+}
+
 #define DCONV16_BODY(ATTR, REG, fwd_sample16, bwd_plane16)                                                              \
   ATTR static void fwd_sample16(const dconv_geom *g, const float *xp, const float *wf, const float *bias, float *const yb[4], \
                                 const ampc_tensor *y, int64_t n) {                                                       \
@@ -279,6 +319,13 @@ static inline __attribute__((always_inline)) void bwd_taps16(const dconv_geom *g
     for (int64_t ch = 0; ch < g->C; ch++) {                                                                              \
       if (g->nv16 == 2) bwd_taps16(g, xp, dyp, ch, dw + ch * 9, 2);                                                     \
       else bwd_taps16(g, xp, dyp, ch, dw + ch * 9, 1);                                                                   \
+    }                                                                                                                    \
+  }                                                                                                                      \
+  ATTR static void bwd_plane16##_2(const dconv_geom *g, const float *xp, const float *dyp0, const float *dyp1,            \
+                                   float *dw0, float *dw1) {                                                             \
+    for (int64_t ch = 0; ch < g->C; ch++) {                                                                              \
+      if (g->nv16 == 2) bwd_taps16x2(g, xp, dyp0, dyp1, ch, dw0 + ch * 9, dw1 + ch * 9, 2);                             \
+      else bwd_taps16x2(g, xp, dyp0, dyp1, ch, dw0 + ch * 9, dw1 + ch * 9, 1);                                           \
     }                                                                                                                    \
   }
 
@@ -336,6 +383,8 @@ typedef struct {
   void (*fwd)(const dconv_geom *g, const float *xp, const float *wf, const float *bias, float *const yb[4],
               const ampc_tensor *y, int64_t n);
   void (*bwd)(const dconv_geom *g, const float *xp, const float *dyp, float *dw);
+  /* two output channels' weight gradient at once (the 16-wide loops), or NULL */
+  void (*bwd2)(const dconv_geom *g, const float *xp, const float *dyp0, const float *dyp1, float *dw0, float *dw1);
 } dconv_kernels;
 
 /* The build, chosen once per call: the 16-wide loops' portable build where
@@ -344,15 +393,15 @@ typedef struct {
  * baseline (the device's level is chosen once, with the rest). */
 static dconv_kernels dconv_pick(const ampc__op_call *c) {
   const ampc__cpu_isa *isa = cpu_ctx(c)->isa;
-  if (ampc__cpu_direct_wide) return (dconv_kernels){fwd_sample16_any, bwd_plane16_any};
+  if (ampc__cpu_direct_wide) return (dconv_kernels){fwd_sample16_any, bwd_plane16_any, bwd_plane16_any_2};
 #if DCONV_AVX512
-  if (isa->avx512) return (dconv_kernels){fwd_sample16_avx512, bwd_plane16_avx512};
+  if (isa->avx512) return (dconv_kernels){fwd_sample16_avx512, bwd_plane16_avx512, bwd_plane16_avx512_2};
 #endif
 #if DCONV_X86
-  if (isa->avx2) return (dconv_kernels){fwd_sample_avx2, bwd_plane_avx2};
+  if (isa->avx2) return (dconv_kernels){fwd_sample_avx2, bwd_plane_avx2, NULL};
 #endif
   (void)isa;
-  return (dconv_kernels){fwd_sample, bwd_plane};
+  return (dconv_kernels){fwd_sample, bwd_plane, NULL};
 }
 
 ampc_status ampc__cpu_direct_fwd(const ampc__op_call *c) {
@@ -392,17 +441,22 @@ ampc_status ampc__cpu_direct_bwd_weights(const ampc__op_call *c) {
     int tid = omp_get_thread_num(), nth = omp_get_num_threads();
 #pragma omp single
     nth_used = nth;
-    float *xp = cpu_ws_slice(c, tid, g.per_thread, g.shared), *dys = xp + g.off_dys;
+    float *xp = cpu_ws_slice(c, tid, g.per_thread, g.shared), *dys[2] = {xp + g.off_dys, xp + g.off_y0};
     float *part = xp + g.off_part;
     memset(part, 0, (nw + (size_t)g.O) * sizeof(float));
-    memset(dys, 0, ((size_t)g.OHW + 32) * sizeof(float));
+    for (int i = 0; i < 2; i++) memset(dys[i], 0, ((size_t)g.OHW + 32) * sizeof(float));
     for (int64_t n = tid; n < g.N; n += nth) {
       if (dw->data) stage_sample(&g, c, n, xp, xp + g.off_xt);
-      for (int64_t o = 0; o < g.O; o++) {
-        /* staged even from f32: the taps read a little past the plane */
-        ampc_load_f32(dys, dy->dtype, cpu_at(dy, (n * g.O + o) * g.OHW), (size_t)g.OHW);
-        if (db) part[nw + o] += cpu_sum(dys, (size_t)g.OHW);
-        if (dw->data) k.bwd(&g, xp, dys, part + o * g.C * 9);
+      for (int64_t o = 0; o < g.O; o += k.bwd2 ? 2 : 1) {
+        int64_t two = k.bwd2 && o + 1 < g.O ? 2 : 1;
+        for (int64_t i = 0; i < two; i++) {
+          /* staged even from f32: the taps read a little past the plane */
+          ampc_load_f32(dys[i], dy->dtype, cpu_at(dy, (n * g.O + o + i) * g.OHW), (size_t)g.OHW);
+          if (db) part[nw + o + i] += cpu_sum(dys[i], (size_t)g.OHW);
+        }
+        if (!dw->data) continue;
+        if (two == 2) k.bwd2(&g, xp, dys[0], dys[1], part + o * g.C * 9, part + (o + 1) * g.C * 9);
+        else k.bwd(&g, xp, dys[0], part + o * g.C * 9);
       }
     }
   }
