@@ -262,6 +262,18 @@ TEST(thread_counts_agree) {
     }
 }
 
+/* One training forward and backward of each of two graphs of case cs,
+ * whose values and gradients must then be the same bits. */
+static void run_and_compare(net *a, net *b, const op_case *cs, const char *what) {
+  for (int r = 0; r < 2; r++) {
+    net *q = r ? b : a;
+    CHECK_OK(ampc_graph_forward(q->g, 1));
+    CHECK_OK(ampc_graph_backward(q->g, q->loss, 1.0f, 0));
+  }
+  snapshot sa = take_snapshot(a, cs), sb = take_snapshot(b, cs);
+  compare_snapshots(&sa, &sb, 0.0, what);
+}
+
 /* Winograd's results are the same bits for any thread count, whether the
  * threads share each chunk (few chunks) or take whole chunks each (many). */
 TEST(winograd_same_bits_any_threads) {
@@ -278,13 +290,7 @@ TEST(winograd_same_bits_any_threads) {
         net a = {0}, b = {0};
         for (int nt = 2; nt <= 3; nt++)
           if (build(&a, cs, &PRECS[p].p, cs->n, 1) == 0 && build(&b, cs, &PRECS[p].p, cs->n, nt) == 0) {
-            for (int r = 0; r < 2; r++) {
-              net *q = r ? &b : &a;
-              CHECK_OK(ampc_graph_forward(q->g, 1));
-              CHECK_OK(ampc_graph_backward(q->g, q->loss, 1.0f, 0));
-            }
-            snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&b, cs);
-            compare_snapshots(&sa, &sb, 0.0, "1 thread vs several, bit for bit");
+            run_and_compare(&a, &b, cs, "1 thread vs several, bit for bit");
             ampc_graph_free(a.g);
             ampc_graph_free(b.g);
             tmp_free_all();
@@ -313,13 +319,7 @@ TEST(winograd_smaller_batch_same_bits) {
       net a = {0}, b = {0};
       if (build(&a, cs, &PRECS[p].p, cs->n, 2) == 0 && build(&b, cs, &PRECS[p].p, smaller[i], 2) == 0) {
         CHECK_OK(ampc_graph_set_batch(a.g, smaller[i]));
-        for (int r = 0; r < 2; r++) {
-          net *q = r ? &b : &a;
-          CHECK_OK(ampc_graph_forward(q->g, 1));
-          CHECK_OK(ampc_graph_backward(q->g, q->loss, 1.0f, 0));
-        }
-        snapshot sa = take_snapshot(&a, cs), sb = take_snapshot(&b, cs);
-        compare_snapshots(&sa, &sb, 0.0, "built for 18 samples, run at fewer, bit for bit");
+        run_and_compare(&a, &b, cs, "built for 18 samples, run at fewer, bit for bit");
       }
       ampc_graph_free(a.g);
       ampc_graph_free(b.g);

@@ -224,72 +224,43 @@ static inline __attribute__((always_inline)) void fwd_quad16(const dconv_geom *g
 #define dconv_hsum16(a)                                                                                                \
   cpu_hsum8(((cpu_v8){(a)[0], (a)[1], (a)[2], (a)[3], (a)[4], (a)[5], (a)[6], (a)[7]} +                                \
              (cpu_v8){(a)[8], (a)[9], (a)[10], (a)[11], (a)[12], (a)[13], (a)[14], (a)[15]}))
-/* bwd_taps 16 wide: each input row's three shifted vectors from two
- * loads (aligned where the padded rows are: Wp a multiple of 16) and two
- * shuffles instead of three unaligned loads, every one crossing a cache
- * line (the load ports, not the FMAs, bound the loop then: the cnn's first
- * convolution's backward went from 0.76 to 0.66-0.69 ms a step on a Zen 4,
- * min of 300 steps, three alternating runs); the same products and sums, so
- * the same bits */
-static inline __attribute__((always_inline)) void bwd_taps16(const dconv_geom *g, const float *xp, const float *dyp, int64_t ch,
-                                                             float *dw, const int nv) {
-  dconv_v16 acc[9];
+/* bwd_taps 16 wide, for K (1 or 2) output channels at once (dyp[k] into
+ * dw[k]): each input row's three shifted vectors from two loads (aligned
+ * where the padded rows are: Wp a multiple of 16) and two shuffles instead
+ * of three unaligned loads, every one crossing a cache line (the load ports,
+ * not the FMAs, bound the loop then: the cnn's first convolution's backward
+ * went from 0.76 to 0.66-0.69 ms a step on a Zen 4, min of 300 steps, three
+ * alternating runs), and made once for both channels where K is 2 (18
+ * accumulators of AVX-512's 32 registers: 0.68-0.80 -> 0.60 ms); each
+ * channel's products and sums the same, in the same order, so the same
+ * bits */
+static inline __attribute__((always_inline)) void bwd_taps16(const dconv_geom *g, const float *xp, const float *const dyp[2],
+                                                             int64_t ch, float *const dw[2], const int nv, const int K) {
+  dconv_v16 acc[2][9];
   dconv_v16i lane;
   for (int l = 0; l < 16; l++) lane[l] = l;
-  for (int t = 0; t < 9; t++) acc[t] = (dconv_v16){0};
+  for (int k = 0; k < K; k++)
+    for (int t = 0; t < 9; t++) acc[k][t] = (dconv_v16){0};
   for (int64_t oy = 0; oy < g->OH; oy++)
     for (int64_t cb = 0; cb < g->OWv16; cb += 16 * nv)
       for (int v = 0; v < nv; v++) {
         dconv_v16i live = lane < (int)(g->OW - cb - 16 * v);
-        dconv_v16 d = (dconv_v16)((dconv_v16i)DCONV_LD16(dyp + oy * g->OW + cb + 16 * v) & live);
+        dconv_v16 d[2];
+        for (int k = 0; k < K; k++) d[k] = (dconv_v16)((dconv_v16i)DCONV_LD16(dyp[k] + oy * g->OW + cb + 16 * v) & live);
         for (int ky = 0; ky < 3; ky++) {
           const float *row = xp + (ch * g->Hp + oy + ky) * g->Wp + cb + 16 * v;
           dconv_v16 x0 = DCONV_LD16(row), x1 = DCONV_LD16(row + 16);
           dconv_v16 s1 = __builtin_shufflevector(x0, x1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
           dconv_v16 s2 = __builtin_shufflevector(x0, x1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17);
-          acc[ky * 3] += d * x0;
-          acc[ky * 3 + 1] += d * s1;
-          acc[ky * 3 + 2] += d * s2;
+          for (int k = 0; k < K; k++) {
+            acc[k][ky * 3] += d[k] * x0;
+            acc[k][ky * 3 + 1] += d[k] * s1;
+            acc[k][ky * 3 + 2] += d[k] * s2;
+          }
         }
       }
-  for (int t = 0; t < 9; t++) dw[t] += dconv_hsum16(acc[t]);
-}
-
-/* bwd_taps16 for two output channels at once (dyp0, dyp1 into dw0, dw1):
- * each input row's shifted vectors, made once, serve both (18 accumulators
- * of AVX-512's 32 registers); each channel's products and sums are
- * bwd_taps16's, in its order, so the same bits */
-static inline __attribute__((always_inline)) void bwd_taps16x2(const dconv_geom *g, const float *xp, const float *dyp0,
-                                                               const float *dyp1, int64_t ch, float *dw0, float *dw1,
-                                                               const int nv) {
-  dconv_v16 acc0[9], acc1[9];
-  dconv_v16i lane;
-  for (int l = 0; l < 16; l++) lane[l] = l;
-  for (int t = 0; t < 9; t++) acc0[t] = acc1[t] = (dconv_v16){0};
-  for (int64_t oy = 0; oy < g->OH; oy++)
-    for (int64_t cb = 0; cb < g->OWv16; cb += 16 * nv)
-      for (int v = 0; v < nv; v++) {
-        dconv_v16i live = lane < (int)(g->OW - cb - 16 * v);
-        int64_t at = oy * g->OW + cb + 16 * v;
-        dconv_v16 d0 = (dconv_v16)((dconv_v16i)DCONV_LD16(dyp0 + at) & live);
-        dconv_v16 d1 = (dconv_v16)((dconv_v16i)DCONV_LD16(dyp1 + at) & live);
-        for (int ky = 0; ky < 3; ky++) {
-          const float *row = xp + (ch * g->Hp + oy + ky) * g->Wp + cb + 16 * v;
-          dconv_v16 x0 = DCONV_LD16(row), x1 = DCONV_LD16(row + 16);
-          dconv_v16 s1 = __builtin_shufflevector(x0, x1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
-          dconv_v16 s2 = __builtin_shufflevector(x0, x1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17);
-          acc0[ky * 3] += d0 * x0;
-          acc0[ky * 3 + 1] += d0 * s1;
-          acc0[ky * 3 + 2] += d0 * s2;
-          acc1[ky * 3] += d1 * x0;
-          acc1[ky * 3 + 1] += d1 * s1;
-          acc1[ky * 3 + 2] += d1 * s2;
-        }
-      }
-  for (int t = 0; t < 9; t++) {
-    dw0[t] += dconv_hsum16(acc0[t]);
-    dw1[t] += dconv_hsum16(acc1[t]);
-  }
+  for (int k = 0; k < K; k++)
+    for (int t = 0; t < 9; t++) dw[k][ch * 9 + t] += dconv_hsum16(acc[k][t]);
 }
 
 #define DCONV16_BODY(ATTR, REG, fwd_sample16, bwd_plane16)                                                              \
@@ -316,16 +287,20 @@ static inline __attribute__((always_inline)) void bwd_taps16x2(const dconv_geom 
     }                                                                                                                    \
   }                                                                                                                      \
   ATTR static void bwd_plane16(const dconv_geom *g, const float *xp, const float *dyp, float *dw) {                      \
+    const float *const d[2] = {dyp, dyp};                                                                                \
+    float *const w[2] = {dw, dw};                                                                                        \
     for (int64_t ch = 0; ch < g->C; ch++) {                                                                              \
-      if (g->nv16 == 2) bwd_taps16(g, xp, dyp, ch, dw + ch * 9, 2);                                                     \
-      else bwd_taps16(g, xp, dyp, ch, dw + ch * 9, 1);                                                                   \
+      if (g->nv16 == 2) bwd_taps16(g, xp, d, ch, w, 2, 1);                                                               \
+      else bwd_taps16(g, xp, d, ch, w, 1, 1);                                                                            \
     }                                                                                                                    \
   }                                                                                                                      \
   ATTR static void bwd_plane16##_2(const dconv_geom *g, const float *xp, const float *dyp0, const float *dyp1,            \
                                    float *dw0, float *dw1) {                                                             \
+    const float *const d[2] = {dyp0, dyp1};                                                                              \
+    float *const w[2] = {dw0, dw1};                                                                                      \
     for (int64_t ch = 0; ch < g->C; ch++) {                                                                              \
-      if (g->nv16 == 2) bwd_taps16x2(g, xp, dyp0, dyp1, ch, dw0 + ch * 9, dw1 + ch * 9, 2);                             \
-      else bwd_taps16x2(g, xp, dyp0, dyp1, ch, dw0 + ch * 9, dw1 + ch * 9, 1);                                           \
+      if (g->nv16 == 2) bwd_taps16(g, xp, d, ch, w, 2, 2);                                                               \
+      else bwd_taps16(g, xp, d, ch, w, 1, 2);                                                                            \
     }                                                                                                                    \
   }
 
