@@ -49,10 +49,11 @@
  * 14 x 14 planes take 14 tiles each instead of 16.
  *
  * Tiles are processed in chunks (several samples, or a band of tile rows of
- * one sample; canvases the same) small enough that V and M stay in cache. When a layer has many
- * chunks (large planes, few channels) each thread takes whole chunks, handed
- * out as threads come free, with its own V and M: no barriers, and a thread
- * slowed down by something else on the machine does less of the work. When
+ * one sample; canvases the same) small enough that V and M stay in cache.
+ * When a layer has many chunks (large planes, few channels) each thread
+ * takes whole chunks, handed out as threads come free, with its own V and
+ * M: no barriers, and a thread slowed down by something else on the machine
+ * does less of the work. When
  * it has few (deep layers, whose transformed weights are the bulk of the
  * traffic) every thread works on the same chunk: transforms are split by
  * (sample, block of 8 channels), the products by transform point, handed out
