@@ -314,6 +314,9 @@ extern int ampc__cpu_wino_blas;
 /* > 0: a single-chunk Winograd layer makes U a block of that many output
  * channels (rounded up to 8) at a time, as ResNet-18's 512-channel layers do */
 extern int ampc__cpu_wino_block;
+/* 4 or 6: Winograd's tile where storage is 16-bit, F(4x4) or F(6x6); 0: the
+ * library's choice (a hook of the CPU backend) */
+extern int ampc__cpu_wino_tile16;
 /* > 0: a same-size Winograd convolution packs that many samples a side to a
  * canvas; < 0: never; 0: the library's choice (a hook of the CPU backend) */
 extern int ampc__cpu_wino_pack;

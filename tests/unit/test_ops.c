@@ -143,6 +143,18 @@ static void run_kind(kind k) {
     }
   CHECK(n > 0);
 }
+/* ... in the precisions that store activations in 16 bits only */
+static void run_kind_half(kind k) {
+  int n = 0;
+  for (int i = 0; i < NCASES; i++)
+    if (CASES[i].k == k)
+      for (int p = 0; p < NPRECS; p++)
+        if (PRECS[p].p.act_type != AMPC_DTYPE_F32) {
+          run_case(&CASES[i], &PRECS[p]);
+          n++;
+        }
+  CHECK(n > 0);
+}
 
 TEST(conv2d) { run_kind(K_CONV); }
 /* Every case again with the plain im2col path forced (its products on
@@ -153,7 +165,8 @@ TEST(conv2d) { run_kind(K_CONV); }
  * F(4x4) (the one of 16-bit storage); with every product on the library's
  * sgemm (the path past 512 channels); and with the same-size convolutions'
  * planes never packed, and packed 2 x 2 and 3 x 3 to a canvas (canvases
- * with empty places, cut into bands of tile rows, in chunks of several). */
+ * with empty places, cut into bands of tile rows, in chunks of several);
+ * where storage is 16-bit, the same in F(6x6) and in F(4x4) forced. */
 /* Every case of kind k as the CPU gives it, then with its products on
  * sgemm (blas_hook set) and on ampc's 16-wide kernel (forced: the portable
  * build of it where the CPU has no AVX-512). */
@@ -200,6 +213,27 @@ TEST(conv2d_winograd) {
   ampc__cpu_wino_pack = 0;
   ampc__cpu_wino_tile_target = 0;
   ampc__cpu_wino_f32_tile = 0;
+  /* 16-bit storage on each tile, F(6x6) and F(4x4), forced (the library
+   * picks one per shape): the chunks, packings and products as above */
+  for (int t = 0; t < 2; t++) {
+    ampc__cpu_wino_tile16 = t ? 4 : 6;
+    for (int i = 0; i < 3; i++) {
+      ampc__cpu_wino_tile_target = targets[i];
+      run_kind_half(K_CONV);
+    }
+    ampc__cpu_wino_tile_target = 0;
+    ampc__cpu_wino_blas = !t;
+    run_kind_half(K_CONV);
+    ampc__cpu_wino_blas = 0;
+    for (int i = 0; i < (getenv("AMPC_TEST_QUICK") ? 2 : 5); i += i == 1 ? 2 : 1) {
+      ampc__cpu_wino_pack = packs[i].pack;
+      ampc__cpu_wino_tile_target = packs[i].target;
+      run_kind_half(K_CONV);
+    }
+  }
+  ampc__cpu_wino_tile16 = 0;
+  ampc__cpu_wino_pack = 0;
+  ampc__cpu_wino_tile_target = 0;
   test_conv_algo = AMPC_CONV_AUTO;
 }
 /* and the direct loop forced wherever it applies (stride 1, 3x3) */
@@ -279,10 +313,13 @@ TEST(winograd_same_bits_any_threads) {
   static const char *names[] = {"conv3x3_16x16", "conv3x3_24ch", "conv3x3_14x14"};
   static const int64_t targets[] = {0, 5};
   test_conv_algo = AMPC_CONV_WINOGRAD;
-  for (int i = 0; i < 3; i++)
+  /* the library's tiles, then F(6x6) forced where storage is 16-bit */
+  for (int i = 0; i < 6; i++)
     for (int t = 0; t < 2; t++)
       for (int p = 0; p < NPRECS; p++) {
-        const op_case *cs = find_case(names[i]);
+        const op_case *cs = find_case(names[i % 3]);
+        ampc__cpu_wino_tile16 = i < 3 ? 0 : 6;
+        if (i >= 3 && PRECS[p].p.act_type == AMPC_DTYPE_F32) continue;
         ctx_case = cs->name;
         ctx_prec = PRECS[p].name;
         ampc__cpu_wino_tile_target = targets[t];
@@ -295,6 +332,7 @@ TEST(winograd_same_bits_any_threads) {
             tmp_free_all();
           }
       }
+  ampc__cpu_wino_tile16 = 0;
   ampc__cpu_wino_tile_target = 0;
   test_conv_algo = AMPC_CONV_AUTO;
 }
@@ -305,18 +343,22 @@ TEST(winograd_same_bits_any_threads) {
  * of 10 and 5 not at all, and the workspace laid out for 18 holds each
  * (else the convolution would fall back to im2col: other bits). Chunks of
  * 96 tiles, the cnn's: 6 samples of 16 tiles take more room than a band of
- * 6 of a canvas' 11 tile rows. */
+ * 6 of a canvas' 11 tile rows. Then in F(6x6) (16-bit storage; the
+ * library's choice for more channels than this case's), whose canvases of
+ * 2 x 2 planes differ with the batch again. */
 TEST(winograd_smaller_batch_same_bits) {
   const op_case *cs = find_case("conv3x3_14x14");
   static const int64_t smaller[] = {17, 10, 9, 5};
   test_conv_algo = AMPC_CONV_WINOGRAD;
   ampc__cpu_wino_tile_target = 96;
-  for (int p = 0; p < NPRECS; p++)
+  for (int p = 0; p < 2 * NPRECS; p++)
     for (int i = 0; i < 4; i++) {
+      ampc__cpu_wino_tile16 = p < NPRECS ? 0 : 6;
+      if (p >= NPRECS && PRECS[p % NPRECS].p.act_type == AMPC_DTYPE_F32) continue;
       ctx_case = cs->name;
-      ctx_prec = PRECS[p].name;
+      ctx_prec = PRECS[p % NPRECS].name;
       net a = {0}, b = {0};
-      if (build(&a, cs, &PRECS[p].p, cs->n, 2) == 0 && build(&b, cs, &PRECS[p].p, smaller[i], 2) == 0) {
+      if (build(&a, cs, &PRECS[p % NPRECS].p, cs->n, 2) == 0 && build(&b, cs, &PRECS[p % NPRECS].p, smaller[i], 2) == 0) {
         CHECK_OK(ampc_graph_set_batch(a.g, smaller[i]));
         run_and_compare(&a, &b, cs, "built for 18 samples, run at fewer, bit for bit");
       }
@@ -324,7 +366,43 @@ TEST(winograd_smaller_batch_same_bits) {
       ampc_graph_free(b.g);
       tmp_free_all();
     }
+  ampc__cpu_wino_tile16 = 0;
   ampc__cpu_wino_tile_target = 0;
+  /* the cnn's second layer's channels (32 -> 64) on 14 x 14 planes: at 18
+   * and 9 samples F(4x4) is the library's choice in 16-bit storage, at 16
+   * F(6x6) (2 x 2 planes to a canvas): the workspace laid out for 18 holds
+   * the other tile too */
+  op_case wide = *cs;
+  wide.name = "conv3x3_14x14_32to64";
+  wide.c = 32;
+  wide.o = 64;
+  static const int64_t wsmaller[] = {16, 9};
+  for (int p = 0; p < NPRECS; p++)
+    for (int i = 0; i < 2; i++) {
+      if (PRECS[p].p.act_type == AMPC_DTYPE_F32) continue;
+      ctx_case = wide.name;
+      ctx_prec = PRECS[p].name;
+      net a = {0}, b = {0}, c = {0};
+      test_conv_algo = AMPC_CONV_IM2COL;
+      int ok = build(&c, &wide, &PRECS[p].p, wsmaller[i], 2) == 0;
+      test_conv_algo = AMPC_CONV_WINOGRAD;
+      if (ok && build(&a, &wide, &PRECS[p].p, wide.n, 2) == 0 && build(&b, &wide, &PRECS[p].p, wsmaller[i], 2) == 0) {
+        CHECK_OK(ampc_graph_set_batch(a.g, wsmaller[i]));
+        run_and_compare(&a, &b, &wide, "built for 18 samples, run at fewer (another tile), bit for bit");
+        /* ... and Winograd ran (its workspace held it): not im2col's bits */
+        CHECK_OK(ampc_graph_forward(c.g, 1));
+        CHECK_OK(ampc_graph_backward(c.g, c.loss, 1.0f, 0));
+        snapshot sb = take_snapshot(&b, &wide), sc = take_snapshot(&c, &wide);
+        size_t differ = 0;
+        for (size_t k = 0; k < sb.n[4] && sb.n[4] == sc.n[4]; k++) differ += sb.v[4][k] != sc.v[4][k];
+        CHECK_MSG(differ > 0, "%s [%s] at %lld samples: the weight gradient is im2col's, bit for bit", wide.name, PRECS[p].name,
+                  (long long)wsmaller[i]);
+      }
+      ampc_graph_free(a.g);
+      ampc_graph_free(b.g);
+      ampc_graph_free(c.g);
+      tmp_free_all();
+    }
   test_conv_algo = AMPC_CONV_AUTO;
 }
 
@@ -409,7 +487,8 @@ TEST(im2col_same_bits_any_threads) {
  * time (ResNet-18's 512-channel layers) gives the bits of one pass: each
  * output is the same in-order sum whatever the block. Blocks of 8, 16 and 24
  * channels, whole and partial (20 and 40 output channels; 24 and 32 input,
- * backward data's blocks), in f32 on both tiles and in 16-bit storage, on 1,
+ * backward data's blocks), in f32 and in 16-bit storage on both their tiles
+ * (the packed canvas below in F(6x6)), on 1,
  * 2 and 3 threads against 2 unblocked; with the products on sgemm too (whose
  * own blocking may differ with the block: close, not the same bits). */
 TEST(winograd_blocks_same_bits) {
@@ -418,7 +497,8 @@ TEST(winograd_blocks_same_bits) {
   test_conv_algo = AMPC_CONV_WINOGRAD;
   ampc__cpu_wino_tile_target = 100000; /* one chunk */
   for (int t = 0; t < 2; t++) {
-    ampc__cpu_wino_f32_tile = t ? 4 : 0;
+    ampc__cpu_wino_f32_tile = t ? 4 : 0; /* f32: F(2x2), F(4x4); 16-bit storage: F(4x4), F(6x6) */
+    ampc__cpu_wino_tile16 = t ? 6 : 4;
     for (int i = 0; i < 2; i++)
       for (int b = 0; b < 3; b++)
         for (int p = 0; p < NPRECS; p++)
@@ -438,6 +518,7 @@ TEST(winograd_blocks_same_bits) {
                    "planes packed 2 x 2: one pass vs blocks of output channels, bit for bit", NULL);
   ampc__cpu_wino_pack = 0;
   ampc__cpu_wino_f32_tile = 0;
+  ampc__cpu_wino_tile16 = 0;
   ampc__cpu_wino_blas = 1;
   for (int p = 0; p < NPRECS; p++)
     compare_hooked(find_case("conv3x3_32to40"), &PRECS[p], &ampc__cpu_wino_block, 16, 1, 2, prec_tol(&PRECS[p].p),

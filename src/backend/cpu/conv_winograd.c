@@ -1,8 +1,10 @@
-/* Winograd F(4x4, 3x3) and F(2x2, 3x3) convolution for stride-1 3x3 kernels.
+/* Winograd F(6x6, 3x3), F(4x4, 3x3) and F(2x2, 3x3) convolution for stride-1
+ * 3x3 kernels.
  *
- * Each m x m block of outputs (m = 4 or 2) is computed from an a x a input
- * tile (a = m + 2) with a*a products per (input, output) channel pair
- * instead of 9*m*m (F(4x4): 36 instead of 144; F(2x2): 16 instead of 36):
+ * Each m x m block of outputs (m = 6, 4 or 2) is computed from an a x a
+ * input tile (a = m + 2) with a*a products per (input, output) channel pair
+ * instead of 9*m*m (F(6x6): 64 instead of 324; F(4x4): 36 instead of 144;
+ * F(2x2): 16 instead of 36):
  *
  *   Y = A^T [ U (.) V ] A,   U = G g G^T (weights),   V = B^T d B (input tile)
  *
@@ -13,7 +15,8 @@
  *
  * done by ampc's register-blocked kernel (gemm.c) or sgemm (see wg_own).
  * The matrices are Lavin and Gray's (points 0, +-1, +-2, inf
- * for F(4x4); 0, +-1, inf for F(2x2)).
+ * for F(4x4); 0, +-1, inf for F(2x2)); F(6x6)'s points are 0, +-1, +-2,
+ * +-1/2, inf.
  *
  * Which tile: F(4x4) costs fewer products, but it is the less accurate: its
  * output transform (entries up to 8, with cancellation) amplifies the
@@ -33,9 +36,13 @@
  * gradient's error reaches every layer below (where nothing flipped, F(4x4)
  * backward data alone made the median error 3x PyTorch's); see
  * tests/unit/test_conv_accuracy.c. With 16-bit storage the rounding to
- * f16/bf16 (2^-11, 2^-8 relative) dwarfs F(4x4)'s, which stays there.
- * Backward weights is F(4x4) always: its error (7-9x im2col's) stays in the
- * weight gradient, where it is small next to what reaches it from above.
+ * f16/bf16 (2^-11, 2^-8 relative) dwarfs F(4x4)'s, which stays there, and
+ * F(6x6)'s, taken where it saves work (wg_tile): on the cnn's second layer
+ * at batch 128 the outputs' and both gradients' errors against float64 are
+ * im2col's to two digits (rms 2.07e-4 forward in f16, 1.66e-3 in bf16).
+ * Backward weights is F(4x4) after F(2x2) (its error, 7-9x im2col's, stays
+ * in the weight gradient, where it is small next to what reaches it from
+ * above), else the forward's tile.
  *
  * V and M keep channels innermost, in blocks of 8, so that every transform
  * is a handful of 8-wide vector operations per tile: a band of input planes
@@ -71,9 +78,7 @@
 
 #include "backend/cpu/cpu_internal.h"
 
-/* WG_NP: the transform points of F(4x4) (6 x 6), the most of either tile;
- * backward weights always uses it. */
-enum { WG_NP = 36, WG_VL = 8, WG_MIN_TILES = 96 };
+enum { WG_VL = 8, WG_MIN_TILES = 96 };
 #define WG_CHUNK_BYTES ((size_t)1 << 20)
 
 /* Tiles per chunk when > 0 instead of the size chosen for the cache: a hook
@@ -165,7 +170,15 @@ static wg_geom wg_geometry(int64_t m, int64_t N, int64_t ci, int64_t co, int64_t
   g.ih = ih; g.iw = iw; g.oh = oh; g.ow = ow; g.pad = pad;
   g.th = (oh + m - 1) / m; g.tw = (ow + m - 1) / m;
   int64_t target = (int64_t)(WG_CHUNK_BYTES / ((size_t)g.np * sizeof(float) * (size_t)(g.ci8 + g.co8)));
-  if (target < WG_MIN_TILES) target = WG_MIN_TILES;
+  /* at least WG_MIN_TILES of F(4x4)'s 36 points, or as many floats in
+   * F(6x6)'s tiles of 64 (54 tiles: the cnn's 14 x 14 planes in chunks of
+   * two 5 x 5-tile canvases; with 96 of its tiles a chunk, three canvases,
+   * V and M outgrew a 1 MB L2 cache: its second convolution 1.95 against
+   * 1.79-1.86 ms forward, 3.97-4.35 against 3.72-4.03 backward with chunks
+   * of one or two canvases, min of 300 steps, alternating runs on an AMD
+   * Zen 4) */
+  int64_t least = g.np > 36 ? WG_MIN_TILES * 36 / g.np : WG_MIN_TILES;
+  if (target < least) target = least;
   /* Where the products run on ampc's 16-wide kernel, which streams U (ci x co
    * a point; the weight gradient: dU, read and written) once a chunk: at
    * least ci8 * co8 / (ci8 + co8) tiles, so that U costs a chunk no more than
@@ -241,12 +254,44 @@ static int wg_own(int64_t k, int64_t n, int64_t small_k) {
   return ampc__cpu_gemm_wide() && k <= WG_OWN_MAX && n <= WG_OWN_MAX;
 }
 
-/* The tile of forward and backward data: F(2x2) where input, weight and
- * output are all stored in f32, else F(4x4) (see the top of the file). */
-static int64_t wg_tile(const ampc__op_call *c) {
+/* The tile (4 or 6) of a convolution with 16-bit storage where > 0, instead
+ * of wg_tile's choice: a hook for tests. */
+int ampc__cpu_wino_tile16 = 0;
+
+/* A convolution's arithmetic in tiles of g: per tile, the products (np x ci
+ * x co multiply-adds, 16 to an AVX-512 FMA) and the transforms of ci inputs
+ * and co outputs in blocks of 8 channels (the vector operations the 1-D
+ * transforms above take for a tile: 156 in and 100 out for F(4x4), 416 and
+ * 280 for F(6x6)), at half an FMA's cost each (narrower, with more ports). */
+static double wg_cost(const wg_geom *g) {
+  double tin = g->m == 6 ? 416.0 : 156.0, tout = g->m == 6 ? 280.0 : 100.0;
+  double per = (double)g->np * (double)g->ci8 * (double)g->co8 / 16.0 + 0.5 * (tin * (double)g->ci8 + tout * (double)g->co8) / 8.0;
+  return (double)(g->N * g->th * g->tw) * per;
+}
+static wg_geom wg_geometry(int64_t m, int64_t N, int64_t ci, int64_t co, int64_t ih, int64_t iw, int64_t oh, int64_t ow,
+                           int64_t pad, int64_t pack);
+
+/* The tile of forward and backward data (see the top of the file): F(2x2)
+ * where input, weight and output are all stored in f32; else F(6x6) where
+ * its arithmetic (wg_cost, each tile with its own packing) is at most
+ * WG_TILE6_COST percent of F(4x4)'s, else F(4x4). F(6x6) takes 0.79 times
+ * F(4x4)'s products where neither tile fits the planes (the cnn's 14 x 14
+ * planes: 2 x 2 of them to a canvas in 5 x 5 tiles of 6, against 4 x 4 in
+ * 15 x 15 tiles of 4; wg_cost 0.85), as many where both do (ResNet-18's
+ * 16 x 16 planes and smaller; 1.01-1.34). ResNet-18's 32 x 32 planes (0.89:
+ * 2 x 2 to a canvas, 0.84 of the products) measured no faster with it (the
+ * step's convolutions 47.2-50.2 ms against 46.7-47.7, min of 6 steps, O2,
+ * 2 threads, AMD Zen 4): the bar lies between. The cnn's second convolution
+ * 2.07-2.17 -> 1.79-1.86 ms forward, 4.26-4.34 -> 3.72-4.03 backward. */
+enum { WG_TILE6_COST = 87 };
+static int64_t wg_tile(const ampc__op_call *c, int64_t pack) {
   int f32 = c->in[0].dtype == AMPC_DTYPE_F32 && c->in[1].dtype == AMPC_DTYPE_F32 && c->out.dtype == AMPC_DTYPE_F32;
-  if (!f32) return 4;
-  return ampc__cpu_wino_f32_tile == 4 ? 4 : 2;
+  if (f32) return ampc__cpu_wino_f32_tile == 4 ? 4 : 2;
+  if (ampc__cpu_wino_tile16 == 4 || ampc__cpu_wino_tile16 == 6) return ampc__cpu_wino_tile16;
+  const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape, *y = &c->out.shape;
+  wg_geom g4 = wg_geometry(4, x->d[0], x->d[1], w->d[0], x->d[2], x->d[3], y->d[2], y->d[3], c->attr.pad, pack);
+  wg_geom g6 = wg_geometry(6, x->d[0], x->d[1], w->d[0], x->d[2], x->d[3], y->d[2], y->d[3], c->attr.pad, pack);
+  return wg_cost(&g6) * 100.0 <= wg_cost(&g4) * WG_TILE6_COST ? 6 : 4;
 }
 
 /* Floats of one chunk's V or M: its transform points, each pstride apart. */
@@ -275,19 +320,23 @@ int ampc__cpu_wino_block = 0;
 static int64_t wg_block(const wg_geom *f, const wg_geom *d, const wg_geom *w, int64_t c8) {
   if (wg_chunks(f) != 1 || wg_chunks(d) != 1 || wg_chunks(w) != 1) return 0;
   int64_t cb = ampc__cpu_wino_block > 0 ? up8(ampc__cpu_wino_block)
-                                        : (int64_t)(WG_UBLOCK_BYTES / ((size_t)WG_NP * (size_t)c8 * sizeof(float))) / 32 * 32;
+                                        : (int64_t)(WG_UBLOCK_BYTES / ((size_t)w->np * (size_t)c8 * sizeof(float))) / 32 * 32;
   if (cb < WG_VL) cb = WG_VL;
   return cb < (f->co > d->co ? f->co : d->co) ? cb : 0;
 }
 
-static wg_layout wg_plan(const ampc__op_call *c, int nthreads, int64_t pack) {
+/* tile: 4 or 6 where the storage is 16-bit (the workspace's bound), else
+ * 0: wg_tile's choice */
+static wg_layout wg_plan(const ampc__op_call *c, int nthreads, int64_t pack, int64_t tile) {
   wg_layout L;
   const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape, *y = &c->out.shape;
   int64_t N = x->d[0], C = x->d[1], H = x->d[2], W = x->d[3], O = w->d[0], OH = y->d[2], OW = y->d[3], p = c->attr.pad;
-  int64_t m = wg_tile(c);
+  int64_t m = tile > 0 ? tile : wg_tile(c, pack);
   L.f = wg_geometry(m, N, C, O, H, W, OH, OW, p, pack);
   L.d = wg_geometry(m, N, O, C, OH, OW, H, W, 2 - p, pack);
-  L.w = wg_geometry(4, N, C, O, H, W, OH, OW, p, pack);
+  /* backward weights: F(4x4) after F(2x2) */
+  L.w = wg_geometry(m == 2 ? 4 : m, N, C, O, H, W, OH, OW, p, pack);
+  int64_t np = L.w.np; /* the most points of the three */
   int64_t c8 = up8(C > O ? C : O);
   size_t vm1 = zmax(zmax(wg_vm_floats(&L.f, c8), wg_vm_floats(&L.d, c8)), wg_vm_floats(&L.w, c8));
   L.cb = wg_block(&L.f, &L.d, &L.w, c8);
@@ -296,7 +345,7 @@ static wg_layout wg_plan(const ampc__op_call *c, int nthreads, int64_t pack) {
      * weight in f32 (cb x c8 x 9), the bias */
     int64_t cb8 = up8(L.cb);
     size_t mb = zmax(zmax(wg_vm_floats(&L.f, cb8), wg_vm_floats(&L.d, cb8)), wg_vm_floats(&L.w, cb8));
-    L.off_v = (size_t)(WG_NP * c8 * cb8);
+    L.off_v = (size_t)(np * c8 * cb8);
     L.off_m = L.off_v + vm1;
     L.off_wf = L.off_m + mb;
     L.vm = 0;
@@ -305,12 +354,12 @@ static wg_layout wg_plan(const ampc__op_call *c, int nthreads, int64_t pack) {
     L.off_du = L.off_db + (size_t)up8(O) + 16;
     L.shared = L.off_du;
   } else {
-    L.off_v = (size_t)(WG_NP * c8 * c8);
+    L.off_v = (size_t)(np * c8 * c8);
     L.off_m = L.off_v + vm1;
     /* the weight in f32 is needed only while U is made, before any chunk: it
      * shares V and M's space, growing it when it does not fit */
     L.vm = 2 * vm1;
-    L.du = (size_t)(WG_NP * O) * (size_t)L.w.ci8;
+    L.du = (size_t)(np * O) * (size_t)L.w.ci8;
     int slots = wg_chunks(&L.w) >= WG_PRIVATE_CHUNKS * 2 && WG_SLOT_BYTES >= WG_SLOTS * L.du * sizeof(float);
     if (!slots) L.du = 0;
     /* V and M pairs: one per thread where threads take whole chunks (the
@@ -347,17 +396,23 @@ static wg_layout wg_plan(const ampc__op_call *c, int nthreads, int64_t pack) {
 }
 
 /* The workspace for the call's batch and any smaller one, which may pack
- * its planes differently (wg_pack): where a plane's side is not a multiple
- * of 4 (elsewhere nothing packs), the most any side of canvas takes (for a
- * given side, a smaller batch takes no more). */
+ * its planes differently (wg_pack) and, with 16-bit storage, choose the
+ * other tile (wg_tile): the most either tile takes in any side of canvas
+ * where a plane's side is not a multiple of the tile (elsewhere nothing
+ * packs; for a given tile and side, a smaller batch takes no more). */
 size_t ampc__cpu_wino_ws(const ampc__op_call *c, int nthreads) {
   const ampc_shape *x = &c->in[0].shape, *y = &c->out.shape;
-  int may_pack = wg_same_size(x->d[2], x->d[3], y->d[2], y->d[3], c->attr.pad) && (y->d[2] % 4 || y->d[3] % 4);
+  int f32 = c->in[0].dtype == AMPC_DTYPE_F32 && c->in[1].dtype == AMPC_DTYPE_F32 && c->out.dtype == AMPC_DTYPE_F32;
+  int same = wg_same_size(x->d[2], x->d[3], y->d[2], y->d[3], c->attr.pad);
   size_t most = 0;
-  for (int64_t pack = 0; pack <= (may_pack ? WG_PACK_MAX : 0); pack++) {
-    wg_layout L = wg_plan(c, nthreads, pack);
-    size_t n = (L.shared + L.per_thread * (size_t)(nthreads < 1 ? 1 : nthreads)) * sizeof(float);
-    if (n > most) most = n;
+  for (int64_t tile = f32 ? 0 : 4; tile <= (f32 ? 0 : 6); tile += f32 ? 1 : 2) {
+    int64_t m = tile ? tile : 4; /* F(2x2) packs where F(4x4) does */
+    int may_pack = same && (y->d[2] % m || y->d[3] % m);
+    for (int64_t pack = 0; pack <= (may_pack ? WG_PACK_MAX : 0); pack++) {
+      wg_layout L = wg_plan(c, nthreads, pack, tile);
+      size_t n = (L.shared + L.per_thread * (size_t)(nthreads < 1 ? 1 : nthreads)) * sizeof(float);
+      if (n > most) most = n;
+    }
   }
   return most;
 }
@@ -430,19 +485,95 @@ static inline void w1_2(const v8 g[3], v8 u[4]) {
   u[3] = g[2];
 }
 
-/* The 1-D transforms of tile M (4 or 2, a constant where inlined). */
+/* F(6x6, 3x3), points 0, +-1, +-2, +-1/2, inf: v = B^T d */
+static inline void in1_6(const v8 d[8], v8 v[8]) {
+  v[0] = d[0] - d[6] + 5.25f * (d[4] - d[2]);
+  v[7] = d[7] - d[1] + 5.25f * (d[3] - d[5]);
+  v8 a = d[2] + d[6] - 4.25f * d[4], b = d[1] + d[5] - 4.25f * d[3];
+  v[1] = a + b;
+  v[2] = a - b;
+  a = d[6] + 0.25f * d[2] - 1.25f * d[4];
+  b = 0.5f * d[1] - 2.5f * d[3] + 2.0f * d[5];
+  v[3] = a + b;
+  v[4] = a - b;
+  a = d[6] + 4.0f * d[2] - 5.0f * d[4];
+  b = 2.0f * d[1] - 2.5f * d[3] + 0.5f * d[5];
+  v[5] = a + b;
+  v[6] = a - b;
+}
+/* y = A^T m */
+static inline void out1_6(const v8 m[8], v8 y[6]) {
+  v8 p1 = m[1] + m[2], q1 = m[1] - m[2], p2 = m[3] + m[4], q2 = m[3] - m[4], p3 = m[5] + m[6], q3 = m[5] - m[6];
+  y[0] = m[0] + p1 + p2 + p3;
+  y[1] = q1 + 2.0f * q2 + 0.5f * q3;
+  y[2] = p1 + 4.0f * p2 + 0.25f * p3;
+  y[3] = q1 + 8.0f * q2 + 0.125f * q3;
+  y[4] = p1 + 16.0f * p2 + 0.0625f * p3;
+  y[5] = q1 + 32.0f * q2 + 0.03125f * q3 + m[7];
+}
+/* m = A y */
+static inline void outt1_6(const v8 y[6], v8 m[8]) {
+  v8 e1 = y[0] + y[2] + y[4], o1 = y[1] + y[3] + y[5];
+  v8 e2 = y[0] + 4.0f * y[2] + 16.0f * y[4], o2 = 2.0f * y[1] + 8.0f * y[3] + 32.0f * y[5];
+  v8 e3 = y[0] + 0.25f * y[2] + 0.0625f * y[4], o3 = 0.5f * y[1] + 0.125f * y[3] + 0.03125f * y[5];
+  m[0] = y[0];
+  m[1] = e1 + o1;
+  m[2] = e1 - o1;
+  m[3] = e2 + o2;
+  m[4] = e2 - o2;
+  m[5] = e3 + o3;
+  m[6] = e3 - o3;
+  m[7] = y[5];
+}
+/* u = G g */
+static inline void w1_6(const v8 g[3], v8 u[8]) {
+  const float s29 = 2.0f / 9.0f, s90 = 1.0f / 90.0f, s45 = 1.0f / 45.0f, s245 = 2.0f / 45.0f;
+  const float s3245 = 32.0f / 45.0f, s1645 = 16.0f / 45.0f, s845 = 8.0f / 45.0f;
+  v8 e = g[0] + g[2];
+  u[0] = g[0];
+  u[1] = -s29 * (e + g[1]);
+  u[2] = -s29 * (e - g[1]);
+  u[3] = s90 * g[0] + s245 * g[2] + s45 * g[1];
+  u[4] = s90 * g[0] + s245 * g[2] - s45 * g[1];
+  u[5] = s3245 * g[0] + s845 * g[2] + s1645 * g[1];
+  u[6] = s3245 * g[0] + s845 * g[2] - s1645 * g[1];
+  u[7] = g[2];
+}
+/* g = G^T u */
+static inline void wt1_6(const v8 u[8], v8 g[3]) {
+  const float s29 = 2.0f / 9.0f, s90 = 1.0f / 90.0f, s45 = 1.0f / 45.0f, s245 = 2.0f / 45.0f;
+  const float s3245 = 32.0f / 45.0f, s1645 = 16.0f / 45.0f, s845 = 8.0f / 45.0f;
+  v8 p1 = u[1] + u[2], p2 = u[3] + u[4], p3 = u[5] + u[6];
+  g[0] = u[0] - s29 * p1 + s90 * p2 + s3245 * p3;
+  g[1] = s29 * (u[2] - u[1]) + s45 * (u[3] - u[4]) + s1645 * (u[5] - u[6]);
+  g[2] = s245 * p2 + s845 * p3 - s29 * p1 + u[7];
+}
+
+/* The 1-D transforms of tile M (6, 4 or 2, a constant where inlined). */
 #define WG_INLINE static inline __attribute__((always_inline))
 WG_INLINE void wg_in1(const v8 *d, v8 *v, const int M) {
-  if (M == 4) in1(d, v);
+  if (M == 6) in1_6(d, v);
+  else if (M == 4) in1(d, v);
   else in1_2(d, v);
 }
 WG_INLINE void wg_out1(const v8 *m, v8 *y, const int M) {
-  if (M == 4) out1(m, y);
+  if (M == 6) out1_6(m, y);
+  else if (M == 4) out1(m, y);
   else out1_2(m, y);
 }
 WG_INLINE void wg_w1(const v8 *g, v8 *u, const int M) {
-  if (M == 4) w1(g, u);
+  if (M == 6) w1_6(g, u);
+  else if (M == 4) w1(g, u);
   else w1_2(g, u);
+}
+/* the transposes, for the weight gradient (F(4x4) and F(6x6)) */
+WG_INLINE void wg_outt1(const v8 *y, v8 *m, const int M) {
+  if (M == 6) outt1_6(y, m);
+  else outt1(y, m);
+}
+WG_INLINE void wg_wt1(const v8 *u, v8 *g, const int M) {
+  if (M == 6) wt1_6(u, g);
+  else wt1(u, g);
 }
 
 /* V for the tiles of tile rows [0, nty) of a staged band st (srow x scol
@@ -454,7 +585,7 @@ WG_INLINE void wg_input_tiles_m(const float *st, int64_t scol, int64_t nty, int6
   for (int64_t ty = 0; ty < nty; ty++)
     for (int64_t tx = 0; tx < tw; tx++) {
       const float *d0 = st + ((M * ty) * scol + M * tx) * WG_VL;
-      v8 t[6][6], col[6], res[6];
+      v8 t[8][8], col[8], res[8];
       for (int j = 0; j < A; j++) {
         for (int i = 0; i < A; i++) col[i] = LD(d0 + (i * scol + j) * WG_VL);
         wg_in1(col, res, M);
@@ -475,8 +606,13 @@ WG_VECTOR static void wg_input_tiles2(const float *st, int64_t scol, int64_t nty
                                       int64_t ld) {
   wg_input_tiles_m(st, scol, nty, tw, v, vstride, ld, 2);
 }
+WG_VECTOR static void wg_input_tiles6(const float *st, int64_t scol, int64_t nty, int64_t tw, float *v, size_t vstride,
+                                      int64_t ld) {
+  wg_input_tiles_m(st, scol, nty, tw, v, vstride, ld, 6);
+}
 static void wg_input_tiles(const wg_geom *g, const float *st, int64_t nty, float *v, size_t vstride, int64_t ld) {
-  if (g->m == 4) wg_input_tiles4(st, g->scol, nty, g->tw, v, vstride, ld);
+  if (g->m == 6) wg_input_tiles6(st, g->scol, nty, g->tw, v, vstride, ld);
+  else if (g->m == 4) wg_input_tiles4(st, g->scol, nty, g->tw, v, vstride, ld);
   else wg_input_tiles2(st, g->scol, nty, g->tw, v, vstride, ld);
 }
 
@@ -491,7 +627,7 @@ WG_INLINE void wg_output_tiles_m(const float *m, size_t mstride, int64_t ld, int
   for (int64_t ty = 0; ty < nty; ty++)
     for (int64_t tx = 0; tx < tw; tx++) {
       const float *mt = m + (ty * tw + tx) * ld;
-      v8 t[4][6], col[6], res[4];
+      v8 t[6][8], col[8], res[6];
       for (int j = 0; j < A; j++) {
         for (int i = 0; i < A; i++) col[i] = LD(mt + (size_t)(i * A + j) * mstride);
         wg_out1(col, res, M);
@@ -512,31 +648,47 @@ WG_VECTOR static void wg_output_tiles2(const float *m, size_t mstride, int64_t l
                                        float *y) {
   wg_output_tiles_m(m, mstride, ld, nty, tw, b8, y, 2);
 }
+WG_VECTOR static void wg_output_tiles6(const float *m, size_t mstride, int64_t ld, int64_t nty, int64_t tw, const float *b8,
+                                       float *y) {
+  wg_output_tiles_m(m, mstride, ld, nty, tw, b8, y, 6);
+}
 static void wg_output_tiles(const wg_geom *g, const float *m, size_t mstride, int64_t ld, int64_t nty, const float *b8, float *y) {
-  if (g->m == 4) wg_output_tiles4(m, mstride, ld, nty, g->tw, b8, y);
+  if (g->m == 6) wg_output_tiles6(m, mstride, ld, nty, g->tw, b8, y);
+  else if (g->m == 4) wg_output_tiles4(m, mstride, ld, nty, g->tw, b8, y);
   else wg_output_tiles2(m, mstride, ld, nty, g->tw, b8, y);
 }
 
 /* dM = A dY A^T for the tiles of tile rows [0, nty) of a staged gradient band
- * (rows of 4*tw positions of 8 channels, zero past the plane); laid out like
- * V. F(4x4) only (backward weights). */
-WG_VECTOR static void wg_grad_tiles(const float *st, int64_t nty, int64_t tw, float *m, size_t mstride, int64_t ld) {
-  int64_t yc = 4 * tw;
+ * (rows of M*tw positions of 8 channels, zero past the plane); laid out like
+ * V. F(4x4) and F(6x6) (backward weights). */
+WG_INLINE void wg_grad_tiles_m(const float *st, int64_t nty, int64_t tw, float *m, size_t mstride, int64_t ld, const int M) {
+  const int A = M + 2;
+  int64_t yc = M * tw;
   for (int64_t ty = 0; ty < nty; ty++)
     for (int64_t tx = 0; tx < tw; tx++) {
-      const float *y0 = st + ((4 * ty) * yc + 4 * tx) * WG_VL;
-      v8 t[6][4], col[4], res[6];
-      for (int j = 0; j < 4; j++) {
-        for (int i = 0; i < 4; i++) col[i] = LD(y0 + (i * yc + j) * WG_VL);
-        outt1(col, res);
-        for (int i = 0; i < 6; i++) t[i][j] = res[i];
+      const float *y0 = st + ((M * ty) * yc + M * tx) * WG_VL;
+      v8 t[8][6], col[6], res[8];
+      for (int j = 0; j < M; j++) {
+        for (int i = 0; i < M; i++) col[i] = LD(y0 + (i * yc + j) * WG_VL);
+        wg_outt1(col, res, M);
+        for (int i = 0; i < A; i++) t[i][j] = res[i];
       }
       float *mt = m + (ty * tw + tx) * ld;
-      for (int i = 0; i < 6; i++) {
-        outt1(t[i], res);
-        for (int j = 0; j < 6; j++) ST(mt + (size_t)(i * 6 + j) * mstride, res[j]);
+      for (int i = 0; i < A; i++) {
+        wg_outt1(t[i], res, M);
+        for (int j = 0; j < A; j++) ST(mt + (size_t)(i * A + j) * mstride, res[j]);
       }
     }
+}
+WG_VECTOR static void wg_grad_tiles4(const float *st, int64_t nty, int64_t tw, float *m, size_t mstride, int64_t ld) {
+  wg_grad_tiles_m(st, nty, tw, m, mstride, ld, 4);
+}
+WG_VECTOR static void wg_grad_tiles6(const float *st, int64_t nty, int64_t tw, float *m, size_t mstride, int64_t ld) {
+  wg_grad_tiles_m(st, nty, tw, m, mstride, ld, 6);
+}
+static void wg_grad_tiles(const wg_geom *g, const float *st, int64_t nty, float *m, size_t mstride, int64_t ld) {
+  if (g->m == 6) wg_grad_tiles6(st, nty, g->tw, m, mstride, ld);
+  else wg_grad_tiles4(st, nty, g->tw, m, mstride, ld);
 }
 
 /* ---- staging: planes <-> 8-channel interleaved bands ---- */
@@ -778,7 +930,7 @@ WG_INLINE void wg_weights_m(const float *wf, int64_t O, int64_t C, int rot, floa
         const float *src = row < rows ? wf + (rot ? col * C + row : row * C + col) * 9 : NULL;
         for (int i = 0; i < 9; i++) k[i][q] = src ? src[rot ? 8 - i : i] : 0.0f;
       }
-      v8 t[6][3], g3[3], u6[6];
+      v8 t[8][3], g3[3], u6[8];
       for (int j = 0; j < 3; j++) {
         for (int i = 0; i < 3; i++) g3[i] = LD(k[i * 3 + j]);
         wg_w1(g3, u6, M);
@@ -797,32 +949,48 @@ WG_VECTOR static void wg_weights4(const float *wf, int64_t O, int64_t C, int rot
 WG_VECTOR static void wg_weights2(const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t col0, int64_t step) {
   wg_weights_m(wf, O, C, rot, U, col0, step, 2);
 }
+WG_VECTOR static void wg_weights6(const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t col0, int64_t step) {
+  wg_weights_m(wf, O, C, rot, U, col0, step, 6);
+}
 static void wg_weights(const wg_geom *g, const float *wf, int64_t O, int64_t C, int rot, float *U, int64_t col0,
                        int64_t step) {
-  if (g->m == 4) wg_weights4(wf, O, C, rot, U, col0, step);
+  if (g->m == 6) wg_weights6(wf, O, C, rot, U, col0, step);
+  else if (g->m == 4) wg_weights4(wf, O, C, rot, U, col0, step);
   else wg_weights2(wf, O, C, rot, U, col0, step);
 }
 
-/* dg = G^T dU G for output channel o: dU (xi, O, ci8) -> dw (C, 3, 3) f32. */
-WG_VECTOR static void wg_weight_grad_row(const float *dU, int64_t O, int64_t C, int64_t o, float *dw) {
+/* dg = G^T dU G for output channel o: dU (xi, O, ci8) -> dw (C, 3, 3) f32,
+ * tiles of M x M outputs (4 or 6). */
+WG_INLINE void wg_weight_grad_row_m(const float *dU, int64_t O, int64_t C, int64_t o, float *dw, const int M) {
+  const int A = M + 2;
   int64_t ld = up8(C);
   size_t stride = (size_t)(O * ld);
   for (int64_t c0 = 0; c0 < C; c0 += WG_VL) {
     const float *ut = dU + o * ld + c0;
-    v8 t[3][6], u6[6], g3[3];
-    for (int j = 0; j < 6; j++) {
-      for (int i = 0; i < 6; i++) u6[i] = LD(ut + (size_t)(i * 6 + j) * stride);
-      wt1(u6, g3);
+    v8 t[3][8], u6[8], g3[3];
+    for (int j = 0; j < A; j++) {
+      for (int i = 0; i < A; i++) u6[i] = LD(ut + (size_t)(i * A + j) * stride);
+      wg_wt1(u6, g3, M);
       for (int i = 0; i < 3; i++) t[i][j] = g3[i];
     }
     float k[9][WG_VL];
     for (int i = 0; i < 3; i++) {
-      wt1(t[i], g3);
+      wg_wt1(t[i], g3, M);
       for (int j = 0; j < 3; j++) ST(k[i * 3 + j], g3[j]);
     }
     for (int64_t q = 0; q < WG_VL && c0 + q < C; q++)
       for (int i = 0; i < 9; i++) dw[(c0 + q) * 9 + i] = k[i][q];
   }
+}
+WG_VECTOR static void wg_weight_grad_row4(const float *dU, int64_t O, int64_t C, int64_t o, float *dw) {
+  wg_weight_grad_row_m(dU, O, C, o, dw, 4);
+}
+WG_VECTOR static void wg_weight_grad_row6(const float *dU, int64_t O, int64_t C, int64_t o, float *dw) {
+  wg_weight_grad_row_m(dU, O, C, o, dw, 6);
+}
+static void wg_weight_grad_row(const wg_geom *g, const float *dU, int64_t O, int64_t C, int64_t o, float *dw) {
+  if (g->m == 6) wg_weight_grad_row6(dU, O, C, o, dw);
+  else wg_weight_grad_row4(dU, O, C, o, dw);
 }
 
 /* The weight as f32 in the shared workspace (or the tensor itself). */
@@ -861,7 +1029,7 @@ static void wg_conv_blocked(const wg_conv *a, int rot, int tid, int nth) {
 }
 
 ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
-  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads, 0);
+  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads, 0, 0);
   const ampc_tensor *b = c->n_in > 2 ? &c->in[2] : NULL;
   float *U = (float *)c->ws, *bias = b ? (float *)c->ws + L.off_db : NULL;
   if (b) {
@@ -916,10 +1084,10 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
       int64_t j0 = (blk - cib) * WG_VL;
       wg_stage_grad(g, &c->dout, n0 + s, r0 + j0, ty0, ty1, st, band);
       if (dbp) wg_sum8(st, g->m * nty * g->m * g->tw, dbp + (k * g->nb + s) * g->co8 + r0 + j0);
-      wg_grad_tiles(st, nty, g->tw, M + s * bt * ld + j0, mstride, ld);
+      wg_grad_tiles(g, st, nty, M + s * bt * ld + j0, mstride, ld);
     }
   })
-  WG_ITEMS(xi, WG_NP, {
+  WG_ITEMS(xi, g->np, {
     if (wg_own(g->ci8, O, WG_SMALL_WGRAD_K))
       ampc__cpu_gemm(nr, g->ci8, tb, M + (size_t)xi * mstride, ld, 1, V + (size_t)xi * vstride, g->ci8,
                     dU + (size_t)xi * nr * g->ci8, g->ci8, acc);
@@ -930,7 +1098,7 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
 }
 
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
-  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads, 0);
+  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads, 0, 0);
   const wg_geom *g = &L.w;
   const ampc_tensor *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
@@ -975,7 +1143,7 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
         }
         /* dU = the slots in order; each thread sums the rows it then turns into dw */
         for (int64_t o = tid; o < O; o += nth) {
-          for (int64_t xi = 0; xi < WG_NP; xi++) {
+          for (int64_t xi = 0; xi < g->np; xi++) {
             float *u = U + ((size_t)xi * O + o) * g->ci8;
             const float *p0 = ws + L.off_du + ((size_t)xi * O + o) * g->ci8;
             for (int64_t i = 0; i < g->ci8; i++) {
@@ -984,7 +1152,7 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
               u[i] = acc;
             }
           }
-          wg_weight_grad_row(U, O, C, o, wr);
+          wg_weight_grad_row(g, U, O, C, o, wr);
           cpu_store_grad(c, dw, o * C * 9, wr, (size_t)(C * 9), c->din_acc[1], tmp);
         }
       } else if (need_dw && L.cb) {
@@ -995,7 +1163,7 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
           int64_t nr = O - r0 < L.cb ? O - r0 : L.cb;
           wg_wgrad_chunk(c, &L, 0, V, M, me, nth, U, 0, r0, nr, r0 == 0, dbp);
           for (int64_t o = r0 + tid; o < r0 + nr; o += nth) {
-            wg_weight_grad_row(U, nr, C, o - r0, wr);
+            wg_weight_grad_row(g, U, nr, C, o - r0, wr);
             cpu_store_grad(c, dw, o * C * 9, wr, (size_t)(C * 9), c->din_acc[1], tmp);
           }
 #pragma omp barrier
@@ -1005,7 +1173,7 @@ ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
         for (int64_t k = 0; k < nchunks; k++) wg_wgrad_chunk(c, &L, k, V, M, me, nth, U, k > 0, 0, O, 1, dbp);
 #pragma omp barrier
         for (int64_t o = tid; o < O; o += nth) {
-          wg_weight_grad_row(U, O, C, o, wr);
+          wg_weight_grad_row(g, U, O, C, o, wr);
           cpu_store_grad(c, dw, o * C * 9, wr, (size_t)(C * 9), c->din_acc[1], tmp);
         }
       }
