@@ -368,10 +368,10 @@ TEST(winograd_smaller_batch_same_bits) {
     }
   ampc__cpu_wino_tile16 = 0;
   ampc__cpu_wino_tile_target = 0;
-  /* the cnn's second layer's channels (32 -> 64) on 14 x 14 planes: at 18
-   * and 9 samples F(4x4) is the library's choice in 16-bit storage, at 16
-   * F(6x6) (2 x 2 planes to a canvas): the workspace laid out for 18 holds
-   * the other tile too */
+  /* the cnn's second layer's channels (32 -> 64) on 14 x 14 planes, where
+   * the library chooses F(6x6) in 16-bit storage (canvases of 2 x 2 planes:
+   * 5 at 18 samples, 4 at 16, 3 at 9, the last part empty): Winograd's
+   * bits, not im2col's (the workspace laid out for 18 holds the others) */
   op_case wide = *cs;
   wide.name = "conv3x3_14x14_32to64";
   wide.c = 32;
@@ -388,7 +388,7 @@ TEST(winograd_smaller_batch_same_bits) {
       test_conv_algo = AMPC_CONV_WINOGRAD;
       if (ok && build(&a, &wide, &PRECS[p].p, wide.n, 2) == 0 && build(&b, &wide, &PRECS[p].p, wsmaller[i], 2) == 0) {
         CHECK_OK(ampc_graph_set_batch(a.g, wsmaller[i]));
-        run_and_compare(&a, &b, &wide, "built for 18 samples, run at fewer (another tile), bit for bit");
+        run_and_compare(&a, &b, &wide, "built for 18 samples, run at fewer, bit for bit");
         /* ... and Winograd ran (its workspace held it): not im2col's bits */
         CHECK_OK(ampc_graph_forward(c.g, 1));
         CHECK_OK(ampc_graph_backward(c.g, c.loss, 1.0f, 0));

@@ -258,40 +258,51 @@ static int wg_own(int64_t k, int64_t n, int64_t small_k) {
  * of wg_tile's choice: a hook for tests. */
 int ampc__cpu_wino_tile16 = 0;
 
-/* A convolution's arithmetic in tiles of g: per tile, the products (np x ci
- * x co multiply-adds, 16 to an AVX-512 FMA) and the transforms of ci inputs
- * and co outputs in blocks of 8 channels (the vector operations the 1-D
+/* A plane's arithmetic in tiles of m x m outputs, ci channels in and co
+ * out: the tiles a plane takes (where planes pack, the fewest of any
+ * canvas side, canvases counted full), each with its products (a*a x ci x
+ * co multiply-adds, 16 to an AVX-512 FMA) and the transforms of its inputs
+ * and outputs in blocks of 8 channels (the vector operations the 1-D
  * transforms above take for a tile: 156 in and 100 out for F(4x4), 416 and
- * 280 for F(6x6)), at half an FMA's cost each (narrower, with more ports). */
-static double wg_cost(const wg_geom *g) {
-  double tin = g->m == 6 ? 416.0 : 156.0, tout = g->m == 6 ? 280.0 : 100.0;
-  double per = (double)g->np * (double)g->ci8 * (double)g->co8 / 16.0 + 0.5 * (tin * (double)g->ci8 + tout * (double)g->co8) / 8.0;
-  return (double)(g->N * g->th * g->tw) * per;
+ * 280 for F(6x6)) at half an FMA's cost each (narrower, with more ports). */
+static double wg_plane_cost(int64_t m, int64_t ci, int64_t co, int64_t ih, int64_t iw, int64_t oh, int64_t ow, int64_t pad) {
+  double tiles = (double)(((oh + m - 1) / m) * ((ow + m - 1) / m));
+  for (int64_t P = 2; wg_same_size(ih, iw, oh, ow, pad) && P <= WG_PACK_MAX; P++) {
+    double t = (double)(((P * (oh + 1) - 1 + m - 1) / m) * ((P * (ow + 1) - 1 + m - 1) / m)) / (double)(P * P);
+    if (t < tiles) tiles = t;
+  }
+  double a = (double)(m + 2), c8 = (double)up8(ci), o8 = (double)up8(co);
+  double tin = m == 6 ? 416.0 : 156.0, tout = m == 6 ? 280.0 : 100.0;
+  return tiles * (a * a * c8 * o8 / 16.0 + 0.5 * (tin * c8 + tout * o8) / 8.0);
 }
-static wg_geom wg_geometry(int64_t m, int64_t N, int64_t ci, int64_t co, int64_t ih, int64_t iw, int64_t oh, int64_t ow,
-                           int64_t pad, int64_t pack);
 
 /* The tile of forward and backward data (see the top of the file): F(2x2)
  * where input, weight and output are all stored in f32; else F(6x6) where
- * its arithmetic (wg_cost, each tile with its own packing) is at most
- * WG_TILE6_COST percent of F(4x4)'s, else F(4x4). F(6x6) takes 0.79 times
- * F(4x4)'s products where neither tile fits the planes (the cnn's 14 x 14
- * planes: 2 x 2 of them to a canvas in 5 x 5 tiles of 6, against 4 x 4 in
- * 15 x 15 tiles of 4; wg_cost 0.85), as many where both do (ResNet-18's
- * 16 x 16 planes and smaller; 1.01-1.34). ResNet-18's 32 x 32 planes (0.89:
- * 2 x 2 to a canvas, 0.84 of the products) measured no faster with it (the
- * step's convolutions 47.2-50.2 ms against 46.7-47.7, min of 6 steps, O2,
- * 2 threads, AMD Zen 4): the bar lies between. The cnn's second convolution
- * 2.07-2.17 -> 1.79-1.86 ms forward, 4.26-4.34 -> 3.72-4.03 backward. */
-enum { WG_TILE6_COST = 87 };
-static int64_t wg_tile(const ampc__op_call *c, int64_t pack) {
+ * F(4x4)'s tiles overhang the output planes and a plane's arithmetic in
+ * F(6x6) (wg_plane_cost) is at most WG_TILE6_COST percent of F(4x4)'s,
+ * else F(4x4). A choice of the layer's shape alone, not of the batch: a
+ * graph keeps its tile at every batch (the workspace is that tile's). The
+ * cnn's 14 x 14 planes: F(6x6) packs 2 x 2 of them to a canvas in 5 x 5
+ * tiles of 6, 0.79 of the products of F(4x4)'s 3 x 3 in 11 x 11 tiles of 4
+ * (cost 0.89): its second convolution 2.07-2.17 -> 1.79-1.86 ms forward,
+ * 4.26-4.34 -> 3.72-4.03 backward, the O2 step 6142 -> 6629 images/s
+ * (minima over 300 steps; medians of five alternating runs; O2, 2
+ * threads, AMD Zen 4). ResNet-18's 32 x 32 planes would cost as little
+ * (0.89: F(6x6) packs them 2 x 2 in 11 x 11 tiles), but where F(4x4)
+ * fits a plane exactly it keeps it: with its 32 x 32 layers in F(6x6)
+ * ResNet-18 O2 ran at 71.1-80.4 images/s against 72.6-84.4, slower in each
+ * of six alternating pairs (its minimum convolution times 1-3% lower). Its
+ * smaller planes cost more in F(6x6) anyway (1.05-1.34). */
+enum { WG_TILE6_COST = 90 };
+static int64_t wg_tile(const ampc__op_call *c) {
   int f32 = c->in[0].dtype == AMPC_DTYPE_F32 && c->in[1].dtype == AMPC_DTYPE_F32 && c->out.dtype == AMPC_DTYPE_F32;
   if (f32) return ampc__cpu_wino_f32_tile == 4 ? 4 : 2;
   if (ampc__cpu_wino_tile16 == 4 || ampc__cpu_wino_tile16 == 6) return ampc__cpu_wino_tile16;
   const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape, *y = &c->out.shape;
-  wg_geom g4 = wg_geometry(4, x->d[0], x->d[1], w->d[0], x->d[2], x->d[3], y->d[2], y->d[3], c->attr.pad, pack);
-  wg_geom g6 = wg_geometry(6, x->d[0], x->d[1], w->d[0], x->d[2], x->d[3], y->d[2], y->d[3], c->attr.pad, pack);
-  return wg_cost(&g6) * 100.0 <= wg_cost(&g4) * WG_TILE6_COST ? 6 : 4;
+  int64_t C = x->d[1], O = w->d[0], H = x->d[2], W = x->d[3], OH = y->d[2], OW = y->d[3], p = c->attr.pad;
+  if (OH % 4 == 0 && OW % 4 == 0) return 4;
+  double c6 = wg_plane_cost(6, C, O, H, W, OH, OW, p), c4 = wg_plane_cost(4, C, O, H, W, OH, OW, p);
+  return c6 * 100.0 <= c4 * WG_TILE6_COST ? 6 : 4;
 }
 
 /* Floats of one chunk's V or M: its transform points, each pstride apart. */
@@ -325,13 +336,11 @@ static int64_t wg_block(const wg_geom *f, const wg_geom *d, const wg_geom *w, in
   return cb < (f->co > d->co ? f->co : d->co) ? cb : 0;
 }
 
-/* tile: 4 or 6 where the storage is 16-bit (the workspace's bound), else
- * 0: wg_tile's choice */
-static wg_layout wg_plan(const ampc__op_call *c, int nthreads, int64_t pack, int64_t tile) {
+static wg_layout wg_plan(const ampc__op_call *c, int nthreads, int64_t pack) {
   wg_layout L;
   const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape, *y = &c->out.shape;
   int64_t N = x->d[0], C = x->d[1], H = x->d[2], W = x->d[3], O = w->d[0], OH = y->d[2], OW = y->d[3], p = c->attr.pad;
-  int64_t m = tile > 0 ? tile : wg_tile(c, pack);
+  int64_t m = wg_tile(c);
   L.f = wg_geometry(m, N, C, O, H, W, OH, OW, p, pack);
   L.d = wg_geometry(m, N, O, C, OH, OW, H, W, 2 - p, pack);
   /* backward weights: F(4x4) after F(2x2) */
@@ -396,23 +405,18 @@ static wg_layout wg_plan(const ampc__op_call *c, int nthreads, int64_t pack, int
 }
 
 /* The workspace for the call's batch and any smaller one, which may pack
- * its planes differently (wg_pack) and, with 16-bit storage, choose the
- * other tile (wg_tile): the most either tile takes in any side of canvas
- * where a plane's side is not a multiple of the tile (elsewhere nothing
- * packs; for a given tile and side, a smaller batch takes no more). */
+ * its planes differently (wg_pack): where a plane's side is not a multiple
+ * of the tile (elsewhere nothing packs; F(2x2)'s: of 4), the most any side
+ * of canvas takes (for a given side, a smaller batch takes no more). */
 size_t ampc__cpu_wino_ws(const ampc__op_call *c, int nthreads) {
   const ampc_shape *x = &c->in[0].shape, *y = &c->out.shape;
-  int f32 = c->in[0].dtype == AMPC_DTYPE_F32 && c->in[1].dtype == AMPC_DTYPE_F32 && c->out.dtype == AMPC_DTYPE_F32;
-  int same = wg_same_size(x->d[2], x->d[3], y->d[2], y->d[3], c->attr.pad);
+  int64_t m = wg_tile(c) == 6 ? 6 : 4;
+  int may_pack = wg_same_size(x->d[2], x->d[3], y->d[2], y->d[3], c->attr.pad) && (y->d[2] % m || y->d[3] % m);
   size_t most = 0;
-  for (int64_t tile = f32 ? 0 : 4; tile <= (f32 ? 0 : 6); tile += f32 ? 1 : 2) {
-    int64_t m = tile ? tile : 4; /* F(2x2) packs where F(4x4) does */
-    int may_pack = same && (y->d[2] % m || y->d[3] % m);
-    for (int64_t pack = 0; pack <= (may_pack ? WG_PACK_MAX : 0); pack++) {
-      wg_layout L = wg_plan(c, nthreads, pack, tile);
-      size_t n = (L.shared + L.per_thread * (size_t)(nthreads < 1 ? 1 : nthreads)) * sizeof(float);
-      if (n > most) most = n;
-    }
+  for (int64_t pack = 0; pack <= (may_pack ? WG_PACK_MAX : 0); pack++) {
+    wg_layout L = wg_plan(c, nthreads, pack);
+    size_t n = (L.shared + L.per_thread * (size_t)(nthreads < 1 ? 1 : nthreads)) * sizeof(float);
+    if (n > most) most = n;
   }
   return most;
 }
@@ -1029,7 +1033,7 @@ static void wg_conv_blocked(const wg_conv *a, int rot, int tid, int nth) {
 }
 
 ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
-  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads, 0, 0);
+  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads, 0);
   const ampc_tensor *b = c->n_in > 2 ? &c->in[2] : NULL;
   float *U = (float *)c->ws, *bias = b ? (float *)c->ws + L.off_db : NULL;
   if (b) {
@@ -1098,7 +1102,7 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
 }
 
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
-  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads, 0, 0);
+  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads, 0);
   const wg_geom *g = &L.w;
   const ampc_tensor *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
