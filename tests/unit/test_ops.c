@@ -184,56 +184,47 @@ TEST(conv2d_im2col) {
   run_kind_both_products(K_CONV, &ampc__cpu_conv_blas);
   test_conv_algo = AMPC_CONV_AUTO;
 }
-TEST(conv2d_winograd) {
+/* Winograd's passes over the convolution cases (run: every precision, or
+ * the 16-bit ones): chunks of the default size, of bands of tile rows (5)
+ * and of several samples (20); in f32 also F(4x4) (f32_tiles); the products
+ * on sgemm (blas); packing off and forced, with chunks of bands and of
+ * several canvases (the sanitizer pass runs the first two). */
+static void wino_passes(void (*run)(kind), int f32_tiles, int blas) {
   static const int64_t targets[] = {0, 5, 20};
-  test_conv_algo = AMPC_CONV_WINOGRAD;
-  for (int t = 0; t < 2; t++) {
+  static const struct { int pack, f32_tile; int64_t target; } packs[] = {
+      {2, 4, 5}, {3, 4, 300}, {3, 0, 0}, {2, 0, 300}, {-1, 4, 0}};
+  for (int t = 0; t < f32_tiles; t++) {
     ampc__cpu_wino_f32_tile = t ? 4 : 0;
     for (int i = 0; i < 3; i++) {
       ampc__cpu_wino_tile_target = targets[i];
-      run_kind(K_CONV);
+      run(K_CONV);
     }
   }
   ampc__cpu_wino_tile_target = 0;
   ampc__cpu_wino_f32_tile = 0;
-  ampc__cpu_wino_blas = 1;
-  run_kind(K_CONV);
+  ampc__cpu_wino_blas = blas;
+  if (blas) run(K_CONV);
   ampc__cpu_wino_blas = 0;
-  /* (side of the canvas or -1: never packed, f32 tile, chunk target): bands
-   * of tile rows (5), several canvases a chunk (300), the default; the
-   * sanitizer pass runs the first two */
-  static const struct { int pack, f32_tile; int64_t target; } packs[] = {
-      {2, 4, 5}, {3, 4, 300}, {3, 0, 0}, {2, 0, 300}, {-1, 4, 0}};
   for (int i = 0; i < (getenv("AMPC_TEST_QUICK") ? 2 : 5); i++) {
     ampc__cpu_wino_pack = packs[i].pack;
     ampc__cpu_wino_f32_tile = packs[i].f32_tile;
     ampc__cpu_wino_tile_target = packs[i].target;
-    run_kind(K_CONV);
+    run(K_CONV);
   }
   ampc__cpu_wino_pack = 0;
   ampc__cpu_wino_tile_target = 0;
   ampc__cpu_wino_f32_tile = 0;
+}
+TEST(conv2d_winograd) {
+  test_conv_algo = AMPC_CONV_WINOGRAD;
+  wino_passes(run_kind, 2, 1);
   /* 16-bit storage on each tile, F(6x6) and F(4x4), forced (the library
-   * picks one per shape): the chunks, packings and products as above */
+   * picks one per shape) */
   for (int t = 0; t < 2; t++) {
     ampc__cpu_wino_tile16 = t ? 4 : 6;
-    for (int i = 0; i < 3; i++) {
-      ampc__cpu_wino_tile_target = targets[i];
-      run_kind_half(K_CONV);
-    }
-    ampc__cpu_wino_tile_target = 0;
-    ampc__cpu_wino_blas = !t;
-    run_kind_half(K_CONV);
-    ampc__cpu_wino_blas = 0;
-    for (int i = 0; i < (getenv("AMPC_TEST_QUICK") ? 2 : 5); i += i == 1 ? 2 : 1) {
-      ampc__cpu_wino_pack = packs[i].pack;
-      ampc__cpu_wino_tile_target = packs[i].target;
-      run_kind_half(K_CONV);
-    }
+    wino_passes(run_kind_half, 1, !t);
   }
   ampc__cpu_wino_tile16 = 0;
-  ampc__cpu_wino_pack = 0;
-  ampc__cpu_wino_tile_target = 0;
   test_conv_algo = AMPC_CONV_AUTO;
 }
 /* and the direct loop forced wherever it applies (stride 1, 3x3) */
