@@ -38,9 +38,10 @@ extern "C" {
 
 /* How the cpu backends compute convolutions. AUTO (the default) uses
  * Winograd for stride-1 3x3 kernels where it is faster (8 or more input and
- * output channels: F(4x4, 3x3) with 16-bit storage; where input, weight and
- * output are all f32, F(2x2, 3x3), about as accurate as a direct sum, except
- * for the weight gradient, F(4x4, 3x3) always), a direct loop for stride-1
+ * output channels: F(4x4, 3x3) with 16-bit storage, or F(6x6, 3x3) where
+ * F(4x4)'s tiles overhang the planes and it does clearly less work; where
+ * input, weight and output are all f32, F(2x2, 3x3), about as accurate as a
+ * direct sum, except for the weight gradient, F(4x4, 3x3)), a direct loop for stride-1
  * 3x3 kernels over inputs of at most 4 channels (a first layer), and im2col
  * matrix products elsewhere; IM2COL forces the plain path (the reference the
  * others are tested against); WINOGRAD and DIRECT use theirs wherever it
