@@ -142,12 +142,17 @@ enum { WG_PACK_MAX = 6, WG_PACK_GAIN = 92 };
  * of the choice below: a hook for tests. */
 int ampc__cpu_wino_pack = 0;
 static int wg_same_size(int64_t ih, int64_t iw, int64_t oh, int64_t ow, int64_t pad) { return pad == 1 && oh == ih && ow == iw; }
+/* tiles of m x m outputs a canvas of P x P planes of oh x ow outputs takes
+ * (P = 1: a plane) */
+static int64_t wg_canvas_tiles(int64_t m, int64_t P, int64_t oh, int64_t ow) {
+  return ((P * (oh + 1) - 1 + m - 1) / m) * ((P * (ow + 1) - 1 + m - 1) / m);
+}
 static int64_t wg_pack(int64_t m, int64_t N, int64_t ih, int64_t iw, int64_t oh, int64_t ow, int64_t pad) {
   if (!wg_same_size(ih, iw, oh, ow, pad) || ampc__cpu_wino_pack < 0) return 1;
   if (ampc__cpu_wino_pack > 0) return ampc__cpu_wino_pack;
-  int64_t plain = N * ((oh + m - 1) / m) * ((ow + m - 1) / m), best = 1, bt = plain * WG_PACK_GAIN / 100 + 1;
+  int64_t plain = N * wg_canvas_tiles(m, 1, oh, ow), best = 1, bt = plain * WG_PACK_GAIN / 100 + 1;
   for (int64_t P = 2; P <= WG_PACK_MAX; P++) {
-    int64_t t = (N + P * P - 1) / (P * P) * ((P * (oh + 1) - 1 + m - 1) / m) * ((P * (ow + 1) - 1 + m - 1) / m);
+    int64_t t = (N + P * P - 1) / (P * P) * wg_canvas_tiles(m, P, oh, ow);
     if (t < bt) bt = t, best = P;
   }
   return best;
@@ -266,9 +271,9 @@ int ampc__cpu_wino_tile16 = 0;
  * transforms above take for a tile: 156 in and 100 out for F(4x4), 416 and
  * 280 for F(6x6)) at half an FMA's cost each (narrower, with more ports). */
 static double wg_plane_cost(int64_t m, int64_t ci, int64_t co, int64_t ih, int64_t iw, int64_t oh, int64_t ow, int64_t pad) {
-  double tiles = (double)(((oh + m - 1) / m) * ((ow + m - 1) / m));
+  double tiles = (double)wg_canvas_tiles(m, 1, oh, ow);
   for (int64_t P = 2; wg_same_size(ih, iw, oh, ow, pad) && P <= WG_PACK_MAX; P++) {
-    double t = (double)(((P * (oh + 1) - 1 + m - 1) / m) * ((P * (ow + 1) - 1 + m - 1) / m)) / (double)(P * P);
+    double t = (double)wg_canvas_tiles(m, P, oh, ow) / (double)(P * P);
     if (t < tiles) tiles = t;
   }
   double a = (double)(m + 2), c8 = (double)up8(ci), o8 = (double)up8(co);
