@@ -96,7 +96,7 @@ typedef cpu_v8 v8;
 static int64_t up8(int64_t n) { return (n + WG_VL - 1) / WG_VL * WG_VL; }
 
 /* Floats between the transform points of a chunk's V or M, at least n: an
- * odd number of cache lines, so that the 36 points of a tile, which the
+ * odd number of cache lines, so that the 36 or 64 points of a tile, which the
  * transforms store or load together, fall in different sets of the L1 cache
  * (a multiple of 4 KB apart they would all compete for one set's 8 ways). */
 static size_t wg_pstride(int64_t n) {
@@ -214,7 +214,7 @@ static wg_geom wg_geometry(int64_t m, int64_t N, int64_t ci, int64_t co, int64_t
  * bias. Per thread: a staged band of 8 interleaved planes, 8 planes' bands
  * and its conversion buffer, a row of weights. */
 typedef struct {
-  wg_geom f, d, w; /* forward; backward data; backward weights (F(4x4) always) */
+  wg_geom f, d, w; /* forward; backward data; backward weights (F(4x4) where those are F(2x2)) */
   int64_t cb;      /* output channels a pass where U is made a block at a time (wg_block); 0: all at once */
   size_t off_v, off_m, off_wf, off_db, shared, per_thread; /* floats */
   size_t vm;                                               /* a V and M pair; one per thread from off_v */
