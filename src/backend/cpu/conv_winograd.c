@@ -341,11 +341,11 @@ static int64_t wg_block(const wg_geom *f, const wg_geom *d, const wg_geom *w, in
   return cb < (f->co > d->co ? f->co : d->co) ? cb : 0;
 }
 
-static wg_layout wg_plan(const ampc__op_call *c, int nthreads, int64_t pack) {
+/* m: the tile, wg_tile's choice (the caller's, made once) */
+static wg_layout wg_plan(const ampc__op_call *c, int nthreads, int64_t pack, int64_t m) {
   wg_layout L;
   const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape, *y = &c->out.shape;
   int64_t N = x->d[0], C = x->d[1], H = x->d[2], W = x->d[3], O = w->d[0], OH = y->d[2], OW = y->d[3], p = c->attr.pad;
-  int64_t m = wg_tile(c);
   L.f = wg_geometry(m, N, C, O, H, W, OH, OW, p, pack);
   L.d = wg_geometry(m, N, O, C, OH, OW, H, W, 2 - p, pack);
   /* backward weights: F(4x4) after F(2x2) */
@@ -415,11 +415,11 @@ static wg_layout wg_plan(const ampc__op_call *c, int nthreads, int64_t pack) {
  * of canvas takes (for a given side, a smaller batch takes no more). */
 size_t ampc__cpu_wino_ws(const ampc__op_call *c, int nthreads) {
   const ampc_shape *x = &c->in[0].shape, *y = &c->out.shape;
-  int64_t m = wg_tile(c) == 6 ? 6 : 4;
+  int64_t tile = wg_tile(c), m = tile == 2 ? 4 : tile;
   int may_pack = wg_same_size(x->d[2], x->d[3], y->d[2], y->d[3], c->attr.pad) && (y->d[2] % m || y->d[3] % m);
   size_t most = 0;
   for (int64_t pack = 0; pack <= (may_pack ? WG_PACK_MAX : 0); pack++) {
-    wg_layout L = wg_plan(c, nthreads, pack);
+    wg_layout L = wg_plan(c, nthreads, pack, tile);
     size_t n = (L.shared + L.per_thread * (size_t)(nthreads < 1 ? 1 : nthreads)) * sizeof(float);
     if (n > most) most = n;
   }
@@ -1038,7 +1038,7 @@ static void wg_conv_blocked(const wg_conv *a, int rot, int tid, int nth) {
 }
 
 ampc_status ampc__cpu_wino_fwd(const ampc__op_call *c) {
-  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads, 0);
+  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads, 0, wg_tile(c));
   const ampc_tensor *b = c->n_in > 2 ? &c->in[2] : NULL;
   float *U = (float *)c->ws, *bias = b ? (float *)c->ws + L.off_db : NULL;
   if (b) {
@@ -1107,7 +1107,7 @@ static void wg_wgrad_chunk(const ampc__op_call *c, const wg_layout *L, int64_t k
 }
 
 ampc_status ampc__cpu_wino_bwd(const ampc__op_call *c) {
-  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads, 0);
+  wg_layout L = wg_plan(c, cpu_ctx(c)->nthreads, 0, wg_tile(c));
   const wg_geom *g = &L.w;
   const ampc_tensor *dy = &c->dout, *dx = &c->din[0], *dw = &c->din[1];
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
