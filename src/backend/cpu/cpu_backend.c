@@ -12,8 +12,14 @@
 /* Zeroed, 64-byte aligned memory. Large blocks are fresh anonymous pages:
  * zero without being written, so that they become resident only as the
  * kernels first touch them (an arena sized for the largest batch costs what
- * is used). Two words before the block say how it was made. */
-enum { CPU_MMAP_MIN = 1 << 20, CPU_PAGE = 4096 };
+ * is used). Two words before the block say how it was made. Blocks of 2 MB
+ * and more ask for transparent huge pages (where the kernel's setting is
+ * "madvise", as Debian's is; a hint, ignored where THP is off): the cnn's
+ * step touches about 25 MB of arenas, more than the 4 KB pages the L2 TLB
+ * maps (12 MB on a Zen 4): with them it ran more images/s in 12 of 14
+ * alternating `ampc bench` pairs (median ratio 1.06; ResNet-18's speed and
+ * peak RSS unchanged). */
+enum { CPU_MMAP_MIN = 1 << 20, CPU_PAGE = 4096, CPU_HUGE_MIN = 2 << 20 };
 
 static void *cpu_alloc(ampc__device *d, size_t bytes) {
   size_t n = (bytes + 63) & ~(size_t)63;
@@ -21,6 +27,9 @@ static void *cpu_alloc(ampc__device *d, size_t bytes) {
   if (n >= CPU_MMAP_MIN) {
     char *m = mmap(NULL, n + CPU_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    if (n >= CPU_HUGE_MIN) (void)madvise(m, n + CPU_PAGE, MADV_HUGEPAGE);
+#endif
     size_t *h = (size_t *)(m + CPU_PAGE) - 2;
     h[0] = n + CPU_PAGE;
     h[1] = 1;
