@@ -146,6 +146,13 @@ w3=$(env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=5 "$ampc" --version | grep '^openmp:'
 if [ "$w1" = "openmp: GOMP_SPINCOUNT=1000" ] && [ "$w2" = "openmp: OMP_WAIT_POLICY=active" ] && [ "$w3" = "openmp: GOMP_SPINCOUNT=5" ]; then
   ok "OpenMP waits: GOMP_SPINCOUNT=1000 unless the user set a policy"
 else bad "OpenMP waits: '$w1' '$w2' '$w3'"; fi
+# Run again with threads bound (OMP_PLACES=cores, as PyTorch's CPU guides
+# advise), the program keeps every place libgomp found: libgomp says its
+# places at start in each run (OMP_DISPLAY_ENV), the same in both
+p1=$(env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY OMP_PLACES=cores OMP_DISPLAY_ENV=true "$ampc" --version 2>&1 >/dev/null | grep "OMP_PLACES = ")
+if [ "$(printf '%s\n' "$p1" | wc -l)" = 2 ] && [ "$(printf '%s\n' "$p1" | sort -u | wc -l)" = 1 ]; then
+  ok "OMP_PLACES=cores: the program run again keeps every place ($(printf '%s' "$p1" | head -1 | tr -d ' '))"
+else bad "OMP_PLACES=cores: the places of the two runs: $(printf '%s' "$p1" | tr '\n' ' ')"; fi
 
 # --- bench and summary ----------------------------------------------------------------------
 # OpenBLAS's kernels fit the CPU: where it has AVX2 and FMA, the program runs

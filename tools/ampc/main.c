@@ -1,5 +1,7 @@
 /* ampc: train, evaluate and inspect mixed-precision models. */
 #include <errno.h>
+#include <omp.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +48,30 @@ static void usage(FILE *f) {
  *   threads ran at 2960-4650 images/s with the default and 4440-4810 with
  *   1000 (one thread: 5050-5200); idle, the two were the same within the
  *   noise (9050-9650 images/s each; ResNet-18 O2 109-127). */
+/* Where OMP_PROC_BIND or OMP_PLACES ask libgomp to bind threads, it binds
+ * this one, before main, to the first place alone; a program run from it
+ * inherits that single place as everything it may use, and so binds all of
+ * its threads there (OMP_PLACES=cores, 2 threads on a 2-core AMD EPYC: the
+ * cnn's step at 0.55-0.64 of the speed unbound). Before the program runs
+ * again, its affinity goes back to every CPU of every place libgomp found:
+ * what the first run could use. Returns whether it changed it (old: the
+ * thread's affinity before). */
+static int unbind_for_rerun(cpu_set_t *old) {
+  if (omp_get_proc_bind() == omp_proc_bind_false) return 0;
+  int places = omp_get_num_places();
+  if (places <= 0 || sched_getaffinity(0, sizeof *old, old) != 0) return 0;
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (int p = 0; p < places; p++) {
+    int ids[CPU_SETSIZE], n = omp_get_place_num_procs(p);
+    if (n <= 0 || n > CPU_SETSIZE) continue;
+    omp_get_place_proc_ids(p, ids);
+    for (int i = 0; i < n; i++)
+      if (ids[i] >= 0 && ids[i] < CPU_SETSIZE) CPU_SET(ids[i], &all);
+  }
+  return CPU_COUNT(&all) > 0 && !CPU_EQUAL(&all, old) && sched_setaffinity(0, sizeof all, &all) == 0;
+}
+
 static void reexec_settings(char **argv) {
   /* under valgrind (its preloaded library) the program run again would be
    * run natively, outside the tool (or refused): this run goes on as it is */
@@ -56,6 +82,8 @@ static void reexec_settings(char **argv) {
   if (core && setenv("OPENBLAS_CORETYPE", core, 1) == 0) again = 1;
   if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT") && setenv("GOMP_SPINCOUNT", "1000", 1) == 0) again = 1;
   if (!again) return;
+  cpu_set_t bound;
+  int unbound = unbind_for_rerun(&bound);
   /* by its own path, so that the process keeps its name (ps, pgrep ampc);
    * through /proc where that path is gone (a binary replaced while running) */
   char self[4096];
@@ -65,9 +93,10 @@ static void reexec_settings(char **argv) {
     execv(self, argv);
   }
   execv("/proc/self/exe", argv);
-  /* not run again: the environment back as it was, for what this run starts */
+  /* not run again: the environment and the binding back as they were */
   if (core) unsetenv("OPENBLAS_CORETYPE");
   unsetenv("GOMP_SPINCOUNT");
+  if (unbound) sched_setaffinity(0, sizeof bound, &bound);
 }
 
 /* What was printed to standard output must have reached it: a full disk or
