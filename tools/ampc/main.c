@@ -111,6 +111,11 @@ static int stdout_done(int rc) {
 
 int main(int argc, char **argv) {
   reexec_settings(argv);
+  /* whole thread teams, whatever OMP_DYNAMIC says: OpenBLAS's threaded
+   * sgemm (bench's baseline; the library's own calls are guarded the same
+   * way) waits for every thread it asked for, and with fewer it never
+   * returns */
+  omp_set_dynamic(0);
   if (argc < 2) {
     usage(stderr);
     return 2;

@@ -189,9 +189,17 @@ static ampc_status cpu_run(ampc__device *d, const ampc__op_call *call, int backw
   c.ctx = &ctx;
   cpu_kernel f = backward ? cpu_bwd[c.op] : cpu_fwd[c.op];
   AMPC_ASSERT(f != NULL);
+  /* The kernels' teams whole: with dynamic teams (OMP_DYNAMIC=true) libgomp
+   * may give a parallel region fewer threads than it asks for, and
+   * OpenBLAS's threaded sgemm then waits for the missing ones for ever (a
+   * hang, seen on a loaded 2-core machine); the caller's setting is back on
+   * return. */
+  int dyn = omp_get_dynamic();
+  if (dyn) omp_set_dynamic(0);
   double t0 = d->opts.profiling ? omp_get_wtime() : 0.0;
   ampc_status s = f(&c);
   if (d->opts.profiling) (backward ? cd->t_bwd : cd->t_fwd)[c.op] += omp_get_wtime() - t0;
+  if (dyn) omp_set_dynamic(1);
   return s;
 }
 
