@@ -111,11 +111,12 @@ static int stdout_done(int rc) {
 
 int main(int argc, char **argv) {
   reexec_settings(argv);
-  /* whole thread teams, whatever OMP_DYNAMIC says: OpenBLAS's threaded
-   * sgemm (bench's baseline; the library's own calls are guarded the same
-   * way) waits for every thread it asked for, and with fewer it never
-   * returns */
+  /* whole thread teams, whatever OMP_DYNAMIC says, and no more threads than
+   * OMP_THREAD_LIMIT allows: OpenBLAS's threaded sgemm (bench's baseline;
+   * the library guards its own calls the same way) waits for every thread
+   * it asked for, and with fewer it never returns */
   omp_set_dynamic(0);
+  if (omp_get_thread_limit() < omp_get_max_threads()) omp_set_num_threads(omp_get_thread_limit());
   if (argc < 2) {
     usage(stderr);
     return 2;

@@ -189,16 +189,19 @@ static ampc_status cpu_run(ampc__device *d, const ampc__op_call *call, int backw
   c.ctx = &ctx;
   cpu_kernel f = backward ? cpu_bwd[c.op] : cpu_fwd[c.op];
   AMPC_ASSERT(f != NULL);
-  /* The kernels' teams whole: with dynamic teams (OMP_DYNAMIC=true) libgomp
-   * may give a parallel region fewer threads than it asks for, and
-   * OpenBLAS's threaded sgemm then waits for the missing ones for ever (a
-   * hang, seen on a loaded 2-core machine); the caller's setting is back on
-   * return. */
-  int dyn = omp_get_dynamic();
+  /* OpenBLAS's threaded sgemm asks for omp_get_max_threads() threads and
+   * waits for every one: where a team comes smaller, with dynamic teams
+   * (OMP_DYNAMIC=true; libgomp gives fewer the busier the machine) or a
+   * thread limit below that count (OMP_THREAD_LIMIT), the wait never ends (a
+   * hang, seen on a 2-core machine). So each op runs with whole teams of at
+   * most the limit; the caller's settings are back on return. */
+  int dyn = omp_get_dynamic(), most = omp_get_max_threads(), limit = omp_get_thread_limit();
   if (dyn) omp_set_dynamic(0);
+  if (limit > 0 && most > limit) omp_set_num_threads(limit);
   double t0 = d->opts.profiling ? omp_get_wtime() : 0.0;
   ampc_status s = f(&c);
   if (d->opts.profiling) (backward ? cd->t_bwd : cd->t_fwd)[c.op] += omp_get_wtime() - t0;
+  if (limit > 0 && most > limit) omp_set_num_threads(most);
   if (dyn) omp_set_dynamic(1);
   return s;
 }
