@@ -157,6 +157,26 @@ for v in OMP_DYNAMIC=true OMP_THREAD_LIMIT=1; do
     grep -q "images/s" "$dir/dyn.out"; then ok "$v: bench runs to the end"
   else bad "$v: bench did not finish: $(tail -1 "$dir/dyn.out")"; fi
 done
+# The default thread count stays within a CPU quota on the process's
+# control group (AMPC_TEST_CGROUP: a directory standing for it); --threads
+# and OMP_NUM_THREADS still choose
+if [ "$(nproc)" -ge 2 ]; then
+  mkdir -p "$dir/cg"
+  threads_of() { sed -n 's/.*device cpu, \([0-9]*\) thread.*/\1/p' "$1" | head -1; }
+  echo "100000 100000" > "$dir/cg/cpu.max"
+  AMPC_TEST_CGROUP="$dir/cg" "$ampc" bench --model cnn --steps 1 --profile off --sgemm-size 64 > "$dir/cg1.out" 2>&1
+  AMPC_TEST_CGROUP="$dir/cg" "$ampc" bench --model cnn --steps 1 --threads 2 --profile off --sgemm-size 64 > "$dir/cg2.out" 2>&1
+  echo "max 100000" > "$dir/cg/cpu.max"
+  AMPC_TEST_CGROUP="$dir/cg" "$ampc" bench --model cnn --steps 1 --profile off --sgemm-size 64 > "$dir/cg3.out" 2>&1
+  rm "$dir/cg/cpu.max"
+  printf '50000\n' > "$dir/cg/cpu.cfs_quota_us"
+  printf '100000\n' > "$dir/cg/cpu.cfs_period_us"
+  AMPC_TEST_CGROUP="$dir/cg" "$ampc" bench --model cnn --steps 1 --profile off --sgemm-size 64 > "$dir/cg4.out" 2>&1
+  t1=$(threads_of "$dir/cg1.out") t2=$(threads_of "$dir/cg2.out") t3=$(threads_of "$dir/cg3.out") t4=$(threads_of "$dir/cg4.out")
+  if [ "$t1" = 1 ] && [ "$t2" = 2 ] && [ "$t3" -ge 2 ] && [ "$t4" = 1 ]; then
+    ok "a 1-CPU quota (cgroup v2, v1 half a CPU): 1 thread by default; --threads 2: 2; no quota: $t3"
+  else bad "threads under a CPU quota: '$t1' (want 1), --threads 2 '$t2', no quota '$t3', v1 '$t4' (want 1)"; fi
+fi
 # Run again with threads bound (OMP_PLACES=cores, as PyTorch's CPU guides
 # advise), the program keeps every place libgomp found: libgomp says its
 # places at start in each run (OMP_DISPLAY_ENV), the same in both

@@ -233,7 +233,7 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
     out[n++] = (cli_opt){"--test-limit", OPT_I64, &c->test_limit, "N", "use only the first N test images", 1, NULL};
   if (groups & CLI_OPTS_SEED)
     out[n++] = (cli_opt){"--seed", OPT_I64, &c->seed, "N", "seed of every random choice (default 0)", 0, NULL};
-  out[n++] = (cli_opt){"--threads", OPT_INT, &c->threads, "N", "threads, 1.." CLI_STR(CLI_THREADS_PER_CPU) "x the online CPUs, at most " CLI_STR(CLI_MAX_THREADS) " (default: all cores)", 1, NULL};
+  out[n++] = (cli_opt){"--threads", OPT_INT, &c->threads, "N", "threads, 1.." CLI_STR(CLI_THREADS_PER_CPU) "x the online CPUs, at most " CLI_STR(CLI_MAX_THREADS) " (default: all cores, within a control group's CPU quota)", 1, NULL};
   out[n++] = (cli_opt){"--conv", OPT_STRING, &c->conv, "auto|im2col|winograd|direct",
                        "convolution algorithm: im2col products, Winograd or a direct loop (default auto: for stride-1 3x3, Winograd from 8 channels, direct up to 4)", 0, NULL};
   out[n++] = (cli_opt){"--device", OPT_STRING, &c->device, "NAME", "where the model runs: cpu (default), cpu-guarded (tests), cuda (where built)", 0, NULL};
@@ -420,6 +420,93 @@ int cli_comm_nccl(const cli_common *c) {
   (void)c;
   return 0;
 #endif
+}
+
+/* A quota read from directory dir (v2: cpu.max "QUOTA PERIOD" or "max
+ * PERIOD"; v1: cpu.cfs_quota_us, -1 for none, and cpu.cfs_period_us) as
+ * CPUs rounded up, or 0 where dir has none. */
+static int cgroup_dir_cpus(const char *dir, int v2) {
+  char path[4200], buf[64] = "", buf2[64] = "";
+  long long quota = -1, period = 0;
+  if (v2) {
+    snprintf(path, sizeof path, "%s/cpu.max", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int ok = fscanf(f, "%63s %63s", buf, buf2) == 2;
+    fclose(f);
+    if (!ok || strcmp(buf, "max") == 0) return 0;
+    quota = strtoll(buf, NULL, 10);
+    period = strtoll(buf2, NULL, 10);
+  } else {
+    snprintf(path, sizeof path, "%s/cpu.cfs_quota_us", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int ok = fscanf(f, "%lld", &quota) == 1;
+    fclose(f);
+    snprintf(path, sizeof path, "%s/cpu.cfs_period_us", dir);
+    if (!ok || quota <= 0 || !(f = fopen(path, "r"))) return 0;
+    ok = fscanf(f, "%lld", &period) == 1;
+    fclose(f);
+    if (!ok) return 0;
+  }
+  if (quota <= 0 || period <= 0 || quota / period >= CLI_MAX_THREADS) return 0;
+  return (int)((quota + period - 1) / period);
+}
+
+/* The tightest quota from cgroup path rel (under the hierarchy mounted at
+ * mnt) up to the root: inside a container the mount is often the
+ * container's own group, where the path named above it does not exist. */
+static int cgroup_path_cpus(const char *mnt, const char *rel, int v2) {
+  char dir[4200];
+  int n = snprintf(dir, sizeof dir, "%s%s", mnt, rel), best = 0;
+  if (n < 0 || (size_t)n >= sizeof dir) return 0;
+  size_t base = strlen(mnt);
+  for (;;) {
+    while (strlen(dir) > base && dir[strlen(dir) - 1] == '/') dir[strlen(dir) - 1] = '\0';
+    int q = cgroup_dir_cpus(dir, v2);
+    if (q > 0 && (best == 0 || q < best)) best = q;
+    char *slash = strrchr(dir + base, '/');
+    if (!slash) break;
+    *slash = '\0';
+  }
+  return best;
+}
+
+int cli_cgroup_cpus(void) {
+  /* a test hook: a directory standing for the process's group */
+  const char *test = getenv("AMPC_TEST_CGROUP");
+  if (test) {
+    int q = cgroup_dir_cpus(test, 1);
+    return q > 0 ? q : cgroup_dir_cpus(test, 0);
+  }
+  FILE *f = fopen("/proc/self/cgroup", "r");
+  if (!f) return 0;
+  char line[4096];
+  int best = 0;
+  while (fgets(line, sizeof line, f)) {
+    /* hierarchy-ID:controllers:path */
+    char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    if (!c2) continue;
+    *c2 = '\0';
+    char *rel = c2 + 1;
+    rel[strcspn(rel, "\n")] = '\0';
+    int q = 0;
+    if (strncmp(line, "0:", 2) == 0 && c2 == c1 + 1) {
+      q = cgroup_path_cpus("/sys/fs/cgroup", rel, 1);
+      if (!q) q = cgroup_path_cpus("/sys/fs/cgroup/unified", rel, 1);
+    } else {
+      int cpu = 0;
+      for (char *t = strtok(c1 + 1, ","); t; t = strtok(NULL, ","))
+        if (strcmp(t, "cpu") == 0) cpu = 1;
+      if (cpu) {
+        q = cgroup_path_cpus("/sys/fs/cgroup/cpu", rel, 0);
+        if (!q) q = cgroup_path_cpus("/sys/fs/cgroup/cpu,cpuacct", rel, 0);
+      }
+    }
+    if (q > 0 && (best == 0 || q < best)) best = q;
+  }
+  fclose(f);
+  return best;
 }
 
 int cli_max_threads(void) {

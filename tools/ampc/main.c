@@ -116,7 +116,15 @@ int main(int argc, char **argv) {
    * the library guards its own calls the same way) waits for every thread
    * it asked for, and with fewer it never returns */
   omp_set_dynamic(0);
-  if (omp_get_thread_limit() < omp_get_max_threads()) omp_set_num_threads(omp_get_thread_limit());
+  int threads = omp_get_max_threads();
+  if (omp_get_thread_limit() < threads) threads = omp_get_thread_limit();
+  /* by default no more threads than a CPU quota on the process's control
+   * group (a container's --cpus) allows: libgomp counts the cores, and
+   * threads past the quota only wait for their turn, the others for them
+   * at every barrier */
+  int quota = getenv("OMP_NUM_THREADS") ? 0 : cli_cgroup_cpus();
+  if (quota > 0 && quota < threads) threads = quota;
+  if (threads < omp_get_max_threads()) omp_set_num_threads(threads);
   if (argc < 2) {
     usage(stderr);
     return 2;
