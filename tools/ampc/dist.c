@@ -55,6 +55,9 @@ int cli_dist_default_threads(void) {
   /* a rank bound to fewer cores (mpirun --bind-to) takes those */
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 && CPU_COUNT(&set) < t) t = CPU_COUNT(&set);
+  /* and the machine's ranks share a control group's CPU quota (a container's) */
+  int quota = cli_cgroup_cpus(), share = quota / (local > 0 ? local : 1);
+  if (quota > 0 && (share > 0 ? share : 1) < t) t = share > 0 ? share : 1;
   return t > 0 ? t : 1;
 }
 
