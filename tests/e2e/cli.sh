@@ -177,6 +177,20 @@ if [ "$(nproc)" -ge 2 ]; then
     ok "a 1-CPU quota (cgroup v2, v1 half a CPU): 1 thread by default; --threads 2: 2; no quota: $t3"
   else bad "threads under a CPU quota: '$t1' (want 1), --threads 2 '$t2', no quota '$t3', v1 '$t4' (want 1)"; fi
 fi
+# Under a control group's memory limit (a container's), a model past it is
+# an error that says so, not a process the kernel kills (exit 137) as it
+# touches the pages: the graph's plan (v2 memory.max, 200 MB), then the amp
+# state that comes after it (v1 memory.limit_in_bytes, 300 MB)
+mkdir -p "$dir/mg2" "$dir/mg1"
+echo $((200 * 1024 * 1024)) > "$dir/mg2/memory.max"
+echo $((300 * 1024 * 1024)) > "$dir/mg1/memory.limit_in_bytes"
+for m in mg2 mg1; do
+  AMPC_TEST_CGROUP="$dir/$m" "$ampc" bench --model resnet18 --opt-level O2 --steps 1 --profile off --sgemm-size 64 > "$dir/$m.out" 2>&1
+  rc=$?
+  if [ $rc = 1 ] && grep -q "out of memory.*control group limits its memory\|of memory of backend cpu.*control group limits its memory" "$dir/$m.out"; then
+    ok "memory limit ($m): $(tail -1 "$dir/$m.out" | cut -c1-90)..."
+  else bad "memory limit ($m): exit $rc: $(tail -1 "$dir/$m.out")"; fi
+done
 # Run again with threads bound (OMP_PLACES=cores, as PyTorch's CPU guides
 # advise), the program keeps every place libgomp found: libgomp says its
 # places at start in each run (OMP_DISPLAY_ENV), the same in both

@@ -2,6 +2,7 @@
 
 #include "ampc/backend.h"
 #include "ampc/config.h"
+#include "core/cgroup_internal.h"
 #include "core/status_internal.h"
 #include "dist.h"
 
@@ -41,11 +42,15 @@ void cli_error(const char *fmt, ...) {
 }
 
 void cli_lib_error(const char *context) {
-  char line[4096];
+  char line[4096], limit[96] = "";
+  const char *e = ampc_last_error();
+  /* out of memory where a control group (a container's) limits it: say so */
+  uint64_t cg = strstr(e, "out of memory") || strstr(e, "of memory of backend") ? ampc__cgroup_memory() : 0;
+  if (cg) snprintf(limit, sizeof limit, " (this process's control group limits its memory to %.2f GB)", (double)cg / 1e9);
   if (context)
-    snprintf(line, sizeof line, "%s: %s", context, ampc_last_error());
+    snprintf(line, sizeof line, "%s: %s%s", context, e, limit);
   else
-    snprintf(line, sizeof line, "%s", ampc_last_error());
+    snprintf(line, sizeof line, "%s%s", e, limit);
   error_line(line);
 }
 
@@ -420,93 +425,6 @@ int cli_comm_nccl(const cli_common *c) {
   (void)c;
   return 0;
 #endif
-}
-
-/* A quota read from directory dir (v2: cpu.max "QUOTA PERIOD" or "max
- * PERIOD"; v1: cpu.cfs_quota_us, -1 for none, and cpu.cfs_period_us) as
- * CPUs rounded up, or 0 where dir has none. */
-static int cgroup_dir_cpus(const char *dir, int v2) {
-  char path[4200], buf[64] = "", buf2[64] = "";
-  long long quota = -1, period = 0;
-  if (v2) {
-    snprintf(path, sizeof path, "%s/cpu.max", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    int ok = fscanf(f, "%63s %63s", buf, buf2) == 2;
-    fclose(f);
-    if (!ok || strcmp(buf, "max") == 0) return 0;
-    quota = strtoll(buf, NULL, 10);
-    period = strtoll(buf2, NULL, 10);
-  } else {
-    snprintf(path, sizeof path, "%s/cpu.cfs_quota_us", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    int ok = fscanf(f, "%lld", &quota) == 1;
-    fclose(f);
-    snprintf(path, sizeof path, "%s/cpu.cfs_period_us", dir);
-    if (!ok || quota <= 0 || !(f = fopen(path, "r"))) return 0;
-    ok = fscanf(f, "%lld", &period) == 1;
-    fclose(f);
-    if (!ok) return 0;
-  }
-  if (quota <= 0 || period <= 0 || quota / period >= CLI_MAX_THREADS) return 0;
-  return (int)((quota + period - 1) / period);
-}
-
-/* The tightest quota from cgroup path rel (under the hierarchy mounted at
- * mnt) up to the root: inside a container the mount is often the
- * container's own group, where the path named above it does not exist. */
-static int cgroup_path_cpus(const char *mnt, const char *rel, int v2) {
-  char dir[4200];
-  int n = snprintf(dir, sizeof dir, "%s%s", mnt, rel), best = 0;
-  if (n < 0 || (size_t)n >= sizeof dir) return 0;
-  size_t base = strlen(mnt);
-  for (;;) {
-    while (strlen(dir) > base && dir[strlen(dir) - 1] == '/') dir[strlen(dir) - 1] = '\0';
-    int q = cgroup_dir_cpus(dir, v2);
-    if (q > 0 && (best == 0 || q < best)) best = q;
-    char *slash = strrchr(dir + base, '/');
-    if (!slash) break;
-    *slash = '\0';
-  }
-  return best;
-}
-
-int cli_cgroup_cpus(void) {
-  /* a test hook: a directory standing for the process's group */
-  const char *test = getenv("AMPC_TEST_CGROUP");
-  if (test) {
-    int q = cgroup_dir_cpus(test, 1);
-    return q > 0 ? q : cgroup_dir_cpus(test, 0);
-  }
-  FILE *f = fopen("/proc/self/cgroup", "r");
-  if (!f) return 0;
-  char line[4096];
-  int best = 0;
-  while (fgets(line, sizeof line, f)) {
-    /* hierarchy-ID:controllers:path */
-    char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-    if (!c2) continue;
-    *c2 = '\0';
-    char *rel = c2 + 1;
-    rel[strcspn(rel, "\n")] = '\0';
-    int q = 0;
-    if (strncmp(line, "0:", 2) == 0 && c2 == c1 + 1) {
-      q = cgroup_path_cpus("/sys/fs/cgroup", rel, 1);
-      if (!q) q = cgroup_path_cpus("/sys/fs/cgroup/unified", rel, 1);
-    } else {
-      int cpu = 0;
-      for (char *t = strtok(c1 + 1, ","); t; t = strtok(NULL, ","))
-        if (strcmp(t, "cpu") == 0) cpu = 1;
-      if (cpu) {
-        q = cgroup_path_cpus("/sys/fs/cgroup/cpu", rel, 0);
-        if (!q) q = cgroup_path_cpus("/sys/fs/cgroup/cpu,cpuacct", rel, 0);
-      }
-    }
-    if (q > 0 && (best == 0 || q < best)) best = q;
-  }
-  fclose(f);
-  return best;
 }
 
 int cli_max_threads(void) {

@@ -109,10 +109,6 @@ void cli_set_threads(int threads);
 #define CLI_MAX_CLASSES 100000
 #define CLI_MAX_COUNT 1000000000LL
 int cli_max_threads(void);
-/* The CPUs a CPU quota on this process's control group allows (cgroup v2's
- * cpu.max, v1's cpu.cfs_quota_us over cpu.cfs_period_us; the tightest from
- * its group up to the root), rounded up; 0 where there is none. */
-int cli_cgroup_cpus(void);
 /* The largest value an integer option takes (the table in cli.c, by option
  * name; 0 when it has none beyond CLI_MAX_COUNT). */
 double cli_opt_max(const char *name);

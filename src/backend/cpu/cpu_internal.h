@@ -62,6 +62,8 @@ typedef struct {
   float *scratch;                      /* the step passes: per thread 2 chunks of floats */
   double *partial;                     /* the check's per-chunk sums */
   size_t npartial;
+  uint64_t mem_limit;                  /* the control group's memory limit (0: none) */
+  uint64_t reserved;                   /* bytes of the blocks the device holds */
 } ampc__cpu_dev;
 
 /* The step passes (step.c). */
