@@ -74,11 +74,10 @@ static uint64_t path_limit(const char *mnt, const char *rel, cg_kind k, int v2) 
   return best;
 }
 
-static uint64_t cgroup_limit(cg_kind k) {
-  /* a test hook: a directory standing for the process's group */
-  const char *test = getenv("AMPC_TEST_CGROUP");
-  if (test) return tighter(dir_limit(test, k, 1), dir_limit(test, k, 0));
-  FILE *f = fopen("/proc/self/cgroup", "r");
+/* The limit from the groups proc lists (as /proc/self/cgroup does) under
+ * the hierarchies mounted in root (as /sys/fs/cgroup). */
+static uint64_t limit_at(const char *proc, const char *root, cg_kind k) {
+  FILE *f = fopen(proc, "r");
   if (!f) return 0;
   char line[4096];
   uint64_t best = 0;
@@ -90,23 +89,35 @@ static uint64_t cgroup_limit(cg_kind k) {
     *c2 = '\0';
     char *rel = c2 + 1;
     rel[strcspn(rel, "\n")] = '\0';
-    if (strcmp(line, "0") == 0 && c2 == c1 + 1) {
-      best = tighter(best, path_limit("/sys/fs/cgroup", rel, k, 1));
-      best = tighter(best, path_limit("/sys/fs/cgroup/unified", rel, k, 1));
+    if (c1 == line + 1 && line[0] == '0' && c2 == c1 + 1) { /* "0::path": v2 */
+      char unified[4200];
+      snprintf(unified, sizeof unified, "%s/unified", root);
+      best = tighter(best, path_limit(root, rel, k, 1));
+      best = tighter(best, path_limit(unified, rel, k, 1));
       continue;
     }
     int has = 0;
     char *save = NULL;
     for (char *t = strtok_r(c1 + 1, ",", &save); t; t = strtok_r(NULL, ",", &save)) has |= strcmp(t, ctrl) == 0;
     if (!has) continue;
-    char mnt[64];
-    snprintf(mnt, sizeof mnt, "/sys/fs/cgroup/%s", ctrl);
+    char mnt[4200];
+    snprintf(mnt, sizeof mnt, "%s/%s", root, ctrl);
     best = tighter(best, path_limit(mnt, rel, k, 0));
-    if (k == CG_CPU) best = tighter(best, path_limit("/sys/fs/cgroup/cpu,cpuacct", rel, k, 0));
+    snprintf(mnt, sizeof mnt, "%s/cpu,cpuacct", root);
+    if (k == CG_CPU) best = tighter(best, path_limit(mnt, rel, k, 0));
   }
   fclose(f);
   return best;
 }
 
+static uint64_t cgroup_limit(cg_kind k) {
+  /* a test hook: a directory standing for the process's group */
+  const char *test = getenv("AMPC_TEST_CGROUP");
+  if (test) return tighter(dir_limit(test, k, 1), dir_limit(test, k, 0));
+  return limit_at("/proc/self/cgroup", "/sys/fs/cgroup", k);
+}
+
 int ampc__cgroup_cpus(void) { return (int)cgroup_limit(CG_CPU); }
 uint64_t ampc__cgroup_memory(void) { return cgroup_limit(CG_MEM); }
+int ampc__cgroup_cpus_at(const char *proc, const char *root) { return (int)limit_at(proc, root, CG_CPU); }
+uint64_t ampc__cgroup_memory_at(const char *proc, const char *root) { return limit_at(proc, root, CG_MEM); }

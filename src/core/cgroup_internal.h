@@ -12,5 +12,9 @@ int ampc__cgroup_cpus(void);
 /* The bytes a memory limit allows (v2's memory.max, v1's
  * memory.limit_in_bytes; the tightest up to the root); 0 where none. */
 uint64_t ampc__cgroup_memory(void);
+/* The same for the groups file proc lists (as /proc/self/cgroup does) with
+ * the hierarchies mounted in root (as /sys/fs/cgroup): for the tests. */
+int ampc__cgroup_cpus_at(const char *proc, const char *root);
+uint64_t ampc__cgroup_memory_at(const char *proc, const char *root);
 
 #endif
