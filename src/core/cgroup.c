@@ -44,7 +44,8 @@ static uint64_t dir_limit(const char *dir, cg_kind k, int v2) {
       if (read_numbers(dir, "cpu.cfs_period_us", v) != 1) return 0;
       period = v[0];
     }
-    if (quota <= 0 || period <= 0 || quota / period >= (1 << 20)) return 0;
+    /* (the kernel takes periods of 1 ms to 1 s: anything far past is not a quota) */
+    if (quota <= 0 || period <= 0 || period > (1LL << 40) || quota / period >= (1 << 20)) return 0;
     return (uint64_t)((quota + period - 1) / period);
   }
   if (read_numbers(dir, v2 ? "memory.max" : "memory.limit_in_bytes", v) != 1) return 0;

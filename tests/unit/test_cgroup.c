@@ -64,6 +64,10 @@ TEST(cgroup_v2) {
   CHECK(ampc__cgroup_cpus_at(at("none"), at("sys")) == 0);
   put("sys/cpu.max", "lots 100000\n");
   CHECK(ampc__cgroup_cpus_at(at("proc"), at("sys")) == 0);
+  put("sys/cpu.max", "4611686018427387904 4611686018427387904\n"); /* 2^62 over 2^62: no overflow, not a quota */
+  CHECK(ampc__cgroup_cpus_at(at("proc"), at("sys")) == 0);
+  put("sys/cpu.max", "100000000000000000000 100000\n"); /* past long long */
+  CHECK(ampc__cgroup_cpus_at(at("proc"), at("sys")) == 0);
   fresh();
   rmdir(root);
 }
