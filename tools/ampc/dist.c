@@ -58,7 +58,8 @@ int cli_dist_default_threads(void) {
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 && CPU_COUNT(&set) < t) t = CPU_COUNT(&set);
   /* and the machine's ranks share a control group's CPU quota (a container's) */
   int quota = ampc__cgroup_cpus(), share = quota / (local > 0 ? local : 1);
-  if (quota > 0 && (share > 0 ? share : 1) < t) t = share > 0 ? share : 1;
+  if (share < 1) share = 1;
+  if (quota > 0 && share < t) t = share;
   return t > 0 ? t : 1;
 }
 
