@@ -18,8 +18,9 @@
  * "madvise", as Debian's is; a hint, ignored where THP is off): the cnn's
  * step touches about 25 MB of arenas, more than the 4 KB pages the L2 TLB
  * maps (12 MB on a Zen 4): with them it ran more images/s in 12 of 14
- * alternating `ampc bench` pairs (median ratio 1.06; ResNet-18's speed and
- * peak RSS unchanged). */
+ * alternating `ampc bench` pairs in a busy spell (median ratio 1.06), in 3
+ * of 6 in a quiet one (0.99-1.11, median 1.01); ResNet-18's speed and peak
+ * RSS unchanged. */
 enum { CPU_MMAP_MIN = 1 << 20, CPU_PAGE = 4096, CPU_HUGE_MIN = 2 << 20 };
 
 /* Where the process's control group limits its memory, the blocks a device
