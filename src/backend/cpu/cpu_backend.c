@@ -121,8 +121,9 @@ static ampc_status cpu_synchronize(ampc__device *d) { return AMPC_OK; }
  * process the kernel kills as it first touches the pages (ResNet-18 O2 under
  * a 300 MB limit: killed, exit status 137, no message). */
 static uint64_t cpu_capacity(ampc__device *d) {
+  const ampc__cpu_dev *cd = d->impl;
   long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
-  uint64_t phys = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0, limit = ampc__cgroup_memory();
+  uint64_t phys = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0, limit = cd->mem_limit;
   return limit && (!phys || limit < phys) ? limit : phys;
 }
 
@@ -132,7 +133,7 @@ static ampc_status cpu_create(ampc__device *d) {
   ampc__cpu_dev *cd = calloc(1, sizeof *cd);
   if (!cd) return ampc__error(AMPC_ENOMEM, "out of memory");
   if (d->opts.threads <= 0) d->opts.threads = omp_get_max_threads();
-  cd->mem_limit = ampc__cgroup_memory();
+  cd->mem_limit = ampc__cgroup_memory(); /* read once: capacity and the blocks' check */
   cd->ctx.nthreads = d->opts.threads;
   cd->ctx.conv_algo = d->opts.conv;
   cd->isa = ampc__cpu_isa_best();
