@@ -64,7 +64,7 @@ typedef struct {
 typedef struct {
   int64_t values;          /* non-zero gradient values (computed in f32) stored into 16-bit tensors */
   int64_t underflow;       /* of those, the ones that became zero or subnormal there */
-  float max_abs;           /* largest unscaled gradient magnitude */
+  float max_abs;           /* largest unscaled gradient magnitude (an overflowing step: the least that overflows at its scale) */
 } ampc_amp_grad_stats;
 
 /* apex's O1 op lists (the policy initialize gives the graph under autocast). */

@@ -759,6 +759,14 @@ ampc_status ampc_amp_step(ampc_amp *a, float lr, ampc_amp_step_info *info) {
     if (a->slots_host[2 * k + 1] > a->st_max) a->st_max = a->slots_host[2 * k + 1];
   }
   if (isfinite(chk.max_abs) && chk.max_abs > a->st_max) a->st_max = chk.max_abs;
+  if (found) {
+    /* an overflowing step's largest gradient is unknown but at least what
+     * overflows the half type at this scale: counted as that, so the
+     * statistic does not leave out the very steps it is about */
+    int f16 = a->cfg.half_type == AMPC_DTYPE_F16 && (a->cfg.cast_model_type == AMPC_DTYPE_F16 || a->cfg.autocast);
+    float at_least = (f16 ? 65504.0f : FLT_MAX) * unscale;
+    if (isfinite(at_least) && at_least > a->st_max) a->st_max = at_least;
+  }
   info->found_inf = found;
   ampc__span sh[AMPC__MAX_BUCKETS];
   int nsh = a->zero ? clip_spans(s, ns, a->shard_lo, a->shard_hi, sh) : 0;

@@ -1,6 +1,7 @@
 /* Opt levels, their property table, user overrides and their validation. */
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -338,6 +339,17 @@ ampc_status ampc_amp_config_validate(const ampc_amp_config *c) {
                        (double)c->min_loss_scale);
   if (!(c->max_loss_scale > 0))
     return ampc__error(AMPC_EINVAL, "amp: max_loss_scale must be positive, not %g", (double)c->max_loss_scale);
+  /* a scale below f32's smallest normal number has no finite 1/scale (the
+   * gradients' unscaling), and the unset floor is that number */
+  const char *tiny = c->loss_scale < FLT_MIN                                 ? "loss_scale"
+                     : c->min_loss_scale > 0 && c->min_loss_scale < FLT_MIN ? "min_loss_scale"
+                     : c->max_loss_scale < FLT_MIN                          ? "max_loss_scale"
+                                                                            : NULL;
+  if (tiny)
+    return ampc__error(AMPC_EINVAL, "amp: %s %g is below f32's smallest normal number 2^-126 (%g), where 1/scale overflows",
+                       tiny,
+                       (double)(tiny[0] == 'l' ? c->loss_scale : tiny[1] == 'i' ? c->min_loss_scale : c->max_loss_scale),
+                       (double)FLT_MIN);
   if (c->min_loss_scale > c->max_loss_scale)
     return ampc__error(AMPC_EINVAL, "amp: min_loss_scale %g is above max_loss_scale %g", (double)c->min_loss_scale,
                        (double)c->max_loss_scale);

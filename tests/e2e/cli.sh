@@ -310,6 +310,31 @@ else
   bad "non-finite loss in the metrics: $(head -c 600 "$dir/inf.jsonl")"
 fi
 
+# --- a run that stops at a step leaves that step's record; every step overflowing still gives
+#     --amp-report's grad_max_abs (the least magnitude that overflows at the scale) -------------------
+"$ampc" train --model mlp --opt-level O2 --train-limit 512 --test-limit 64 --epochs 1 --threads 1 --quiet --loss-scale 1e6 \
+  --metrics "$dir/stop.jsonl" --log-every 1 > /dev/null 2> "$dir/stop.txt"
+rc=$?
+last=$(tail -1 "$dir/stop.jsonl")
+stop=$(sed -n 's/^ampc: error: step \([0-9]*\): non-finite.*/\1/p' "$dir/stop.txt")
+if [ $rc = 1 ] && [ -n "$stop" ] && echo "$last" | grep -q "^{\"step\":$stop,.*\"skipped\":true"; then ok "a static scale's overflow stops the run at step $stop, whose record is the metrics file's last"
+else bad "stop step's record: exit $rc, step '$stop', last record '$last'"; fi
+"$ampc" train --model mlp --opt-level O2 --train-limit 512 --test-limit 64 --epochs 1 --threads 1 --quiet --loss-scale 1e8 \
+  --on-nonfinite skip --amp-report --metrics "$dir/allover.jsonl" > /dev/null 2>&1
+if python3 -c "
+import json, sys
+r = json.loads(open(sys.argv[1]).readlines()[-1])
+assert r['skipped_steps'] == 4, r
+assert abs(r['grad_max_abs'] - 65504 / 1e8) < 1e-9, r['grad_max_abs']
+" "$dir/allover.jsonl"; then ok "--amp-report with every step overflowing at 1e8: grad_max_abs 65504/1e8, not 0"
+else bad "grad_max_abs over overflowing steps: $(tail -1 "$dir/allover.jsonl" | head -c 400)"; fi
+for f in --loss-scale --min-loss-scale --max-loss-scale; do
+  err=$("$ampc" train --model mlp --opt-level O2 --train-limit 64 --test-limit 64 --quiet $f 1e-40 2>&1 > /dev/null)
+  rc=$?
+  if [ $rc = 2 ] && echo "$err" | grep -q "^ampc: error: $f: .*below f32's smallest normal number"; then ok "$f 1e-40 (subnormal): exit 2"
+  else bad "$f 1e-40: exit $rc, '$err'"; fi
+done
+
 # --- writes that fail are errors: the metrics file, standard output --------------------------
 if [ -w /dev/full ] && [ -c /dev/full ]; then
   "$ampc" train --model mlp --train-limit 64 --test-limit 32 --batch-size 32 --epochs 1 --quiet --metrics /dev/full > /dev/null 2> "$dir/full.txt"

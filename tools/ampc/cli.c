@@ -318,7 +318,10 @@ int cli_amp_config(const cli_common *c, ampc_amp_config *cfg) {
   for (size_t i = 0; !cfg->loss_scale_dynamic && i < sizeof amp_flags / sizeof amp_flags[0]; i++)
     if (values[i] && amp_flags[i].dynamic) {
       cli_error("%s: sets the dynamic loss scale, but this run's scale is static (%s); drop it or use --loss-scale dynamic",
-                amp_flags[i].flag, c->loss_scale ? "--loss-scale N" : "the opt level's");
+                amp_flags[i].flag,
+                c->loss_scale ? "--loss-scale N"
+                : half == AMPC_DTYPE_BF16 ? "bf16's default: no scaling at any opt level"
+                                          : "the opt level's");
       return -1;
     }
   if (ampc_amp_config_validate(cfg) < 0) {

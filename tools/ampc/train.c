@@ -506,11 +506,9 @@ int cmd_train(int argc, char **argv) {
           cli_progress_clear(&pg);
           AGREED_ERROR("step %lld: non-finite loss or gradients (loss %g; first non-finite gradient: %s); stopping (--on-nonfinite skip skips such steps)",
                        (long long)ts.step, step_loss, info.nonfinite[0] ? info.nonfinite[0] : "?");
-          rc = 1;
-          break;
-        }
-        /* one line per skipped step at most; a run of skips is counted, not repeated */
-        if (last_skip_report == ts.step - 1) {
+          rc = 1; /* (after the step's metrics record) */
+        } else if (last_skip_report == ts.step - 1) {
+          /* one line per skipped step at most; a run of skips is counted, not repeated */
           skip_repeats++;
         } else if (root) {
           cli_progress_clear(&pg);
@@ -522,11 +520,10 @@ int cmd_train(int argc, char **argv) {
                   info.n_nonfinite > 2 ? ", " : "", info.n_nonfinite > 2 ? info.nonfinite[2] : "", info.n_nonfinite > 3 ? ", ..." : "");
         }
         last_skip_report = ts.step;
-        if (ampc_scaler_diverged(ampc_amp_scaler(s.amp, 0), 20) && !skip_nonfinite) {
+        if (!rc && ampc_scaler_diverged(ampc_amp_scaler(s.amp, 0), 20) && !skip_nonfinite) {
           AGREED_ERROR("step %lld: the loss scale stayed at its minimum (%g) for 20 overflowing steps in a row: training is diverging",
                        (long long)ts.step, info.scale);
-          rc = 1;
-          break;
+          rc = 1; /* (after the step's metrics record) */
         }
       }
       ts.train_seconds = prior_seconds + (cli_now() - t0);
@@ -546,6 +543,7 @@ int cmd_train(int argc, char **argv) {
         rec_loss = 0.0;
         rec_steps = 0;
       }
+      if (rc) break; /* the run stops at this step: its record is written */
       if (a.checkpoint_dir && a.save_every > 0 && ts.step % a.save_every == 0 && b < nb) {
         cli_progress_clear(&pg);
         if (save_on_root(&s, a.checkpoint_dir, a.keep, &ts, quiet, last_ckpt, NULL, NULL) < 0) {
