@@ -66,6 +66,11 @@ const char *ampc_dataset_kind_name(ampc_dataset_kind k);
  * /usr/share/datasets/fashion-mnist, data/cifar-10-batches-bin,
  * data/cifar-100-binary (the last two relative to the working directory). */
 const char *ampc_dataset_default_dir(ampc_dataset_kind k);
+/* The i-th name (from 0) of the files a split may be read from, in its
+ * directory: IDX files with and without ".gz", CIFAR's batches; NULL past the
+ * last (and for an unknown kind). For a program that must not write over
+ * the data it reads. */
+const char *ampc_dataset_file_name(ampc_dataset_kind k, int train, int i);
 
 typedef struct ampc_dataset ampc_dataset;
 

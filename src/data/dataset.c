@@ -60,6 +60,20 @@ const char *ampc_dataset_default_dir(ampc_dataset_kind k) {
   return kind_valid(k) ? dataset_infos[k].dir : NULL;
 }
 
+const char *ampc_dataset_file_name(ampc_dataset_kind k, int train, int i) {
+  static const char *const idx[2][4] = {
+      {"t10k-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte", "t10k-labels-idx1-ubyte.gz"},
+      {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte", "train-labels-idx1-ubyte.gz"}};
+  static const char *const c10[2][5] = {
+      {"test_batch.bin"}, {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin", "data_batch_5.bin"}};
+  static const char *const c100[2][1] = {{"test.bin"}, {"train.bin"}};
+  int t = train != 0;
+  if (i < 0 || !kind_valid(k)) return NULL;
+  if (k == AMPC_DATASET_MNIST || k == AMPC_DATASET_FASHION_MNIST) return i < 4 ? idx[t][i] : NULL;
+  if (k == AMPC_DATASET_CIFAR10) return i < 5 ? c10[t][i] : NULL;
+  return i < 1 ? c100[t][i] : NULL;
+}
+
 ampc_status ampc__dataset_alloc(ampc_dataset **out, ampc_dataset_kind kind, size_t n, int c,
                                 int h, int w, int classes) {
   if (!out || !kind_valid(kind) || n < 1 || c < 1 || c > 3 || h < 1 || w < 1)

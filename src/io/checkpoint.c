@@ -318,6 +318,33 @@ static ampc_status read_i64(const ampc_st_tensor *t, int64_t *dst, size_t n) {
   return s;
 }
 
+/* Whether name is a parameter of g (or, with buffers, a buffer too). */
+static int graph_state(const ampc_graph *g, const char *name, int buffers) {
+  ampc_value v = ampc_graph_find(g, name);
+  if (v < 0) return 0;
+  ampc_op_kind k = ampc_graph_op(g, v);
+  return k == AMPC_OP_PARAM || (buffers && k == AMPC_OP_BUFFER);
+}
+
+/* A tensor of f that only a checkpoint's own sections name: "master.P" or
+ * "optim.S.P" with P a parameter of g. */
+static int checkpoint_section(const ampc_graph *g, const char *name) {
+  if (strncmp(name, "master.", 7) == 0) return graph_state(g, name + 7, 0);
+  if (strncmp(name, "optim.", 6) != 0) return 0;
+  const char *dot = strchr(name + 6, '.');
+  return dot && dot > name + 6 && graph_state(g, dot + 1, 0);
+}
+
+static ampc_status wrong_shape(const char *path, const ampc_st_tensor *t, const ampc_tensor *tv, const char *model,
+                               const ampc_model_opts *mo) {
+  char got[96], sh[64];
+  ampc_shape fs = {.ndim = t->ndim < AMPC_MAX_DIMS ? t->ndim : AMPC_MAX_DIMS};
+  for (int k = 0; k < fs.ndim; k++) fs.d[k] = t->shape[k];
+  return ampc__error(AMPC_EFORMAT, "%s: tensor '%s' has the wrong shape for model %s: %s%s, expected %s (for %dx%dx%d inputs and %d classes)",
+                     path, t->name, model, ampc_shape_str(&fs, got, sizeof got), t->ndim > AMPC_MAX_DIMS ? "..." : "",
+                     ampc_shape_str(&tv->shape, sh, sizeof sh), mo->channels, mo->height, mo->width, mo->classes);
+}
+
 /* Every parameter and buffer of m from f by name: a parameter from its f32
  * master copy ("master.<name>") where the file has one, else from its own
  * tensor (any float type), into the model's copy and the masters. With
@@ -344,18 +371,17 @@ static ampc_status load_model(const ampc_st_file *f, ampc_model *m, ampc_amp *am
     char mname[256];
     snprintf(mname, sizeof mname, "master.%s", name);
     /* a checkpoint's f32 master copy is the exact value; the model copy may be half */
-    const ampc_st_tensor *t = i < np ? ampc_st_find(f, mname) : NULL;
-    if (!t) t = ampc_st_find(f, name);
-    char sh[64];
+    const ampc_st_tensor *t = i < np ? ampc_st_find(f, mname) : NULL, *own = ampc_st_find(f, name);
+    if (!t) t = own;
     if (!t) {
       s = ampc__error(AMPC_EFORMAT, "%s: missing tensor '%s' for model %s", path, name, model);
     } else if (!same_shape(t, &tv)) {
-      char got[96];
-      ampc_shape fs = {.ndim = t->ndim < AMPC_MAX_DIMS ? t->ndim : AMPC_MAX_DIMS};
-      for (int k = 0; k < fs.ndim; k++) fs.d[k] = t->shape[k];
-      s = ampc__error(AMPC_EFORMAT, "%s: tensor '%s' has the wrong shape for model %s: %s%s, expected %s (for %dx%dx%d inputs and %d classes)",
-                      path, t->name, model, ampc_shape_str(&fs, got, sizeof got), t->ndim > AMPC_MAX_DIMS ? "..." : "",
-                      ampc_shape_str(&tv.shape, sh, sizeof sh), mo->channels, mo->height, mo->width, mo->classes);
+      s = wrong_shape(path, t, &tv, model, mo);
+    } else if (strict && own && own != t && (!same_shape(own, &tv) || !ampc_dtype_is_float(own->dtype))) {
+      /* the model's own copy beside the master is not read, but checked */
+      s = same_shape(own, &tv) ? ampc__error(AMPC_EFORMAT, "%s: tensor '%s' is %s, expected a float type", path, name,
+                                             ampc_dtype_name(own->dtype))
+                               : wrong_shape(path, own, &tv, model, mo);
     } else if (tv.dtype == AMPC_DTYPE_I64) {
       if (ampc_dtype_is_float(t->dtype))
         s = ampc__error(AMPC_EFORMAT, "%s: tensor '%s' is %s, expected an integer type", path, t->name, ampc_dtype_name(t->dtype));
@@ -370,7 +396,7 @@ static ampc_status load_model(const ampc_st_file *f, ampc_model *m, ampc_amp *am
   free(tmp);
   for (size_t i = 0; s == 0 && strict && i < ampc_st_count(f); i++) {
     const char *name = ampc_st_get(f, i)->name;
-    if (ampc_graph_find(g, name) >= 0 || strncmp(name, "master.", 7) == 0 || strncmp(name, "optim.", 6) == 0) continue;
+    if (graph_state(g, name, 1) || checkpoint_section(g, name)) continue;
     s = ampc__error(AMPC_EFORMAT, "%s: unexpected tensor '%s' for model %s", path, name, model);
   }
   return s;
@@ -425,6 +451,17 @@ static ampc_status load_optim(const ampc_st_file *f, ampc_model *m, ampc_amp *am
     }
   }
   free(tmp);
+  /* and no state this optimizer does not keep */
+  for (size_t i = 0; s == 0 && check_only && i < ampc_st_count(f); i++) {
+    const char *name = ampc_st_get(f, i)->name;
+    if (strncmp(name, "optim.", 6) != 0) continue;
+    size_t k = 0, len = strcspn(name + 6, ".");
+    while (k < ampc_optim_state_count(opt) &&
+           !(strlen(ampc_optim_state_name(opt, k)) == len && strncmp(ampc_optim_state_name(opt, k), name + 6, len) == 0))
+      k++;
+    if (k == ampc_optim_state_count(opt))
+      s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: unexpected tensor '%s' (not a state of this optimizer)", path, name);
+  }
   return s;
 }
 
@@ -651,9 +688,9 @@ ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp,
   int64_t optim_step = 0;
   s = read_optimizer(path, root, opt, st_read.step, &optim_step);
   /* everything checked before anything is changed */
-  if (s == 0) s = load_model(f, m, amp, 0, 1);
+  if (s == 0) s = load_model(f, m, amp, 1, 1);
   if (s == 0 && opt) s = load_optim(f, m, amp, opt, 1);
-  if (s == 0) s = load_model(f, m, amp, 0, 0);
+  if (s == 0) s = load_model(f, m, amp, 1, 0);
   if (s == 0 && opt) s = load_optim(f, m, amp, opt, 0);
   if (s < 0 && strncmp(ampc_last_error(), "checkpoint", 10) != 0) ampc__error_prefix(s, "checkpoint");
   if (s == 0 && opt) s = ampc_optim_set_step_count(opt, optim_step);

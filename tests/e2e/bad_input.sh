@@ -181,6 +181,16 @@ for ds in c10 c100; do
     --save "$D/cnn_$ds.safetensors" >"$D/cnn_$ds.log" 2>&1 || { echo "bad_input: training cnn on $ds failed:" >&2; cat "$D/cnn_$ds.log" >&2; exit 1; }
 done
 ckpt=$(ls "$D"/ck_mlp/ckpt-step-*.safetensors | head -n 1)
+# an O2 checkpoint (f16 model tensors beside their f32 masters, Adam's state)
+"$AMPC" train --model mlp --opt-level O2 --data "$D/fm" --epochs 1 --batch-size 8 --quiet --checkpoint-dir "$D/ck_o2" \
+  >"$D/o2.log" 2>&1 || { echo "bad_input: training mlp at O2 failed:" >&2; cat "$D/o2.log" >&2; exit 1; }
+ckpt2=$(ls "$D"/ck_o2/ckpt-step-*.safetensors | head -n 1)
+# the model's own f16 copy of a weight transposed beside its master; a master of
+# no parameter; a state Adam does not keep (each name's tensor otherwise the
+# file's own: the header renamed, the data as it was)
+st_edit "$ckpt2" "$D/ck_o2_own.safetensors" 's/"1.weight":{"dtype":"F16","shape":\[256,784\]/"1.weight":{"dtype":"F16","shape":[784,256]/'
+st_edit "$ckpt2" "$D/ck_o2_master.safetensors" 's/"master.5.bias":/"master.9.bias":/'
+st_edit "$ckpt2" "$D/ck_o2_optim.safetensors" 's/"5.bias":{"dtype":"F16"/"optim.momentum_buffer.5.bias":{"dtype":"F16"/'
 # a grad batch of 32x32 images, and the mlp's weights without the shapes they were made for
 st "$D/batch_32.safetensors" \
   '{"x":{"dtype":"F32","shape":[2,1,32,32],"data_offsets":[0,8192]},"y":{"dtype":"I64","shape":[2],"data_offsets":[8192,8208]}}' 8208

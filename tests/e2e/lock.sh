@@ -2,7 +2,8 @@
 # One writer per checkpoint folder (issue 11, class 4): a second run on a
 # folder another run holds fails at once, naming the holder's pid; after a
 # kill -9 of the holder a new run takes the folder and removes the temporary
-# files of interrupted saves (but not those of a live writer); --keep counts
+# files of interrupted saves (but not those of a live writer); a fresh run on a
+# folder of another run's checkpoints is refused; --keep counts
 # only complete checkpoints; the SIGTERM save into the default folder takes
 # the lock too.
 #
@@ -52,7 +53,8 @@ live=$!
 : >"$ck/.ckpt-step-00000078.safetensors.tmp.$live.0"
 : >"$ck/.notes.tmp.$a.1"
 before=$(ls -A "$ck" | grep -c '\.tmp\.')
-"$ampc" train "${F[@]}" --epochs 1 --train-limit 128 --checkpoint-dir "$ck" --save-every 1 >"$dir/c.out" 2>"$dir/c.err" &
+# (it resumes the killed run: a fresh one is refused a folder of another run's checkpoints, below)
+"$ampc" train "${F[@]}" --epochs 1 --checkpoint-dir "$ck" --resume "$ck" --save-every 1 >"$dir/c.out" 2>"$dir/c.err" &
 c=$!
 held=0
 for _ in $(seq 1 300); do
@@ -69,6 +71,14 @@ left=$(ls -A "$ck" | grep "^\.ckpt-step-.*\.tmp\.$a\." | wc -l)
 [ -e "$ck/.notes.tmp.$a.1" ] && ok "files that are not checkpoints are left alone" || bad "an unrelated file was removed"
 grep -Eq "removed [0-9]+ unfinished checkpoint files? left in $ck" "$dir/c.err" && ok "the removal is reported" || { bad "no note of the removal"; cat "$dir/c.err"; }
 kill $live 2>/dev/null; wait $live 2>/dev/null
+
+# a fresh run (no --resume of that folder) on a folder of another run's checkpoints is
+# refused: --keep would take this run's as the older ones, and --resume DIR the other's newest
+"$ampc" train "${F[@]}" --epochs 1 --checkpoint-dir "$ck" --keep 1 >/dev/null 2>"$dir/o.err"
+rc=$?
+n=$(find "$ck" -maxdepth 1 -type f -name 'ckpt-step-*.safetensors' | wc -l)
+[ $rc = 1 ] && grep -q "^ampc: error: --checkpoint-dir: '$ck' holds another run's checkpoints (the latest $ck/ckpt-step-" "$dir/o.err" && [ "$n" -ge 1 ] &&
+  ok "a fresh run with --keep 1 on a folder of another run's checkpoints: refused, the $n checkpoints kept" || { bad "fresh run on another run's folder: exit $rc, $n left"; cat "$dir/o.err"; }
 
 # --keep counts complete checkpoints only: a folder and a leftover that look like checkpoints do not count
 kd="$dir/keep"

@@ -263,6 +263,37 @@ rc=$?
 if [ $rc = 2 ] && grep -q "^ampc: error: the ranks were started with different command lines: rank 1's has an error" "$dir/mm.err"; then
   ok "one rank's command line has an error: refused, naming the rank"
 else bad "one rank's bad command line: exit $rc, $(head -2 "$dir/mm.err")"; fi
+# one rank's set-up fails (its data folder does not exist): the job ends with that
+# rank's error, and rank 0 leaves no checkpoint folder (before: the ranks met in
+# different collectives, and MPI said only "MPI_ERR_TRUNCATE")
+mpirun --allow-run-as-root --oversubscribe -np 1 "$ampc" train "${C[@]}" --checkpoint-dir "$dir/rk/ck" : \
+  -np 1 "$ampc" train "${C[@]}" --checkpoint-dir "$dir/rk/ck" --data "$dir/nosuch" > /dev/null 2> "$dir/rk.err"
+rc=$?
+if [ $rc = 1 ] && grep -q "^ampc: error: rank 1: fashion-mnist: cannot find train-images" "$dir/rk.err" && ! grep -q "MPI_ERR" "$dir/rk.err" &&
+  [ ! -e "$dir/rk/ck" ]; then ok "one rank's data folder missing: exit 1, that rank's error, no checkpoint folder left"
+else bad "one rank's bad data folder: exit $rc, $(head -2 "$dir/rk.err"), $(ls -a "$dir/rk/ck" 2>&1 | tr '\n' ' ')"; fi
+# ranks whose data differ in size: an error naming it, not a run that trains nothing
+mkdir -p "$dir/small"
+for f in train-images-idx3-ubyte train-labels-idx1-ubyte; do zcat "$data/$f.gz" > "$dir/small/$f"; done
+for f in t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do ln -sf "$data/$f.gz" "$dir/small/$f.gz"; done
+python3 -c "
+import struct, sys
+d = sys.argv[1]
+for f, hdr, rec in (('train-images-idx3-ubyte', 16, 784), ('train-labels-idx1-ubyte', 8, 1)):
+    b = bytearray(open(d + '/' + f, 'rb').read()[:hdr + 300 * rec]); b[4:8] = struct.pack('>I', 300)
+    open(d + '/' + f, 'wb').write(b)
+" "$dir/small"
+D=(--model mlp --epochs 1 --batch-size 16 --threads 1 --test-limit 64 --quiet)
+mpirun --allow-run-as-root --oversubscribe -np 1 "$ampc" train "${D[@]}" : -np 1 "$ampc" train "${D[@]}" --data "$dir/small" \
+  > /dev/null 2> "$dir/sz.err"
+rc=$?
+if [ $rc = 1 ] && [ "$(grep -c "^ampc: error: rank [01]: the ranks differ in the training set's image count (300 on one, 60000 on another)" "$dir/sz.err")" = 1 ]; then
+  ok "ranks seeing 60000 and 300 training images: exit 1, one error naming it"
+else bad "ranks with different data: exit $rc, $(head -2 "$dir/sz.err")"; fi
+# the all-reduce's bytes a step: the mlp's 235146 f32 gradients at O0 (4 x 235146)
+if python3 -c "import json,sys; o=json.loads(open(sys.argv[1]).readline()); sys.exit(0 if o['comm_bytes_per_step']==940584 else 1)" "$dir/two_mlp_O0.jsonl"; then
+  ok "comm_bytes_per_step: 940584, the mlp's gradient (the calibration step not counted among the overlapped ones)"
+else bad "comm_bytes_per_step: $(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['comm_bytes_per_step'])" "$dir/two_mlp_O0.jsonl")"; fi
 # 999 images in batches of 2 x 1: the last global batch (1 image) would leave rank 1 none
 timeout 300 "${MPI[@]}" "$ampc" train --model mlp --epochs 2 --train-limit 999 --test-limit 50 --batch-size 1 --threads 1 > /dev/null 2> "$dir/b1.err"
 rc=$?

@@ -14,6 +14,7 @@
 #include <omp.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -488,6 +489,50 @@ int cli_same_file(const char *a, const char *b) {
   struct stat sa, sb;
   if (!a || !b || stat(a, &sa) != 0 || stat(b, &sb) != 0) return 0;
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* path with its folder resolved (links, "..") and its last name as given;
+ * 0 where the folder does not resolve */
+static int resolved_path(const char *path, char *out, size_t cap) {
+  char dir[4096], real[PATH_MAX];
+  const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+  int n = slash ? snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path) : snprintf(dir, sizeof dir, ".");
+  if (n < 0 || (size_t)n >= sizeof dir) return 0;
+  if (!dir[0]) snprintf(dir, sizeof dir, "/");
+  if (!realpath(dir, real)) return 0;
+  n = snprintf(out, cap, "%s/%s", real, base);
+  return n > 0 && (size_t)n < cap;
+}
+
+int cli_same_path(const char *a, const char *b) {
+  if (!a || !b) return 0;
+  if (cli_same_file(a, b)) return 1;
+  struct stat st;
+  if (stat(a, &st) == 0 && stat(b, &st) == 0) return 0; /* two files that exist: not the same one */
+  char ra[4096 + 8], rb[4096 + 8];
+  return resolved_path(a, ra, sizeof ra) && resolved_path(b, rb, sizeof rb) && strcmp(ra, rb) == 0;
+}
+
+int cli_check_output_folder(const char *flag, const char *path) {
+  /* a file created in the folder as the writer creates its temporary one
+   * (".NAME.tmp.PID.K"): what it would meet -- no such folder, a read-only
+   * or virtual file system, a name too long -- is met now */
+  const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+  char probe[4096 + 64];
+  int n = slash ? snprintf(probe, sizeof probe, "%.*s/.%s.tmp.%ld.probe", (int)(slash - path), path, base, (long)getpid())
+                : snprintf(probe, sizeof probe, ".%s.tmp.%ld.probe", base, (long)getpid());
+  if (n < 0 || (size_t)n >= sizeof probe) {
+    cli_error("%s: '%s': the path is too long", flag, path);
+    return -1;
+  }
+  int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    cli_error("%s: cannot create a file in the folder of '%s': %s", flag, path, strerror(errno));
+    return -1;
+  }
+  close(fd);
+  unlink(probe);
+  return 0;
 }
 
 void cli_set_threads(int threads) {

@@ -126,6 +126,12 @@ FILE *cli_open_read(const char *flag, const char *path);
 /* Whether the paths a and b name one existing file (the same device and
  * inode; a path that does not exist names none). */
 int cli_same_file(const char *a, const char *b);
+/* cli_same_file, or, where a path names no file yet, the same folder and name
+ * (the folder resolved: links, ".."). */
+int cli_same_path(const char *a, const char *b);
+/* Whether an output file can be created at path: creates and removes a file
+ * in its folder as the atomic writer would; -1 with a message naming flag. */
+int cli_check_output_folder(const char *flag, const char *path);
 
 /* Memory report as one JSON object {"parameters": {...bytes by dtype...}, ...} */
 struct json_t;

@@ -89,10 +89,16 @@ int cli_dist_error_route(const char **pre, const char *line) {
   return 1;
 }
 
+/* Set once the ranks have agreed that one failed: the job is ending, and a
+ * rank that learnt it at a check of its own does not call another (the
+ * failing rank's one call at its clean-up was the one that matched it). */
+static int job_failed;
+
 int cli_dist_agree(int ok) {
   cli_error_mode was = mode;
   mode = CLI_ERRORS_ALL;
   if (cli_dist_size() < 2) return ok;
+  if (job_failed) return 0;
   int rank = cli_dist_rank();
   double v = ok ? (double)cli_dist_size() : (double)rank;
   if (ampc_comm_allreduce_host(comm, &v, 1, AMPC_COMM_MIN) < 0) {
@@ -109,6 +115,7 @@ int cli_dist_agree(int ok) {
     }
   }
   held_len = 0;
+  if (first != cli_dist_size()) job_failed = 1;
   return first == cli_dist_size();
 }
 

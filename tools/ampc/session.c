@@ -16,6 +16,23 @@ static int dataset_kind(const cli_common *c, ampc_dataset_kind *kind, const char
   return 0;
 }
 
+int cli_output_is_data(const cli_common *c, const char *out, const char **name) {
+  ampc_dataset_kind kind;
+  const char *dir;
+  if (!out || ampc_dataset_kind_parse(c->dataset, &kind) < 0) return 0;
+  dir = c->data_dir ? c->data_dir : ampc_dataset_default_dir(kind);
+  for (int train = 0; train < 2; train++)
+    for (int i = 0; ampc_dataset_file_name(kind, train, i); i++) {
+      char path[4096];
+      int n = snprintf(path, sizeof path, "%s/%s", dir, ampc_dataset_file_name(kind, train, i));
+      if (n > 0 && (size_t)n < sizeof path && cli_same_file(out, path)) {
+        *name = ampc_dataset_file_name(kind, train, i);
+        return 1;
+      }
+    }
+  return 0;
+}
+
 /* The split's headers (no data read); the limit is the command's. */
 static int probe_dataset(const cli_common *c, int train, ampc_dataset_info *info) {
   ampc_dataset_kind kind;

@@ -62,6 +62,9 @@ struct json_t;
 int cli_file_preprocessing(const ampc_st_file *f, const char *what, const char *path, struct json_t **out);
 /* --grad-accum at most the batches of an epoch of `images` in `batch`es. */
 int cli_check_grad_accum(int accum, size_t images, int64_t batch);
+/* Whether output path out is one of the files the run's dataset may be read
+ * from (either split): 1 with *name its file name, else 0. */
+int cli_output_is_data(const cli_common *c, const char *out, const char **name);
 /* A resumed run state against this run: its epoch within --epochs' range and
  * its batch within the `batches` of an epoch here; names the checkpoint. */
 int cli_check_resume(const char *path, const ampc_train_state *ts, int64_t batches);

@@ -178,21 +178,29 @@ int cmd_train(int argc, char **argv) {
       snprintf(resume_path, sizeof resume_path, "%s", a.resume);
     }
   }
-  if (root && a.save) {
-    /* find out now, not after training, that the weights cannot be written */
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s", a.save);
-    char *slash = strrchr(dir, '/');
+  /* a folder of another run's checkpoints: this run's would mix with them,
+   * --resume DIR would take the other run's newest, and --keep would delete
+   * this run's own as the older ones */
+  if (root && a.checkpoint_dir) {
+    char other[4096], rdir[4096];
+    snprintf(rdir, sizeof rdir, "%s", resume_path);
+    char *slash = strrchr(rdir, '/');
     if (slash) *slash = '\0';
-    if (access(slash ? (dir[0] ? dir : "/") : ".", W_OK) != 0) {
-      cli_error("--save: cannot write into the folder of '%s': %s", a.save, strerror(errno));
+    else snprintf(rdir, sizeof rdir, ".");
+    if (cli_latest_checkpoint(a.checkpoint_dir, other, sizeof other) == 0 && !(resume_path[0] && cli_same_file(rdir, a.checkpoint_dir))) {
+      cli_error("--checkpoint-dir: '%s' holds another run's checkpoints (the latest %s); resume that run with --resume %s, or give "
+                "another folder", a.checkpoint_dir, other, a.checkpoint_dir);
       goto done;
     }
+  }
+  if (root && a.save) {
+    /* find out now, not after training, that the weights cannot be written */
     struct stat sb;
     if (stat(a.save, &sb) == 0 && !S_ISREG(sb.st_mode)) {
       cli_error("--save: '%s' exists and is %s; give a file's path", a.save, S_ISDIR(sb.st_mode) ? "a folder" : "not a regular file");
       goto done;
     }
+    if (cli_check_output_folder("--save", a.save) < 0) goto done;
   }
   /* an output that names an input would destroy it */
   if (root && a.save && resume_path[0] && cli_same_file(a.save, resume_path)) {
@@ -200,8 +208,18 @@ int cmd_train(int argc, char **argv) {
     rc = 2; /* options that clash: a usage error, as grad's and export's */
     goto done;
   }
+  const char *data_name = NULL, *data_flag = !root                                       ? NULL
+                                           : cli_output_is_data(&a.c, a.save, &data_name)    ? "--save"
+                                           : cli_output_is_data(&a.c, a.metrics, &data_name) ? "--metrics"
+                                                                                              : NULL;
+  if (data_flag) {
+    cli_error("%s: '%s' is the dataset's %s, which this run reads; choose another file", data_flag,
+              !strcmp(data_flag, "--save") ? a.save : a.metrics, data_name);
+    rc = 2;
+    goto done;
+  }
   const char *clash = !root || !a.metrics                                    ? NULL
-                      : a.save && cli_same_file(a.metrics, a.save)           ? "--save"
+                      : a.save && cli_same_path(a.metrics, a.save)           ? "--save"
                       : resume_path[0] && cli_same_file(a.metrics, resume_path) ? "--resume"
                                                                               : NULL;
   if (clash) {
@@ -325,12 +343,22 @@ int cmd_train(int argc, char **argv) {
   ts.global_batch = G;
   /* the same data and starting point on every rank (options were compared
    * first; paths may differ between hosts, what they hold may not) */
+  /* a rank whose set-up failed above is at its clean-up's agreement, which
+   * this one matches; only then the values, a collective of another size */
+  if (!cli_dist_agree(1)) {
+    rc = 1;
+    goto done;
+  }
+  if (W > 1) cli_dist_error_mode(CLI_ERRORS_HOLD); /* (the agreement printed what it held) */
   {
     static const char *const what[] = {"the training set's image count", "the test set's image count",
                                         "the resumed checkpoint's step", "the resumed checkpoint's epoch and batch"};
     double v[4] = {(double)ampc_dataset_count(s.train), (double)(s.test ? ampc_dataset_count(s.test) : 0), (double)ts.step,
                    (double)ts.epoch * 1e9 + (double)ts.batch};
-    if (!cli_dist_same_values(v, what, 4)) goto done;
+    if (!cli_dist_same_values(v, what, 4)) {
+      rc = 1;
+      goto done;
+    }
   }
   /* every rank is ready, or none trains */
   agreed = 1;
@@ -607,6 +635,9 @@ int cmd_train(int argc, char **argv) {
     if (a.c.amp_report) ampc_amp_get_grad_stats(s.amp, &st, 1);
     ampc_amp_comm_stats cs;
     ampc_amp_get_comm_stats(s.amp, &cs, 1);
+    /* the epoch's calibration step, its all-reduce measured alone, counts
+     * among the steps after it without its bytes or time */
+    if (comm_alone >= 0 && cs.steps > 0) cs.steps--;
     cs.steps += comm_kept.steps;
     cs.bytes += comm_kept.bytes;
     cs.exposed_seconds += comm_kept.exposed_seconds;
