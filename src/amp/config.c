@@ -210,7 +210,8 @@ static ampc_status set_max_scale(ampc_amp_config *c, const char *name, const cha
 
 static ampc_status set_int_min1(int *field, const char *name, const char *v) {
   int x;
-  if (parse_int(v, &x) < 0 || x < 1) return bad_value(name, v, "an integer >= 1");
+  /* (the CLI's other counts' bound: more is no window or allowance at all) */
+  if (parse_int(v, &x) < 0 || x < 1 || x > 1000000000) return bad_value(name, v, "an integer from 1 to 1000000000");
   *field = x;
   return AMPC_OK;
 }

@@ -67,11 +67,12 @@ static ampc_status cifar_path(char *buf, size_t size, const cifar_layout *L, con
 
 static ampc_status cifar_truncated(const cifar_layout *L, const char *file, size_t complete,
                                    unsigned long long bytes, size_t rec) {
-  size_t of = complete + 1 > L->expected ? complete + 1 : L->expected;
+  /* (the file's own size says only that a record is cut: whether one is
+   * missing its end or the file has bytes past its last one, either way) */
   return ampc__error(AMPC_EFORMAT,
-                     "%s: %s: truncated at record %zu of %zu (%llu bytes is not a whole "
-                     "number of %zu-byte records)",
-                     L->prefix, file, complete, of, bytes, rec);
+                     "%s: %s: %llu bytes is not a whole number of %zu-byte records (%zu whole ones and %llu bytes: "
+                     "truncated, or bytes past the last record; the published file has %zu)",
+                     L->prefix, file, bytes, rec, complete, bytes % rec, L->expected);
 }
 
 /* Opens path without blocking (a FIFO is refused, not waited on) and only if

@@ -533,6 +533,7 @@ static ampc_status jnum_nonneg(const char *path, json_t *o, const char *k, doubl
 #define MAX_STEPS ((int64_t)1 << 40)
 #define MAX_IMAGES ((int64_t)1 << 53)
 #define MAX_GLOBAL_BATCH ((int64_t)1 << 31)
+#define MAX_TRAIN_SECONDS 3.2e9 /* about 100 years */
 #define MAX_MEAN_LOSS 1e30 /* per image: a cross-entropy far past any a run survives */
 
 /* Every number of the run state, range-checked in its full width before any is used. */
@@ -552,6 +553,9 @@ static ampc_status read_train_state(const char *path, json_t *root, ampc_train_s
     return ampc__error(AMPC_EFORMAT, "checkpoint: %s: 'loss_sum' = %g is more than %g per image of 'seen' = %lld", path, ts->loss_sum,
                        MAX_MEAN_LOSS, (long long)ts->seen);
   AMPC_TRY(jnum_nonneg(path, root, "train_seconds", &ts->train_seconds));
+  if (ts->train_seconds > MAX_TRAIN_SECONDS)
+    return ampc__error(AMPC_EFORMAT, "checkpoint: %s: 'train_seconds' = %g is more than a run can have trained (%g s, 100 years)",
+                       path, ts->train_seconds, MAX_TRAIN_SECONDS);
   /* recorded since data-parallel training: absent in older checkpoints */
   ts->world_size = ts->global_batch = 0;
   if (json_object_get(root, "world_size")) AMPC_TRY(jint_in(path, root, "", "world_size", 1, INT32_MAX, &ts->world_size));

@@ -222,6 +222,7 @@ cp "$D/huge_img/train-labels-idx1-ubyte" "$D/huge_img/t10k-labels-idx1-ubyte"
 st_edit "$ckpt" "$D/ck_epoch.safetensors" 's/\\"epoch\\":1,/\\"epoch\\":4294967297,/'
 st_edit "$ckpt" "$D/ck_hyst.safetensors" 's/\\"hysteresis_left\\":1,/\\"hysteresis_left\\":4294967297,/'
 st_edit "$ckpt" "$D/ck_seen.safetensors" 's/\\"seen\\":0,/\\"seen\\":-5,/'
+st_edit "$ckpt" "$D/ck_secs.safetensors" 's/\\"train_seconds\\":[0-9.e+-]*/\\"train_seconds\\":1e308/'
 st_edit "$ckpt" "$D/ck_batch.safetensors" 's/\\"epoch\\":1,/\\"epoch\\":0,/; s/\\"batch\\":0,/\\"batch\\":99,/'
 st_edit "$ckpt" "$D/ck_input.safetensors" 's/"input":"1x28x28"/"input":"1x28x99999999999"/'
 
@@ -245,6 +246,7 @@ holder=$!
 trap 'kill $holder 2>/dev/null' EXIT
 for _ in $(seq 1 50); do flock -n "$D/ck_locked/.lock" true 2>/dev/null || break; sleep 0.1; done
 mkfifo "$D/ck_fifo/.lock"
+mkdir -p "$D/ck_lockdir/.lock"
 gen_secs=$((SECONDS - start))
 
 # ---- the cases --------------------------------------------------------------

@@ -377,6 +377,11 @@ else bad "metrics of an O2 run with --grad-accum: $(head -c 600 "$dir/acc_cnn.js
 if "$ampc" help train 2>&1 | grep -q "^usage: ampc train" && "$ampc" help export 2>&1 | grep -q "^usage: ampc export"; then
   ok "ampc help train / export print those commands' help"
 else bad "ampc help train: '$("$ampc" help train 2>&1 | head -2)'"; fi
+"$ampc" > /dev/null 2> "$dir/none.txt"
+rc=$?
+if [ $rc = 2 ] && head -1 "$dir/none.txt" | grep -q "^ampc: error: no command given" && grep -q "^usage: ampc" "$dir/none.txt"; then
+  ok "ampc alone: exit 2, an error line, then the usage"
+else bad "ampc alone: exit $rc, '$(head -2 "$dir/none.txt")'"; fi
 
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -163,5 +163,13 @@ else
   fi
 fi
 
+# values at the ends of a double's range: no coordinate is NaN (an axis from
+# -1e308 to 1e308 spans inf); what lies past 1e300 is left out, the rest drawn
+printf '{"epoch":1,"train_loss":-1e308}\n{"epoch":2,"train_loss":1e308}\n{"epoch":3,"train_loss":1e300,"test_loss":-1e300}\n' > "$dir/huge.jsonl"
+if "$ampc" report "$dir/huge.jsonl" -o "$dir/huge.html" > /dev/null 2>&1 && ! grep -qi 'nan' "$dir/huge.html" &&
+  grep -q 'points="[0-9]' "$dir/huge.html"; then
+  ok "losses of +-1e308 and +-1e300: no NaN coordinates, the drawable points drawn"
+else bad "extreme values: $(grep -o 'points="[^"]*"' "$dir/huge.html" | head -3)"; fi
+
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

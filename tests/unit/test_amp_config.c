@@ -180,11 +180,13 @@ TEST(set_rejects_junk) {
   CHECK_ERR(ampc_amp_config_set(&c, "loss_scale", ""), AMPC_EINVAL, "loss_scale: expected");
   CHECK_ERR(ampc_amp_config_set(&c, "loss_scale", "2**"), AMPC_EINVAL, "loss_scale: expected");
   CHECK_ERR(ampc_amp_config_set(&c, "init_scale", "0"), AMPC_EINVAL, "init_scale: expected a positive finite number");
-  CHECK_ERR(ampc_amp_config_set(&c, "scale_window", "0"), AMPC_EINVAL, "scale_window: expected an integer >= 1, got '0'");
-  CHECK_ERR(ampc_amp_config_set(&c, "scale_window", "-3"), AMPC_EINVAL, "scale_window: expected an integer >= 1");
-  CHECK_ERR(ampc_amp_config_set(&c, "scale_window", "2.5"), AMPC_EINVAL, "scale_window: expected an integer >= 1");
+  CHECK_ERR(ampc_amp_config_set(&c, "scale_window", "0"), AMPC_EINVAL, "scale_window: expected an integer from 1 to 1000000000, got '0'");
+  CHECK_ERR(ampc_amp_config_set(&c, "scale_window", "-3"), AMPC_EINVAL, "scale_window: expected an integer from 1 to 1000000000");
+  CHECK_ERR(ampc_amp_config_set(&c, "scale_window", "2.5"), AMPC_EINVAL, "scale_window: expected an integer from 1 to 1000000000");
   CHECK_ERR(ampc_amp_config_set(&c, "scale_window", "99999999999"), AMPC_EINVAL, "scale_window: expected");
-  CHECK_ERR(ampc_amp_config_set(&c, "hysteresis", "0"), AMPC_EINVAL, "hysteresis: expected an integer >= 1");
+  CHECK_ERR(ampc_amp_config_set(&c, "hysteresis", "0"), AMPC_EINVAL, "hysteresis: expected an integer from 1 to 1000000000");
+  CHECK_ERR(ampc_amp_config_set(&c, "hysteresis", "2147483648"), AMPC_EINVAL, "hysteresis: expected an integer from 1 to 1000000000");
+  CHECK_ERR(ampc_amp_config_set(&c, "scale_window", "1000000001"), AMPC_EINVAL, "scale_window: expected an integer from 1 to 1000000000");
   CHECK_ERR(ampc_amp_config_set(&c, "num_losses", "x"), AMPC_EINVAL, "num_losses: expected an integer >= 1");
   CHECK_ERR(ampc_amp_config_set(&c, "growth_factor", "1"), AMPC_EINVAL, "growth_factor: expected a finite number > 1");
   CHECK_ERR(ampc_amp_config_set(&c, "growth_factor", "inf"), AMPC_EINVAL, "growth_factor: expected");

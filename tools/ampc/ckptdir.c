@@ -182,6 +182,10 @@ int cli_ckptdir_lock(const char *flag, const char *dir) {
     cli_error("%s: %s is a symbolic link, not ampc's lock file", flag, path);
     return -1;
   }
+  if (fd < 0 && errno == EISDIR) {
+    cli_error("%s: %s is a folder, not ampc's lock file", flag, path);
+    return -1;
+  }
   if (fd < 0) {
     cli_error("%s: cannot write into '%s': %s", flag, dir, strerror(errno));
     return -1;

@@ -167,6 +167,10 @@ int cli_parse(const char *cmd, const char *usage, const cli_opt *opts, int argc,
       print_help(cmd, usage, opts);
       return 1;
     }
+    if (strncmp(a, "--help=", 7) == 0) {
+      cli_error("--help takes no value");
+      return -1;
+    }
     if (strncmp(a, "--", 2) != 0) {
       cli_error("%s: unexpected argument '%s' (see ampc %s --help)", cmd, a, cmd);
       return -1;
@@ -267,8 +271,10 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
   out[n++] = (cli_opt){"--hysteresis", OPT_STRING, &c->hysteresis, "N", "the scale backs off at the N-th overflow since it last grew (default 1: at every one)", 0, NULL};
   out[n++] = (cli_opt){"--stochastic-rounding", OPT_FLAG, &c->stochastic_rounding, NULL, "round half weight updates stochastically (no masters)", 0, NULL};
   out[n++] = (cli_opt){"--clip-grad-norm", OPT_FLOAT, &c->clip_grad_norm, "X", "clip the global gradient norm to X > 0", 0, &c->clip_given};
-  out[n++] = (cli_opt){"--grad-accum", OPT_INT, &c->grad_accum, "N", "micro-batches per optimizer step, 1..the batches of an epoch (default 1)", 1, NULL};
-  out[n++] = (cli_opt){"--amp-report", OPT_FLAG, &c->amp_report, NULL, "gradient underflow statistics, in the epoch lines and the metrics", 0, NULL};
+  if (groups & CLI_OPTS_EPOCH) {
+    out[n++] = (cli_opt){"--grad-accum", OPT_INT, &c->grad_accum, "N", "micro-batches per optimizer step, 1..the batches of an epoch (default 1)", 1, NULL};
+    out[n++] = (cli_opt){"--amp-report", OPT_FLAG, &c->amp_report, NULL, "gradient underflow statistics, in the epoch lines and the metrics", 0, NULL};
+  }
   if (!(groups & CLI_OPTS_DIST)) return n;
   out[n++] = (cli_opt){"--allreduce-type", OPT_STRING, &c->allreduce_type, "auto|f32",
                        "data-parallel (mpirun): all-reduce 16-bit gradients in their own type (auto, the default) or as f32 sums", 0, NULL};
@@ -315,6 +321,13 @@ int cli_amp_config(const cli_common *c, ampc_amp_config *cfg) {
       cli_lib_error(amp_flags[i].flag);
       return -1;
     }
+  /* O0's model is f32 already: masters or f32 batch norm would change nothing
+   * (O1 refuses them in the library, as apex does) */
+  if (lvl == AMPC_OPT_O0 && (c->keep_bn_fp32 || c->master_weights)) {
+    cli_error("%s: does nothing at O0, whose model is f32 throughout; drop it or choose --opt-level O2 or O3",
+              c->master_weights ? "--master-weights" : "--keep-batchnorm-fp32");
+    return -1;
+  }
   /* the dynamic scale's settings with a static scale would do nothing */
   for (size_t i = 0; !cfg->loss_scale_dynamic && i < sizeof amp_flags / sizeof amp_flags[0]; i++)
     if (values[i] && amp_flags[i].dynamic) {

@@ -79,7 +79,8 @@ enum {
   CLI_OPTS_PRECISION = 16, /* --opt-level, --half, --keep-batchnorm-fp32 */
   CLI_OPTS_STEP = 32,      /* loss scaling, master weights, clipping, accumulation, stochastic rounding, --amp-report */
   CLI_OPTS_DIST = 64,      /* data-parallel: --allreduce-type, --zero, --sync-bn, --bucket-mb */
-  CLI_OPTS_ALL = 127
+  CLI_OPTS_EPOCH = 128,    /* with STEP: --grad-accum, --amp-report (what bench's timed steps leave out) */
+  CLI_OPTS_ALL = 255
 };
 /* Appends the shared options of the groups to a table; returns the count added. */
 int cli_common_opts(cli_common *c, cli_opt *out, int groups);

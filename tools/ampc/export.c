@@ -147,7 +147,7 @@ int cmd_export(int argc, char **argv) {
     if (dest) {
       if (!v) v = i + 1 < argc ? argv[++i] : NULL;
       if (!v || !*v) {
-        cli_error("export: %s: missing value", a);
+        cli_error("export: %s: %s value", a, v ? "empty" : "missing");
         return 2;
       }
       *dest = v;

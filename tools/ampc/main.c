@@ -127,7 +127,12 @@ int main(int argc, char **argv) {
   if (quota > 0 && quota < threads) threads = quota;
   if (threads < omp_get_max_threads()) omp_set_num_threads(threads);
   if (argc < 2) {
+    cli_error("no command given (train, eval, grad, summary, bench, report or export; ampc --help says more)");
     usage(stderr);
+    return 2;
+  }
+  if (strcmp(argv[1], "help") == 0 && argc > 3) {
+    cli_error("help: unexpected argument '%s' (ampc help COMMAND takes nothing more)", argv[3]);
     return 2;
   }
   if (strcmp(argv[1], "help") == 0 && argc == 3) {

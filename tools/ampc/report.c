@@ -385,14 +385,22 @@ static void chart_free(chart *c) {
   free(c->s);
 }
 
+/* Whether a point can be drawn: x and y finite and within +-PLOT_MAX, so that
+ * an axis's span (y1 - y0, its 8% margins) stays finite (two values of 1e308
+ * and -1e308 made it inf, and the coordinates NaN); y > 0 on a log axis. */
+#define PLOT_MAX 1e300
+static int drawable(const chart *c, double x, double y) {
+  return fabs(x) <= PLOT_MAX && fabs(y) <= PLOT_MAX && !(c->logy && y <= 0);
+}
+
 /* Adds a point unless y is missing (or, on a log axis, not positive). */
 static int point(chart *c, series *s, double x, double y) {
-  if (!s || !isfinite(x) || !isfinite(y) || (c->logy && y <= 0)) return 0;
+  if (!s || !drawable(c, x, y)) return 0;
   return dv_push(&s->x, x) | dv_push(&s->y, y);
 }
 
 static int mark(chart *c, series *s, double x, double y, double count) {
-  if (!s || !isfinite(x) || !isfinite(y) || (c->logy && y <= 0)) return 0;
+  if (!s || !drawable(c, x, y)) return 0;
   return dv_push(&s->mx, x) | dv_push(&s->my, y) | dv_push(&s->mcount, count);
 }
 
