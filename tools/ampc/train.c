@@ -333,8 +333,10 @@ int cmd_train(int argc, char **argv) {
     if (ts.epoch >= a.epochs) {
       /* nothing left to do: say so rather than silently exit */
       if (root)
-        printf("ampc: the run in %s is finished: it trained all %lld epoch%s (%lld steps); give a larger --epochs to train on\n",
-               resume_path, (long long)ts.epoch, ts.epoch == 1 ? "" : "s", (long long)ts.step);
+        printf("ampc: the run in %s is finished: it trained all %lld epoch%s (%lld steps); give a larger --epochs to train on%s%s%s\n",
+               resume_path, (long long)ts.epoch, ts.epoch == 1 ? "" : "s", (long long)ts.step,
+               a.save ? " (--save " : "", a.save ? a.save : "",
+               a.save ? " not written: nothing was trained; ampc export CHECKPOINT -o FILE writes its weights)" : "");
       goto done;
     }
     if (!quiet) fprintf(stderr, "ampc: resumed from %s at epoch %lld, batch %lld, step %lld\n", resume_path, (long long)ts.epoch + 1, (long long)ts.batch, (long long)ts.step);
