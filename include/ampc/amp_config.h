@@ -152,7 +152,8 @@ ampc_status ampc_amp_config_validate(const ampc_amp_config *c);
  * and cast_model_type is not f32). */
 int ampc_amp_config_uses_master_weights(const ampc_amp_config *c);
 /* The storage type of batchnorm parameters: f32 with an f32 model or with
- * keep_batchnorm_fp32 == 1 (or n/a, -1), cast_model_type otherwise. */
+ * keep_batchnorm_fp32 == 1 (or n/a, -1), cast_model_type otherwise; f32 for
+ * a NULL c. */
 ampc_dtype ampc_amp_config_batchnorm_type(const ampc_amp_config *c);
 
 /* One line naming every property, e.g. "O2 (f16 training with f32 batchnorm
@@ -227,9 +228,10 @@ int ampc_scaler_diverged(const ampc_scaler *s, int n);
 /* Copies the state out (for a checkpoint). */
 void ampc_scaler_get_state(const ampc_scaler *s, ampc_scaler_state *out);
 /* Restores a saved state, checking it: AMPC_EINVAL for a non-finite or
- * non-positive scale or negative counters (s unchanged). A dynamic scale is
- * clamped into the current [min, max] and hysteresis_left into
- * [1, hysteresis], so a run may resume with changed limits; a static scaler
+ * non-positive scale, negative counters or a hysteresis_left below 1, the
+ * least a state holds (s unchanged). A dynamic scale is clamped into the
+ * current [min, max] and hysteresis_left down to hysteresis, so a run may
+ * resume with changed limits; a static scaler
  * keeps its configured scale and restores only the counters. */
 ampc_status ampc_scaler_set_state(ampc_scaler *s, const ampc_scaler_state *st);
 

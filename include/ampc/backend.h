@@ -66,14 +66,16 @@ typedef struct {
                          * deterministic ones where one fits, so a run repeats bit for bit */
 } ampc_backend_opts;
 
-void ampc_backend_opts_default(ampc_backend_opts *o);
+void ampc_backend_opts_default(ampc_backend_opts *o); /* (NULL: nothing) */
 /* The backends built into this library, comma separated: "cpu, cpu-guarded". */
 const char *ampc_backend_names(void);
-/* 0 if name is a backend this library can run here; otherwise an error
- * saying why ("ampc was built without CUDA", "unknown backend 'x'"). */
+/* 0 if name is a backend this library can run here (NULL: "cpu", the
+ * default); otherwise an error saying why ("ampc was built without CUDA",
+ * "unknown backend 'x'"). */
 ampc_status ampc_backend_check(const char *name);
 
-/* Runs g on the named backend with the given options (NULL: defaults).
+/* Runs g on the named backend (NULL: "cpu") with the given options (NULL:
+ * defaults).
  * Before compile. */
 ampc_status ampc_graph_set_backend(ampc_graph *g, const char *name, const ampc_backend_opts *o);
 /* The backend's name ("cpu" until one is set). */
@@ -95,6 +97,7 @@ typedef struct {
                              * the backend times them (cuda, with profiling: the host's clock says
                              * little there, the device running behind it); 0 elsewhere */
 } ampc_backend_stats;
+/* (a NULL g gives zeros; a NULL s, nothing) */
 void ampc_graph_backend_stats(const ampc_graph *g, ampc_backend_stats *s, int reset);
 /* Turns kernel timing on or off (at any time; clears the times). */
 void ampc_graph_set_profiling(ampc_graph *g, int on);

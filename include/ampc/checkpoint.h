@@ -60,7 +60,8 @@ typedef struct {
 } ampc_train_state;
 
 /* path, m and amp may not be NULL (AMPC_EINVAL); opt may (no optimizer
- * state saved), and a NULL ts saves a run state of zeros. */
+ * state saved), and a NULL ts saves a run state of zeros but its step, which
+ * is the optimizer's step count (0 without opt). */
 ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt,
                                  const ampc_train_state *ts);
 /* Checks that the file is an ampc checkpoint of a supported version for the

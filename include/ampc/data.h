@@ -79,7 +79,9 @@ typedef struct ampc_dataset ampc_dataset;
  * of the files than that needs; 0 keeps all. Files are checked: a missing
  * file is AMPC_ENOTFOUND; a bad header, truncated or over-long data, a corrupt
  * gzip stream, an image/label count mismatch or a label out of range is
- * AMPC_EFORMAT; each with a message naming the file. */
+ * AMPC_EFORMAT; each with a message naming the file. A CIFAR file may hold
+ * fewer whole records than the published one (a subset, or test data made
+ * up); a record cut short is truncation. */
 ampc_status ampc_dataset_open(ampc_dataset **out, ampc_dataset_kind kind, const char *dir,
                               int train, size_t limit);
 void ampc_dataset_free(ampc_dataset *d);
@@ -160,7 +162,7 @@ typedef struct {
   ampc_dtype dtype;        /* of x: f32, f16 or bf16 */
   int background;          /* 1: prepare the next batches on a thread while the caller works */
   /* Data-parallel training (the distributed sampler): world_size ranks (0
-   * or 1: one) each take batch_size samples of every global batch of
+   * or 1: one; at most 2^20) each take batch_size samples of every global batch of
    * world_size * batch_size -- rank r the r-th slice of it, so that the N
    * ranks' batch k together is one process's batch k at batch_size N * B,
    * sample for sample (augmentation included). A last global batch of

@@ -71,7 +71,9 @@ void ampc_f32_to_f16_n(uint16_t *dst, const float *src, size_t n);
 void ampc_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
 void ampc_f32_to_bf16_n(uint16_t *dst, const float *src, size_t n);
 
-/* Load n values of any float storage type as f32 / store f32 into it. */
+/* Load n values of any float storage type (f32, f16, bf16, f64) as f32 /
+ * store f32 into it (to nearest, ties to even). Neither can fail: for a
+ * type that is not a float one, load gives n NaNs and store writes nothing. */
 void ampc_load_f32(float *dst, ampc_dtype src_type, const void *src, size_t n);
 void ampc_store_f32(ampc_dtype dst_type, void *dst, const float *src, size_t n);
 

@@ -175,6 +175,12 @@ ampc_status ampc_graph_compile(ampc_graph *g);
 int ampc_graph_is_compiled(const ampc_graph *g);
 
 /* ---- running ---- */
+/* Forward compiles the graph first where it is not compiled yet (with the
+ * precision and backend set so far). Inputs can be written only after
+ * compile, so a program compiles, writes its inputs, then runs forward: a
+ * forward that compiled the graph itself ran on zeroed inputs. Before
+ * compile, set_batch sets the batch the first forward runs and zero_grad has
+ * no gradients to zero (both succeed). */
 /* Effective batch for the next forward/backward, 1..built batch. */
 ampc_status ampc_graph_set_batch(ampc_graph *g, int64_t n);
 int64_t ampc_graph_batch(const ampc_graph *g);
@@ -254,7 +260,8 @@ static inline size_t ampc_mem_total(const ampc_mem_report *r, ampc_mem_category 
   return s;
 }
 /* What the compiled graph holds (parameters, their gradients, activations,
- * workspace); the amp layer and the optimizer add their own. */
+ * workspace); the amp layer and the optimizer add their own. A NULL g gives
+ * zeros; a NULL r, nothing. */
 void ampc_graph_memory(const ampc_graph *g, ampc_mem_report *r);
 
 #ifdef __cplusplus

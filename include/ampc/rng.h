@@ -49,10 +49,10 @@ static inline uint64_t ampc_rng_u64(ampc_rng *r) {
 static inline float ampc_rng_uniform(ampc_rng *r) {
   return (float)(ampc_rng_u64(r) >> 40) * (1.0f / 16777216.0f);
 }
-/* Uniform integer in [0, n), n > 0 (Lemire's multiply-shift, unbiased enough
- * for n far below 2^32; exact rejection for the rest). */
+/* Uniform integer in [0, n) (exact rejection sampling); 0 for n == 0 or a
+ * NULL r (nothing drawn). */
 uint64_t ampc_rng_below(ampc_rng *r, uint64_t n);
-/* Standard normal (Box-Muller, two counters per value). */
+/* Standard normal (Box-Muller, two counters per value); 0 for a NULL r. */
 float ampc_rng_normal(ampc_rng *r);
 
 #ifdef __cplusplus

@@ -4,10 +4,11 @@
  * Every fallible call in libampc returns an ampc_status: 0 on success, a
  * negative AMPC_E* code on failure. The call that fails also leaves a
  * one-line message naming what was wrong ("cifar10: data_batch_3.bin:
- * truncated at record 4121 of 10000"), read with ampc_last_error() on the
- * same thread. The library never prints and never exits.
+ * record 40: label 12 out of range [0, 10)"), read with ampc_last_error()
+ * on the same thread. The library never prints and never exits.
  *
- *     if (ampc_dataset_open(&ds, &opts) < 0)
+ *     ampc_dataset *ds;
+ *     if (ampc_dataset_open(&ds, AMPC_DATASET_CIFAR10, "data/cifar-10-batches-bin", 1, 0) < 0)
  *         fprintf(stderr, "error: %s\n", ampc_last_error());
  */
 #ifndef AMPC_STATUS_H

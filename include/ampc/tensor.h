@@ -56,7 +56,7 @@ static inline int64_t ampc_tensor_numel(const ampc_tensor *t) { return ampc_shap
 static inline size_t ampc_tensor_nbytes(const ampc_tensor *t) {
   return (size_t)ampc_tensor_numel(t) * ampc_dtype_size(t->dtype);
 }
-/* "(128, 64, 32, 32)" into buf; returns buf. */
+/* "(128, 64, 32, 32)" into buf (cut to len); returns buf. A NULL s writes "(?)". */
 char *ampc_shape_str(const ampc_shape *s, char *buf, size_t len);
 
 #ifdef __cplusplus

@@ -373,6 +373,7 @@ int ampc_amp_config_uses_master_weights(const ampc_amp_config *c) {
 }
 
 ampc_dtype ampc_amp_config_batchnorm_type(const ampc_amp_config *c) {
+  if (!c) return AMPC_DTYPE_F32;
   return c->keep_batchnorm_fp32 == 0 ? c->cast_model_type : AMPC_DTYPE_F32;
 }
 

@@ -44,6 +44,7 @@ const char *ampc_backend_names(void) {
 }
 
 void ampc_backend_opts_default(ampc_backend_opts *o) {
+  if (!o) return;
   memset(o, 0, sizeof *o);
   o->conv = AMPC_CONV_AUTO;
 }

@@ -23,6 +23,11 @@ const char *ampc_mem_category_name(ampc_mem_category c) {
 }
 
 char *ampc_shape_str(const ampc_shape *s, char *buf, size_t len) {
+  if (!buf || !len) return buf;
+  if (!s) {
+    snprintf(buf, len, "(?)");
+    return buf;
+  }
   size_t o = 0;
   o += (size_t)snprintf(buf + o, o < len ? len - o : 0, "(");
   int nd = s->ndim < 0 ? 0 : s->ndim > AMPC_MAX_DIMS ? AMPC_MAX_DIMS : s->ndim;
@@ -515,6 +520,7 @@ void ampc_graph_release_init(ampc_graph *g) {
 }
 
 void ampc_graph_memory(const ampc_graph *g, ampc_mem_report *r) {
+  if (!r) return;
   if (!g) {
     if (r) memset(r, 0, sizeof *r);
     return;

@@ -30,6 +30,7 @@ const char *ampc_graph_backend_name(const ampc_graph *g) { return !g ? NULL : g-
 int ampc_graph_threads(const ampc_graph *g) { return !g ? 0 : g->dev ? g->dev->opts.threads : 1; }
 
 void ampc_graph_backend_stats(const ampc_graph *g, ampc_backend_stats *s, int reset) {
+  if (!s) return;
   if (!g) {
     if (s) memset(s, 0, sizeof *s);
     return;

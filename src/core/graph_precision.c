@@ -10,6 +10,7 @@
 
 ampc_status ampc_graph_set_precision(ampc_graph *g, const ampc_graph_precision *p) {
   if (!g) return ampc__graph_null(__func__);
+  if (!p) return ampc__error(AMPC_EINVAL, "ampc_graph_set_precision: precision is NULL");
   if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: precision must be set before compile");
   ampc_dtype ts[4] = {p->param_type, p->norm_param_type, p->act_type, p->half_type};
   for (int i = 0; i < 4; i++)

@@ -230,6 +230,8 @@ ampc_status ampc_loader_create(ampc_loader **out, const ampc_dataset *d,
                        ampc_dtype_name(o->dtype));
   if (d->c < 1 || d->c > 3 || d->n < 1)
     return ampc__error(AMPC_EINVAL, "loader: dataset must have 1..3 channels and samples");
+  if (o->world_size < 0 || o->world_size > (1 << 20))
+    return ampc__error(AMPC_EINVAL, "loader: world_size %d outside 0..%d", o->world_size, 1 << 20);
   int W = o->world_size < 1 ? 1 : o->world_size;
   if (o->rank < 0 || o->rank >= W)
     return ampc__error(AMPC_EINVAL, "loader: rank %d outside 0..%d (world_size %d)", o->rank, W - 1, W);

@@ -17,7 +17,8 @@ const char *ampc_comm_kind(const ampc_comm *c) { return c ? c->ops->name : "none
 
 ampc_status ampc_comm_allreduce_host(ampc_comm *c, double *values, size_t n, ampc_comm_op op) {
   if (op != AMPC_COMM_SUM && op != AMPC_COMM_MAX && op != AMPC_COMM_MIN) return ampc__error(AMPC_EINVAL, "comm: unknown reduction %d", (int)op);
-  if (!c || c->size == 1 || n == 0) return AMPC_OK;
+  if (n > 0 && !values) return ampc__error(AMPC_EINVAL, "ampc_comm_allreduce_host: values is NULL");
+  if (!c || c->size == 1 || n == 0) return AMPC_OK; /* (no communicator: one process, nothing to reduce) */
   ampc__reduce_op r = op == AMPC_COMM_SUM ? AMPC__REDUCE_SUM : op == AMPC_COMM_MAX ? AMPC__REDUCE_MAX : AMPC__REDUCE_MIN;
   return c->ops->allreduce_host(c, values, n, r);
 }
@@ -36,6 +37,7 @@ int ampc_comm_mpi_launched(void) {
 
 #ifndef AMPC_HAVE_MPI
 ampc_status ampc_comm_mpi_create(ampc_comm **out) {
+  if (!out) return ampc__error(AMPC_EINVAL, "ampc_comm_mpi_create: out is NULL");
   *out = NULL;
   return ampc__error(AMPC_EUNSUPPORTED, "comm: this libampc was built without MPI (configure with an MPI installed, -DAMPC_MPI=ON)");
 }
@@ -48,6 +50,7 @@ ampc_status ampc_comm_mpi_create_from(ampc_comm **out, const void *mpi_comm) {
 #ifndef AMPC_HAVE_NCCL
 ampc_status ampc_comm_nccl_create(ampc_comm **out, ampc_comm *mpi) {
   (void)mpi;
+  if (!out) return ampc__error(AMPC_EINVAL, "ampc_comm_nccl_create: out is NULL");
   *out = NULL;
   return ampc__error(AMPC_EUNSUPPORTED, "comm: this libampc was built without NCCL (it needs the CUDA backend, MPI, "
                                         "and nccl.h / libnccl beside the CUDA toolkit)");

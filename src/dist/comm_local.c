@@ -136,6 +136,7 @@ static const ampc__comm_ops local_ops = {.name = "local", .allreduce = local_all
                                          .free = local_free};
 
 ampc_status ampc_comm_local_create(ampc_comm **out, int n) {
+  if (!out) return ampc__error(AMPC_EINVAL, "ampc_comm_local_create: out is NULL");
   if (n < 1 || n > 1024) return ampc__error(AMPC_EINVAL, "comm: %d ranks (expected 1..1024)", n);
   for (int r = 0; r < n; r++) out[r] = NULL;
   local_group *g = calloc(1, sizeof *g);

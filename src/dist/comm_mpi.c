@@ -344,6 +344,7 @@ static ampc_status create(ampc_comm **out, MPI_Comm base, int finalize) {
 }
 
 ampc_status ampc_comm_mpi_create_from(ampc_comm **out, const void *mpi_comm) {
+  if (!out || !mpi_comm) return ampc__error(AMPC_EINVAL, "ampc_comm_mpi_create_from: %s is NULL", out ? "mpi_comm" : "out");
   *out = NULL;
   int inited = 0;
   MPI_Initialized(&inited);
@@ -352,6 +353,7 @@ ampc_status ampc_comm_mpi_create_from(ampc_comm **out, const void *mpi_comm) {
 }
 
 ampc_status ampc_comm_mpi_create(ampc_comm **out) {
+  if (!out) return ampc__error(AMPC_EINVAL, "ampc_comm_mpi_create: out is NULL");
   *out = NULL;
   int inited = 0, fin = 0;
   MPI_Initialized(&inited);

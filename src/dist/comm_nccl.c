@@ -267,6 +267,7 @@ static const ampc__comm_ops nccl_ops = {
 };
 
 ampc_status ampc_comm_nccl_create(ampc_comm **out, ampc_comm *mpi) {
+  if (!out) return ampc__error(AMPC_EINVAL, "ampc_comm_nccl_create: out is NULL");
   *out = NULL;
   if (!mpi || strcmp(mpi->ops->name, "mpi") != 0)
     return ampc__error(AMPC_EINVAL, "nccl: made from an MPI communicator (ampc_comm_mpi_create), not %s",

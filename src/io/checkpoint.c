@@ -266,8 +266,14 @@ static char *run_json(ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_
 ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_train_state *ts) {
   if (!path || !m || !amp)
     return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save: %s is NULL", !path ? "path" : !m ? "model" : "amp");
-  static const ampc_train_state no_state; /* a NULL ts: a run state of zeros */
-  if (!ts) ts = &no_state;
+  /* a NULL ts: a run state of zeros but its step, the optimizer's steps (a
+   * step count below those would not load back) */
+  ampc_train_state no_state;
+  if (!ts) {
+    memset(&no_state, 0, sizeof no_state);
+    no_state.step = opt ? ampc_optim_step_count(opt) : 0;
+    ts = &no_state;
+  }
   ampc_graph *g = ampc_model_graph(m);
   walk w = {g, amp, NULL, NULL, NULL, 0, 0};
   ampc_status s = walk_model(&w, 0);

@@ -778,7 +778,13 @@ static ampc_status fill_stream(void *ctx, ampc__wfile *w) {
   for (size_t i = 0; i < st->n && s == 0; i++) {
     const void *p = st->t[i].values;
     if (!p && st->t[i].nbytes) {
+      /* the callback's own message, or one naming the tensor where it set
+       * none (the thread's last message would be another call's) */
+      ampc_clear_error();
       s = st->fetch(st->ctx, i, buf);
+      if (s < 0 && !ampc_last_error()[0])
+        s = ampc__error(s, "tensor '%s': the fetch callback failed (status %d)", st->t[i].name, (int)s);
+      if (s > 0) s = AMPC_OK; /* (only a negative status aborts) */
       p = buf;
     }
     if (s == 0) s = ampc__wfile_write(w, p, st->t[i].nbytes);

@@ -218,6 +218,12 @@ ampc_value ampc_nn_sequential(ampc_nn *b, const char *name, ampc_value x, const 
       case AMPC_LAYER_MAXPOOL2D: x = maxpool_as(b, idx, x, l->kernel, l->stride ? l->stride : l->kernel); break;
       case AMPC_LAYER_FLATTEN: x = flatten_as(b, idx, x); break;
       case AMPC_LAYER_BASIC_BLOCK: x = ampc_nn_basic_block(b, idx, x, l->out, l->stride ? l->stride : 1); break;
+      default: {
+        char what[64];
+        snprintf(what, sizeof what, "sequential: layer %zu has an unknown kind %d", i, (int)l->kind);
+        nn_fail(b, what);
+        x = AMPC_VALUE_NONE;
+      }
     }
   }
   if (name && *name) ampc_nn_pop(b);

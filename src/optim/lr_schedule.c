@@ -16,6 +16,7 @@ const char *ampc_lr_kind_name(ampc_lr_kind kind) {
 }
 
 ampc_status ampc_lr_kind_parse(const char *name, ampc_lr_kind *out) {
+  if (!out) return ampc__error(AMPC_EINVAL, "ampc_lr_kind_parse: out is NULL");
   for (size_t i = 0; i < sizeof lr_kind_names / sizeof lr_kind_names[0]; i++)
     if (name && strcasecmp(name, lr_kind_names[i]) == 0) {
       *out = (ampc_lr_kind)i;

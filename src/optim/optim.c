@@ -174,7 +174,7 @@ ampc__device *ampc__optim_device(const ampc_optim *o) { return o->dev; }
 ampc_status ampc__optim_shard(ampc_optim *o, size_t lo, size_t n) {
   if (o->shard_n != o->numel) return ampc__error(AMPC_ESTATE, "%s: the state is sharded already", ampc_optim_kind_name(o->cfg.kind));
   o->dirty = 1;
-  if (lo > o->numel || n > o->numel - lo) return ampc__error(AMPC_ERANGE, "%s: shard [%zu, %zu) outside [0, %zu)", ampc_optim_kind_name(o->cfg.kind), lo, lo + n, o->numel);
+  if (lo > o->numel || n > o->numel - lo) return ampc__error(AMPC_ERANGE, "%s: a shard of %zu from %zu: outside [0, %zu)", ampc_optim_kind_name(o->cfg.kind), n, lo, o->numel);
   size_t stride = (n + 15) / 16 * 16;
   if (o->nstate) {
     float *st = ampc__dev_alloc(o->dev, (stride ? o->nstate * stride : 1) * sizeof(float));
@@ -287,7 +287,7 @@ static ampc_status state_range(const ampc_optim *o, size_t i, size_t offset, siz
   if (i >= o->nstate)
     return ampc__error(AMPC_ERANGE, "%s: state index %zu out of range (this optimizer keeps %zu)", who, i, o->nstate);
   if (offset > o->numel || n > o->numel - offset)
-    return ampc__error(AMPC_ERANGE, "%s: state elements [%zu, %zu) outside [0, %zu)", who, offset, offset + n, o->numel);
+    return ampc__error(AMPC_ERANGE, "%s: %zu state elements from %zu: outside [0, %zu)", who, n, offset, o->numel);
   if (offset < o->shard_lo || offset + n > o->shard_lo + o->shard_n)
     return ampc__error(AMPC_ERANGE, "%s: state elements [%zu, %zu) outside this rank's shard [%zu, %zu)", who, offset, offset + n,
                        o->shard_lo, o->shard_lo + o->shard_n);

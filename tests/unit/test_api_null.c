@@ -2,6 +2,7 @@
  * values: an error status with a message (or, for a getter, a neutral value,
  * for a void function nothing), never a crash, an abort or a line printed. */
 #include <stdint.h>
+#include <string.h>
 
 #include "ampc/ampc.h"
 #include "ampc/amp.h"
@@ -282,6 +283,62 @@ TEST(checkpoint_null) {
   ampc_model_free(m);
 }
 
+/* The calls an audit found crashing, aborting or quietly succeeding */
+TEST(more_null_and_bounds) {
+  /* communicators: a NULL out-pointer; values NULL with n > 0 */
+  CHECK_FAILS(ampc_comm_local_create(NULL, 2));
+  CHECK_FAILS(ampc_comm_mpi_create(NULL));
+  CHECK_FAILS(ampc_comm_mpi_create_from(NULL, NULL));
+  CHECK_FAILS(ampc_comm_nccl_create(NULL, NULL));
+  ampc_comm *one = NULL;
+  CHECK_OK(ampc_comm_local_create(&one, 1));
+  CHECK_FAILS(ampc_comm_allreduce_host(one, NULL, 3, AMPC_COMM_SUM));
+  CHECK_OK(ampc_comm_allreduce_host(NULL, NULL, 0, AMPC_COMM_SUM));
+  ampc_comm_free(one);
+  CHECK_FAILS(ampc_lr_kind_parse("step", NULL));
+  /* graph and backend */
+  ampc_graph *g = NULL;
+  CHECK_OK(ampc_graph_create(&g));
+  CHECK_FAILS(ampc_graph_set_precision(g, NULL));
+  ampc_graph_memory(g, NULL);
+  ampc_graph_backend_stats(g, NULL, 1);
+  ampc_backend_opts_default(NULL);
+  ampc_graph_free(g);
+  CHECK(ampc_amp_config_batchnorm_type(NULL) == AMPC_DTYPE_F32);
+  char buf[16];
+  CHECK(strcmp(ampc_shape_str(NULL, buf, sizeof buf), "(?)") == 0);
+  ampc_rng r = {1, 0, 0};
+  CHECK(ampc_rng_below(NULL, 5) == 0);
+  CHECK(ampc_rng_below(&r, 0) == 0); /* (was a division by zero) */
+  CHECK(ampc_rng_normal(NULL) == 0.0f);
+  /* a sequential model with a layer kind that does not exist: an error, not the layer left out */
+  ampc_nn *b = NULL;
+  CHECK_OK(ampc_graph_create(&g));
+  CHECK_OK(ampc_nn_create(&b, g, 0));
+  ampc_value x = ampc_graph_input(g, "x", ampc_shape4(2, 1, 4, 4));
+  ampc_layer bad[] = {{.kind = AMPC_LAYER_FLATTEN}, {.kind = (ampc_layer_kind)77}};
+  CHECK(ampc_nn_sequential(b, NULL, x, bad, 2) == AMPC_VALUE_NONE);
+  CHECK_ERR(ampc_graph_status(g), AMPC_EINVAL, "layer 1 has an unknown kind 77");
+  ampc_nn_free(b);
+  ampc_graph_free(g);
+  /* the loader's world_size: 0 or 1 is one process, a negative or absurd count an error */
+  ampc_dataset *d = NULL;
+  CHECK_OK(ampc__dataset_alloc(&d, AMPC_DATASET_MNIST, 4, 1, 2, 2, 10));
+  ampc_loader_opts lo;
+  ampc_loader_opts_default(&lo);
+  lo.batch_size = 2;
+  ampc_loader *l = NULL;
+  lo.world_size = -3;
+  CHECK_ERR(ampc_loader_create(&l, d, &lo), AMPC_EINVAL, "world_size -3");
+  lo.world_size = 1 << 30;
+  CHECK_ERR(ampc_loader_create(&l, d, &lo), AMPC_EINVAL, "world_size");
+  lo.world_size = 0;
+  CHECK_OK(ampc_loader_create(&l, d, &lo));
+  ampc_loader_free(l);
+  ampc_dataset_free(d);
+}
+
 TEST_MAIN(TEST_ENTRY(amp_null_handle), TEST_ENTRY(amp_initialize_null), TEST_ENTRY(amp_config),
           TEST_ENTRY(scaler_null), TEST_ENTRY(optim_null_and_step_bound), TEST_ENTRY(safetensors_null),
-          TEST_ENTRY(data_null_and_bounds), TEST_ENTRY(nn_and_models_null), TEST_ENTRY(checkpoint_null))
+          TEST_ENTRY(data_null_and_bounds), TEST_ENTRY(nn_and_models_null), TEST_ENTRY(checkpoint_null),
+          TEST_ENTRY(more_null_and_bounds))

@@ -95,6 +95,22 @@ static void roundtrip(const char *from, const char *to) {
 }
 
 TEST(roundtrip_continues_exactly) { roundtrip("cpu", "cpu"); }
+
+/* A NULL run state saves the optimizer's step count as the step: the file
+ * loads back (a step of 0 below the optimizer's count would not) */
+TEST(null_run_state_loads_back) {
+  rig a, b;
+  rig_make(&a, "mlp", AMPC_OPT_O0);
+  train_steps(&a, 2, 3);
+  CHECK_OK(ampc_checkpoint_save(tmp("nots.safetensors"), a.m, a.amp, a.opt, NULL));
+  rig_make(&b, "mlp", AMPC_OPT_O0);
+  ampc_train_state back;
+  CHECK_OK(ampc_checkpoint_load(tmp("nots.safetensors"), b.m, b.amp, b.opt, &back));
+  CHECK(back.step == 2 && back.epoch == 0 && back.seen == 0);
+  CHECK_OK(ampc_checkpoint_load(tmp("nots.safetensors"), b.m, b.amp, NULL, NULL));
+  rig_free(&a);
+  rig_free(&b);
+}
 TEST(roundtrip_on_the_guarded_backend) {
   roundtrip("cpu-guarded", "cpu-guarded");
   roundtrip("cpu", "cpu-guarded");
@@ -346,6 +362,6 @@ TEST(refuses_another_optimizer) {
   rig_free(&into);
 }
 
-TEST_MAIN(TEST_ENTRY(roundtrip_continues_exactly), TEST_ENTRY(roundtrip_on_the_guarded_backend),
+TEST_MAIN(TEST_ENTRY(roundtrip_continues_exactly), TEST_ENTRY(null_run_state_loads_back), TEST_ENTRY(roundtrip_on_the_guarded_backend),
           TEST_ENTRY(refuses_other_model_level_version), TEST_ENTRY(failed_write_keeps_previous_checkpoint),
           TEST_ENTRY(checks_shapes_and_ranges), TEST_ENTRY(refuses_another_optimizer))

@@ -746,7 +746,26 @@ TEST(fp_environment) {
 #endif
 }
 
-TEST_MAIN(TEST_ENTRY(dtype_traits), TEST_ENTRY(round_in_place), TEST_ENTRY(dtype_parse), TEST_ENTRY(convert_path), TEST_ENTRY(blas_core_rule),
+/* load/store of f64 (to nearest), and of types that are not float ones:
+ * NaNs out, nothing in -- neither call can fail or stop the program */
+TEST(load_store_other_types) {
+  double d[3] = {1.5, 1.0 + 1e-12, -3.25e38};
+  float f[3];
+  ampc_load_f32(f, AMPC_DTYPE_F64, d, 3);
+  CHECK(f[0] == 1.5f && f[1] == 1.0f && f[2] == -3.25e38f);
+  double back[3] = {0};
+  ampc_store_f32(AMPC_DTYPE_F64, back, f, 3);
+  CHECK(back[0] == 1.5 && back[1] == 1.0 && back[2] == (double)-3.25e38f);
+  int32_t ints[2] = {7, 9};
+  ampc_load_f32(f, AMPC_DTYPE_I32, ints, 2);
+  CHECK(isnan(f[0]) && isnan(f[1]));
+  ampc_store_f32(AMPC_DTYPE_I32, ints, f, 2);
+  CHECK(ints[0] == 7 && ints[1] == 9);
+  ampc_load_f32(f, (ampc_dtype)99, ints, 1);
+  CHECK(isnan(f[0]));
+}
+
+TEST_MAIN(TEST_ENTRY(dtype_traits), TEST_ENTRY(load_store_other_types), TEST_ENTRY(round_in_place), TEST_ENTRY(dtype_parse), TEST_ENTRY(convert_path), TEST_ENTRY(blas_core_rule),
           TEST_ENTRY(known_values), TEST_ENTRY(f16_to_f32_all), TEST_ENTRY(bf16_to_f32_all),
           TEST_ENTRY(roundtrip_f16), TEST_ENTRY(roundtrip_bf16), TEST_ENTRY(f32_to_f16_hard_cases),
           TEST_ENTRY(f32_to_bf16_hard_cases), TEST_ENTRY(bulk_tails), TEST_ENTRY(convert_pairs),

@@ -525,6 +525,27 @@ TEST(write_invalid) {
             "cannot create a temporary file in");
 }
 
+/* A fetch callback that fails without a message of its own: the message
+ * names the tensor, not whatever the thread's last one was */
+static ampc_status failing_fetch(void *ctx, size_t i, void *buf) {
+  (void)ctx, (void)i, (void)buf;
+  return AMPC_EIO;
+}
+static ampc_status fetch_with_message(void *ctx, size_t i, void *buf) {
+  (void)ctx, (void)i, (void)buf;
+  return ampc__error(AMPC_EIO, "device read failed");
+}
+TEST(stream_fetch_failure_message) {
+  const ampc_st_tensor t[2] = {{"first", AMPC_DTYPE_F32, 1, {2}, NULL, 8}, {"second", AMPC_DTYPE_F32, 1, {2}, NULL, 8}};
+  ampc_st_file *f = NULL;
+  CHECK(ampc_st_open(&f, TMP("no-such-file.safetensors")) < 0); /* an unrelated message first */
+  CHECK_ERR(ampc_st_write_stream(TMP("stream.safetensors"), t, 2, NULL, failing_fetch, NULL), AMPC_EIO,
+            "safetensors: tensor 'first': the fetch callback failed (status -3)");
+  CHECK(strstr(ampc_last_error(), "no-such-file") == NULL);
+  CHECK_ERR(ampc_st_write_stream(TMP("stream.safetensors"), t, 2, NULL, fetch_with_message, NULL), AMPC_EIO,
+            "safetensors: device read failed");
+}
+
 TEST(write_failure_keeps_old_file) {
   const char *path = TMP("atomic.safetensors");
   float v1[4] = {1, 2, 3, 4};
@@ -647,7 +668,7 @@ TEST(special_files_and_header_only) {
   ampc_st_close(f);
 }
 
-TEST_MAIN(TEST_ENTRY(special_files_and_header_only), TEST_ENTRY(roundtrip_all_dtypes), TEST_ENTRY(write_exact_bytes), TEST_ENTRY(known_bytes),
+TEST_MAIN(TEST_ENTRY(special_files_and_header_only), TEST_ENTRY(stream_fetch_failure_message), TEST_ENTRY(roundtrip_all_dtypes), TEST_ENTRY(write_exact_bytes), TEST_ENTRY(known_bytes),
           TEST_ENTRY(python_fixture), TEST_ENTRY(bad_inputs), TEST_ENTRY(bad_lengths),
           TEST_ENTRY(bad_files), TEST_ENTRY(read_conversions), TEST_ENTRY(write_invalid),
           TEST_ENTRY(write_failure_keeps_old_file), TEST_ENTRY(atomic_write_errors))
