@@ -68,7 +68,8 @@ static int open_dataset(const cli_common *c, int train, const ampc_dataset_info 
  * saved the state of, and the normalisation of the inputs it was trained
  * with, from its "ampc" metadata (its header only is read). A checkpoint that
  * records neither passes here; the library checks the rest as it loads. */
-static int check_resume_run(const char *flag, const char *path, const cli_common *c, const ampc_optim_config *ocfg) {
+static int check_resume_run(const char *flag, const char *path, const cli_common *c, const ampc_optim_config *ocfg,
+                            const ampc_amp_config *acfg) {
   ampc_st_file *f;
   if (ampc_st_open_header(&f, path) < 0) {
     cli_lib_error(flag);
@@ -85,6 +86,22 @@ static int check_resume_run(const char *flag, const char *path, const cli_common
   if (rc == 0 && saved && ampc_optim_kind_parse(saved, &kind) == 0 && kind != ocfg->kind) {
     cli_error("%s: '%s' was trained with optimizer %s, not %s (--optimizer)", flag, path, saved, want);
     rc = -1;
+  }
+  /* the amp properties the opt level leaves to the user: the run goes on with
+   * the numerics it had (the library checks the opt level and half type) */
+  json_t *amp = json_object_get(root, "amp");
+  static const struct {
+    const char *key, *flag;
+  } props[] = {{"master_weights", "--master-weights"}, {"keep_batchnorm_fp32", "--keep-batchnorm-fp32"}};
+  for (size_t i = 0; rc == 0 && amp && i < sizeof props / sizeof props[0]; i++) {
+    json_t *v = json_object_get(amp, props[i].key);
+    int now = i == 0 ? acfg->master_weights : acfg->keep_batchnorm_fp32;
+    if (json_is_integer(v) && json_integer_value(v) != now) {
+      const char *was = json_integer_value(v) == 1 ? "on" : json_integer_value(v) == 0 ? "off" : "n/a";
+      cli_error("%s: '%s' was trained with %s %s, this run has %s: give the same amp options to resume it", flag, path,
+                props[i].flag, was, now == 1 ? "on" : now == 0 ? "off" : "n/a");
+      rc = -1;
+    }
   }
   json_t *nz = json_object_get(pre, "normalize");
   const char *ds = json_string_value(json_object_get(pre, "dataset"));
@@ -146,7 +163,7 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
   }
   if (weights && d && cli_check_weights_input(weights_flag, weights, c->model, s->channels, s->height, s->width, s->classes, s->shape_from) < 0) return -1;
   /* weights with an optimizer: a checkpoint to resume the run from */
-  if (weights && ocfg && check_resume_run(weights_flag, weights, c, ocfg) < 0) return -1;
+  if (weights && ocfg && check_resume_run(weights_flag, weights, c, ocfg, &s->amp_cfg) < 0) return -1;
   ampc_model_opts mo = {.batch = batch, .channels = s->channels, .height = s->height, .width = s->width,
                         .classes = s->classes, .seed = c->seed, .label_smoothing = c->label_smoothing};
   if (ampc_model_create(&s->model, c->model, &mo) < 0) {
