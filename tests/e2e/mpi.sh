@@ -263,6 +263,12 @@ rc=$?
 if [ $rc = 2 ] && grep -q "^ampc: error: the ranks were started with different command lines: rank 1's has an error" "$dir/mm.err"; then
   ok "one rank's command line has an error: refused, naming the rank"
 else bad "one rank's bad command line: exit $rc, $(head -2 "$dir/mm.err")"; fi
+# --allreduce-type f32 where the gradients are f32 already (O0): refused as doing nothing
+"${MPI[@]}" "$ampc" train "${C[@]}" --allreduce-type f32 > /dev/null 2> "$dir/arf.err"
+rc=$?
+if [ $rc = 2 ] && [ "$(grep -c "^ampc: error: --allreduce-type f32: this run's gradients are f32 already" "$dir/arf.err")" = 1 ]; then
+  ok "--allreduce-type f32 at O0: refused once, exit 2"
+else bad "--allreduce-type f32 at O0: exit $rc, $(head -2 "$dir/arf.err")"; fi
 # one rank's set-up fails (its data folder does not exist): the job ends with that
 # rank's error, and rank 0 leaves no checkpoint folder (before: the ranks met in
 # different collectives, and MPI said only "MPI_ERR_TRUNCATE")

@@ -422,6 +422,10 @@ int cli_common_check(const cli_common *c, ampc_amp_config *cfg) {
     cli_error("%s: applies to data-parallel training (mpirun -np N, N >= 2); this run is one process", dp);
     return -1;
   }
+  if (strcmp(c->allreduce_type, "f32") == 0 && cfg->cast_model_type == AMPC_DTYPE_F32) {
+    cli_error("--allreduce-type f32: this run's gradients are f32 already (an f32 model, %s); it applies to O2 and O3", c->opt_level);
+    return -1;
+  }
   if (c->stochastic_rounding && (cfg->cast_model_type == AMPC_DTYPE_F32 || cfg->master_weights != 0)) {
     cli_error("--stochastic-rounding: rounds the updates of 16-bit weights kept without f32 masters (O3, or O2 with --master-weights off); "
               "at %s%s it would do nothing", c->opt_level, cfg->master_weights == 1 ? " with master weights" : "");
