@@ -2,7 +2,8 @@
 #   make demo   trains the cnn at opt level O2 on Fashion-MNIST for 3 epochs, prints its results
 #               and writes its metrics to $(BUILD)/demo-metrics.jsonl
 #   make test   builds everything and runs the test suite
-# Both install missing Debian packages first (scripts/deps.sh).
+# Both install missing Debian packages first (scripts/deps.sh: demo, build and
+# install only what building needs; test also what the suite runs).
 # And for using ampc as a library:
 #   make install [PREFIX=/usr/local] [DESTDIR=]   libampc (shared and static), headers, ampc,
 #                                                 man pages, pkg-config file, CMake package
@@ -14,18 +15,24 @@ JOBS ?= $(shell nproc)
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all deps build test demo install uninstall docs clean
+.PHONY: all deps deps-build deps-docs build test demo install uninstall docs clean
 
 all: build
 
 deps:
-	@bash scripts/deps.sh
+	@bash scripts/deps.sh test
+deps-build:
+	@bash scripts/deps.sh build
+deps-docs:
+	@bash scripts/deps.sh docs
 
-build: deps
+build: deps-build
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-test: build
+# the suite's packages before the build's configure step, which looks for
+# some of them (SIMDe for test_avx512_emu)
+test: deps build
 	@cd $(BUILD) && ctest --output-on-failure -j 2
 
 demo: build
@@ -40,7 +47,7 @@ install: build
 uninstall:
 	@if [ -f $(BUILD)/install_manifest.txt ]; then sed 's|^|$(DESTDIR)|' $(BUILD)/install_manifest.txt | xargs -d '\n' rm -fv; fi
 
-docs: build
+docs: deps-docs build
 	@cmake --build $(BUILD) --target docs
 
 clean:

@@ -7,9 +7,22 @@
 # API reference also chromium (headless), man-db and doxygen. Installs with
 # apt-get when run as root (or with passwordless sudo); otherwise prints the
 # exact command to run and fails.
+#   bash scripts/deps.sh [build|docs|test]   (default test: everything)
+# build: what building and `make demo` need; docs: that and doxygen; test:
+# that and what the test suite runs (clang, valgrind, the sanitizers'
+# runtime, SIMDe, chromium, man-db, python3).
 set -euo pipefail
 
-pkgs=(cmake make gcc clang pkg-config python3 valgrind libclang-rt-14-dev libsimde-dev libopenblas-openmp-dev zlib1g-dev libjansson-dev openmpi-bin libopenmpi-dev dataset-fashion-mnist chromium man-db doxygen)
+build_pkgs=(cmake make gcc pkg-config libopenblas-openmp-dev zlib1g-dev libjansson-dev openmpi-bin libopenmpi-dev dataset-fashion-mnist)
+case "${1:-test}" in
+  build) pkgs=("${build_pkgs[@]}") ;;
+  docs) pkgs=("${build_pkgs[@]}" doxygen python3) ;;
+  test) pkgs=("${build_pkgs[@]}" clang python3 valgrind libclang-rt-14-dev libsimde-dev chromium man-db doxygen) ;;
+  *)
+    echo "ampc: scripts/deps.sh: expected build, docs or test, got '$1'" >&2
+    exit 2
+    ;;
+esac
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -772,7 +772,8 @@ static void summary_table(sbuf *b, const run_t *runs, size_t nruns) {
     sb_puts(b, "</td><td>");
     sb_esc(b, u->opt_level[0] ? u->opt_level : "?");
     sb_puts(b, "</td><td>");
-    sb_esc(b, u->half[0] ? u->half : "?");
+    /* (O0 runs nothing in 16 bits: its half type is only the default's) */
+    sb_esc(b, !strcmp(u->opt_level, "O0") ? "-" : u->half[0] ? u->half : "?");
     sb_printf(b, "</td><td class=\"num\">%zu</td>", u->nep);
     if (last && isfinite(last->test_acc)) sb_printf(b, "<td class=\"num\">%.4f</td>", last->test_acc);
     else sb_puts(b, "<td>-</td>");
