@@ -153,7 +153,9 @@ install(FILES ${PROJECT_BINARY_DIR}/ampc.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/
 file(GLOB AMPC_MAN_PAGES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/docs/man/*.1)
 install(FILES ${AMPC_MAN_PAGES} DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 file(GLOB AMPC_DOCS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/docs/*.md)
-install(FILES ${PROJECT_SOURCE_DIR}/README.md ${AMPC_DOCS} DESTINATION ${CMAKE_INSTALL_DOCDIR})
+# (the README's links are docs/NAME.md: the layout kept)
+install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(FILES ${AMPC_DOCS} DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)
 
 # --- API reference ----------------------------------------------------------
 # `cmake --build build --target docs`: HTML from the public headers' own

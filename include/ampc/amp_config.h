@@ -124,10 +124,10 @@ ampc_status ampc_amp_config_init(ampc_amp_config *c, ampc_opt_level level, ampc_
  *   init_scale              positive finite number: the initial dynamic scale
  *   min_loss_scale          number >= 0, or "none" (= 0)
  *   max_loss_scale          positive number, or "none"/"inf" (= INFINITY)
- *   scale_window            integer >= 1
+ *   scale_window            integer 1..10^9
  *   growth_factor           finite number > 1
  *   backoff_factor          number in (0, 1)
- *   hysteresis              integer >= 1
+ *   hysteresis              integer 1..10^9
  *   consecutive_hysteresis  bool
  *   num_losses              integer in 1..1024
  * A bool is true/false/on/off/yes/no/1/0 (any case). A number may be written

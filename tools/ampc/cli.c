@@ -245,7 +245,7 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
     out[n++] = (cli_opt){"--seed", OPT_I64, &c->seed, "N", "seed of every random choice (default 0)", 0, NULL};
   out[n++] = (cli_opt){"--threads", OPT_INT, &c->threads, "N", "threads, 1.." CLI_STR(CLI_THREADS_PER_CPU) "x the online CPUs, at most " CLI_STR(CLI_MAX_THREADS) " (default: all cores, within a control group's CPU quota)", 1, NULL};
   out[n++] = (cli_opt){"--conv", OPT_STRING, &c->conv, "auto|im2col|winograd|direct",
-                       "convolution algorithm: im2col products, Winograd or a direct loop (default auto: for stride-1 3x3, Winograd from 8 channels, direct up to 4)", 0, NULL};
+                       "convolution algorithm: im2col products, Winograd or a direct loop (default auto: for stride-1 3x3, Winograd from 8 input and output channels, direct up to 4 input channels)", 0, NULL};
   out[n++] = (cli_opt){"--device", OPT_STRING, &c->device, "NAME", "where the model runs: cpu (default), cpu-guarded (tests), cuda (where built)", 0, NULL};
   out[n++] = (cli_opt){"--tf32", OPT_ONOFF, &c->tf32, "on|off", "cuda: f32 products and convolutions on TF32 tensor cores (default off: true f32)", 0, &c->tf32_given};
   out[n++] = (cli_opt){"--cuda-graphs", OPT_ONOFF, &c->cuda_graphs, "on|off", "cuda: replay each step's kernels as one CUDA graph (default on)", 0, &c->cuda_graphs_given};
@@ -267,8 +267,8 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
   out[n++] = (cli_opt){"--master-weights", OPT_STRING, &c->master_weights, "on|off", "fp32 master weights", 0, &c->master_weights_given};
   out[n++] = (cli_opt){"--min-loss-scale", OPT_STRING, &c->min_loss_scale, "X", "floor of the dynamic scale", 0, NULL};
   out[n++] = (cli_opt){"--max-loss-scale", OPT_STRING, &c->max_loss_scale, "X", "ceiling of the dynamic scale (default 2^24)", 0, NULL};
-  out[n++] = (cli_opt){"--scale-window", OPT_STRING, &c->scale_window, "N", "clean steps before the scale grows (default 2000)", 0, NULL};
-  out[n++] = (cli_opt){"--hysteresis", OPT_STRING, &c->hysteresis, "N", "the scale backs off at the N-th overflow since it last grew (default 1: at every one)", 0, NULL};
+  out[n++] = (cli_opt){"--scale-window", OPT_STRING, &c->scale_window, "N", "clean steps before the scale grows, 1..10^9 (default 2000)", 0, NULL};
+  out[n++] = (cli_opt){"--hysteresis", OPT_STRING, &c->hysteresis, "N", "the scale backs off at the N-th overflow since it last grew, 1..10^9 (default 1: at every one)", 0, NULL};
   out[n++] = (cli_opt){"--stochastic-rounding", OPT_FLAG, &c->stochastic_rounding, NULL, "round half weight updates stochastically (no masters)", 0, NULL};
   out[n++] = (cli_opt){"--clip-grad-norm", OPT_FLOAT, &c->clip_grad_norm, "X", "clip the global gradient norm to X > 0", 0, &c->clip_given};
   if (groups & CLI_OPTS_EPOCH) {
@@ -415,7 +415,7 @@ int cli_common_check(const cli_common *c, ampc_amp_config *cfg) {
   const char *dp = c->zero                                 ? "--zero"
                    : c->sync_bn                            ? "--sync-bn"
                    : strcmp(c->allreduce_type, "auto") != 0 ? "--allreduce-type"
-                   : c->bucket_mb > 0                      ? "--bucket-mb"
+                   : c->bucket_mb > 0 && c->bucket_mb != 25.0f ? "--bucket-mb" /* (25: the default, given) */
                    : strcmp(c->comm, "auto") != 0           ? "--comm"
                                                            : NULL;
   if (dp && cli_dist_size() < 2) {
