@@ -96,6 +96,22 @@ static ampc_status create_temp(const char *path, const char *dir, const char *ba
                      path, dir);
 }
 
+ampc_status ampc__probe_write(const char *path) {
+  if (!path || !*path) return ampc__error(AMPC_EINVAL, "write: no path");
+  char *dir = NULL, *tmp = NULL;
+  const char *base;
+  int fd = -1;
+  AMPC_TRY(split_path(path, &dir, &base));
+  ampc_status s = create_temp(path, dir, base, &tmp, &fd);
+  if (s == AMPC_OK) {
+    close(fd);
+    unlink(tmp);
+  }
+  free(tmp);
+  free(dir);
+  return s;
+}
+
 int ampc__open_input(const char *path, struct stat *st) {
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) return -1;

@@ -37,6 +37,11 @@ uint64_t ampc__wfile_tell(const ampc__wfile *w);
 
 /* Writes the file path with the bytes fill appends. A negative status from
  * fill aborts the write (its message is kept). */
+/* Whether ampc__write_file_atomic could start at path: creates and removes
+ * the temporary file it would (a missing or read-only folder, a virtual file
+ * system, a name too long fail here as they would there). */
+ampc_status ampc__probe_write(const char *path);
+
 ampc_status ampc__write_file_atomic(const char *path,
                                     ampc_status (*fill)(void *ctx, ampc__wfile *w),
                                     void *ctx);

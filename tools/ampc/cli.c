@@ -4,6 +4,7 @@
 #include "ampc/config.h"
 #include "core/cgroup_internal.h"
 #include "core/status_internal.h"
+#include "io/fsutil_internal.h"
 #include "dist.h"
 
 #include <errno.h>
@@ -415,7 +416,7 @@ int cli_common_check(const cli_common *c, ampc_amp_config *cfg) {
   const char *dp = c->zero                                 ? "--zero"
                    : c->sync_bn                            ? "--sync-bn"
                    : strcmp(c->allreduce_type, "auto") != 0 ? "--allreduce-type"
-                   : c->bucket_mb > 0 && c->bucket_mb != 25.0f ? "--bucket-mb" /* (25: the default, given) */
+                   : c->bucket_mb > 0                      ? "--bucket-mb"
                    : strcmp(c->comm, "auto") != 0           ? "--comm"
                                                            : NULL;
   if (dp && cli_dist_size() < 2) {
@@ -531,24 +532,13 @@ int cli_same_path(const char *a, const char *b) {
 }
 
 int cli_check_output_folder(const char *flag, const char *path) {
-  /* a file created in the folder as the writer creates its temporary one
-   * (".NAME.tmp.PID.K"): what it would meet -- no such folder, a read-only
-   * or virtual file system, a name too long -- is met now */
-  const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
-  char probe[4096 + 64];
-  int n = slash ? snprintf(probe, sizeof probe, "%.*s/.%s.tmp.%ld.probe", (int)(slash - path), path, base, (long)getpid())
-                : snprintf(probe, sizeof probe, ".%s.tmp.%ld.probe", base, (long)getpid());
-  if (n < 0 || (size_t)n >= sizeof probe) {
-    cli_error("%s: '%s': the path is too long", flag, path);
+  /* the writer's own first step, now: what it would meet -- no such folder,
+   * a read-only or virtual file system, a name too long -- is met before
+   * the run, not after it */
+  if (ampc__probe_write(path) < 0) {
+    cli_error("%s: %s", flag, ampc_last_error());
     return -1;
   }
-  int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    cli_error("%s: cannot create a file in the folder of '%s': %s", flag, path, strerror(errno));
-    return -1;
-  }
-  close(fd);
-  unlink(probe);
   return 0;
 }
 

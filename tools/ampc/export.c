@@ -122,11 +122,6 @@ static ptrdiff_t first_out_of_range(ampc_dtype dt, const void *converted, const 
   return -1;
 }
 
-static int same_file(const char *a, const char *b) {
-  struct stat sa, sb;
-  return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
 int cmd_export(int argc, char **argv) {
   const char *in = NULL, *out = NULL, *dtype_name = "f32";
   for (int i = 0; i < argc; i++) {
@@ -170,7 +165,7 @@ int cmd_export(int argc, char **argv) {
     cli_error("--dtype: expected f32, f16 or bf16, got '%s'", dtype_name);
     return 2;
   }
-  if (same_file(in, out)) {
+  if (cli_same_file(in, out)) {
     cli_error("-o: '%s' is the input file; write the export to another file", out);
     return 2;
   }
