@@ -15,7 +15,6 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "ampc/checkpoint.h"
 #include "ampc/nn.h"
