@@ -342,15 +342,16 @@ ampc_status ampc_amp_config_validate(const ampc_amp_config *c) {
     return ampc__error(AMPC_EINVAL, "amp: max_loss_scale must be positive, not %g", (double)c->max_loss_scale);
   /* a scale below f32's smallest normal number has no finite 1/scale (the
    * gradients' unscaling), and the unset floor is that number */
-  const char *tiny = c->loss_scale < FLT_MIN                                 ? "loss_scale"
-                     : c->min_loss_scale > 0 && c->min_loss_scale < FLT_MIN ? "min_loss_scale"
-                     : c->max_loss_scale < FLT_MIN                          ? "max_loss_scale"
-                                                                            : NULL;
-  if (tiny)
-    return ampc__error(AMPC_EINVAL, "amp: %s %g is below f32's smallest normal number 2^-126 (%g), where 1/scale overflows",
-                       tiny,
-                       (double)(tiny[0] == 'l' ? c->loss_scale : tiny[1] == 'i' ? c->min_loss_scale : c->max_loss_scale),
-                       (double)FLT_MIN);
+  /* (a min_loss_scale of 0 is no floor) */
+  const struct {
+    const char *name;
+    float v;
+  } scales[] = {{"loss_scale", c->loss_scale}, {"min_loss_scale", c->min_loss_scale > 0 ? c->min_loss_scale : FLT_MIN},
+                {"max_loss_scale", c->max_loss_scale}};
+  for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++)
+    if (scales[i].v < FLT_MIN)
+      return ampc__error(AMPC_EINVAL, "amp: %s %g is below f32's smallest normal number 2^-126 (%g), where 1/scale overflows",
+                         scales[i].name, (double)scales[i].v, (double)FLT_MIN);
   if (c->min_loss_scale > c->max_loss_scale)
     return ampc__error(AMPC_EINVAL, "amp: min_loss_scale %g is above max_loss_scale %g", (double)c->min_loss_scale,
                        (double)c->max_loss_scale);

@@ -503,6 +503,12 @@ FILE *cli_open_read(const char *flag, const char *path) {
   return NULL;
 }
 
+int cli_cpu_quota(void) {
+  static int quota = -1;
+  if (quota < 0) quota = ampc__cgroup_cpus();
+  return quota;
+}
+
 int cli_same_file(const char *a, const char *b) {
   struct stat sa, sb;
   if (!a || !b || stat(a, &sa) != 0 || stat(b, &sb) != 0) return 0;

@@ -127,6 +127,9 @@ FILE *cli_open_read(const char *flag, const char *path);
 /* Whether the paths a and b name one existing file (the same device and
  * inode; a path that does not exist names none). */
 int cli_same_file(const char *a, const char *b);
+/* The CPUs a CPU quota on the process's control group allows (0: none),
+ * read once for the process. */
+int cli_cpu_quota(void);
 /* cli_same_file, or, where a path names no file yet, the same folder and name
  * (the folder resolved: links, ".."). */
 int cli_same_path(const char *a, const char *b);

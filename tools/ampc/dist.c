@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "core/cgroup_internal.h"
 
 static ampc_comm *comm, *nccl;
 static cli_error_mode mode = CLI_ERRORS_ALL;
@@ -57,7 +56,7 @@ int cli_dist_default_threads(void) {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 && CPU_COUNT(&set) < t) t = CPU_COUNT(&set);
   /* and the machine's ranks share a control group's CPU quota (a container's) */
-  int quota = ampc__cgroup_cpus(), share = quota / (local > 0 ? local : 1);
+  int quota = cli_cpu_quota(), share = quota / (local > 0 ? local : 1);
   if (share < 1) share = 1;
   if (quota > 0 && share < t) t = share;
   return t > 0 ? t : 1;

@@ -9,7 +9,6 @@
 
 #include "ampc/version.h"
 #include "cli.h"
-#include "core/cgroup_internal.h"
 #include "dist.h"
 
 static const struct {
@@ -123,7 +122,7 @@ int main(int argc, char **argv) {
    * group (a container's --cpus) allows: libgomp counts the cores, and
    * threads past the quota only wait for their turn, the others for them
    * at every barrier */
-  int quota = getenv("OMP_NUM_THREADS") ? 0 : ampc__cgroup_cpus();
+  int quota = getenv("OMP_NUM_THREADS") ? 0 : cli_cpu_quota();
   if (quota > 0 && quota < threads) threads = quota;
   if (threads < omp_get_max_threads()) omp_set_num_threads(threads);
   if (argc < 2) {
