@@ -158,6 +158,12 @@ static ampc_status cifar_sizes(const cifar_layout *L, const char *dir, size_t li
     if (bytes % rec) return cifar_truncated(L, L->files[used], (size_t)(bytes / rec), bytes, rec);
     counts[used] = (size_t)(bytes / rec);
     total += counts[used];
+    /* bounded before anything is allocated: this much is not CIFAR */
+    size_t n = limit && limit < total ? limit : total;
+    if ((unsigned long long)n * CIFAR_PIXELS >= AMPC_DATASET_MAX_BYTES ||
+        (unsigned long long)counts[used] * CIFAR_PIXELS >= AMPC_DATASET_MAX_BYTES)
+      return ampc__error(AMPC_EFORMAT, "%s: %s: %zu records (%zu images in all), over the 2 GiB limit",
+                         L->prefix, L->files[used], counts[used], total);
   }
   *used_out = used;
   *total_out = total;

@@ -7,6 +7,10 @@
 
 #include "ampc/data.h"
 
+/* Image data this large or larger is taken for a corrupt file, not a
+ * dataset: each reader refuses it before allocating. */
+#define AMPC_DATASET_MAX_BYTES (1ull << 31)
+
 struct ampc_dataset {
   ampc_dataset_kind kind;
   size_t n;

@@ -22,8 +22,6 @@
 #define IDX_MAGIC_IMAGES 0x00000803u
 #define IDX_MAGIC_LABELS 0x00000801u
 #define IDX_CLASSES 10
-/* Image data this large or larger is taken for a corrupt header, not a dataset. */
-#define IDX_MAX_BYTES (1ull << 31)
 
 typedef struct {
   int fd;             /* -1 when closed */
@@ -257,7 +255,7 @@ static ampc_status idx_headers(ampc_dataset_kind kind, const char *dir, int trai
   AMPC_TRY(idx_header(im, IDX_MAGIC_IMAGES, 3, idims));
   uint64_t hw = (uint64_t)idims[1] * idims[2];
   /* hw < 2^31 keeps n * hw below 2^63, and H and W within an int. */
-  if (hw >= IDX_MAX_BYTES || idims[0] * hw >= IDX_MAX_BYTES)
+  if (hw >= AMPC_DATASET_MAX_BYTES || idims[0] * hw >= AMPC_DATASET_MAX_BYTES)
     return ampc__error(AMPC_EFORMAT,
                        "%s: %s: header claims %u x %u x %u images, over the 2 GiB limit",
                        prefix, im->name, idims[0], idims[1], idims[2]);

@@ -516,6 +516,26 @@ TEST(cifar_errors) {
             "cifar100: train.bin: ");
   CHECK(strstr(ampc_last_error(), "not a whole number of 3074-byte records (1 whole ones and ") != NULL);
   buf_free(&b);
+
+  /* A file past the 2 GiB of image data is refused before allocating (a
+   * sparse file: nothing is written). 700000 records = 2.15e9 bytes. */
+  char path[1400];
+  snprintf(path, sizeof path, "%s/test_batch.bin", dir);
+  FILE *big = fopen(path, "wb");
+  CHECK(big != NULL);
+  if (big) {
+    CHECK(ftruncate(fileno(big), (off_t)700000 * 3073) == 0);
+    fclose(big);
+    CHECK_ERR(ampc_dataset_open(&d, AMPC_DATASET_CIFAR10, dir, 0, 0), AMPC_EFORMAT,
+              "cifar10: test_batch.bin: 700000 records (700000 images in all), over the 2 GiB limit");
+    /* even when only a few of them are asked for: such a file is not CIFAR */
+    CHECK_ERR(ampc_dataset_open(&d, AMPC_DATASET_CIFAR10, dir, 0, 10), AMPC_EFORMAT,
+              "cifar10: test_batch.bin: 700000 records");
+    ampc_dataset_info info;
+    CHECK_ERR(ampc_dataset_probe(&info, AMPC_DATASET_CIFAR10, dir, 0, 0), AMPC_EFORMAT,
+              "cifar10: test_batch.bin: 700000 records");
+    remove(path);
+  }
   CHECK(d == NULL);
 }
 
