@@ -84,9 +84,12 @@ const char *ampc_convert_path(void);
  * GCC only), "avx2+fma+f16c" (the x86-64-v3 build), "avx2" (a clang build's,
  * without FMA) or "baseline". */
 const char *ampc_kernel_path(void);
-/* The matrix tiles the CPU kernels use beside the vector code: "amx-bf16"
- * where the CPU has Intel's AMX-BF16 and the OS grants it to the process
- * (the products of convolutions stored in bf16 run on it), else "none". */
+/* The bf16 engine the CPU kernels use beside the vector code for the
+ * products of convolutions stored in bf16: "amx-bf16" where the CPU has
+ * Intel's AMX-BF16 and the OS grants it to the process, else "avx512-bf16"
+ * where it has AVX-512 BF16's dot products (the strided and 1x1
+ * convolutions' products; Winograd keeps the rest on the FMAs), else
+ * "none". */
 const char *ampc_kernel_tiles(void);
 
 #ifdef __cplusplus

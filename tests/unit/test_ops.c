@@ -457,19 +457,19 @@ TEST(winograd_wide_kernel_same_bits) {
  * whatever the group of samples, and the weight gradient's threads each sum
  * the columns of a share of the input channels over every sample in order
  * (shapes whose blocks are all multiples of 8 columns, which the kernel
- * takes; the AMX tiles' weight gradient, which adds per-thread partials, is
- * off). */
+ * takes; the bf16 engines' weight gradient, which adds per-thread partials,
+ * is off). */
 TEST(im2col_same_bits_any_threads) {
   static const char *names[] = {"conv3x3_16x16", "conv3x3_s2_32ch", "conv3x3_32to40"};
   int none = 0;
   test_conv_algo = AMPC_CONV_IM2COL;
   ampc__cpu_gemm_force_wide = 1;
-  ampc__cpu_amx_off = 1;
+  ampc__cpu_amx_off = ampc__cpu_bf16dp_off = 1;
   for (int i = 0; i < 3; i++)
     for (int p = 0; p < NPRECS; p++)
       for (int nt = 1; nt <= 3; nt += 2)
         compare_hooked(find_case(names[i]), &PRECS[p], &none, 0, 0, nt, 0.0, "2 threads vs 1 and 3, bit for bit", NULL);
-  ampc__cpu_amx_off = 0;
+  ampc__cpu_amx_off = ampc__cpu_bf16dp_off = 0;
   ampc__cpu_gemm_force_wide = 0;
   test_conv_algo = AMPC_CONV_AUTO;
 }
@@ -658,11 +658,9 @@ static float bf16_round(float x) {
   memcpy(&x, &u, 4);
   return x;
 }
-TEST(conv2d_amx) {
-  if (!ampc__cpu_amx()) {
-    printf("  (no AMX-BF16 on this CPU, or not granted by the OS: the tiles' paths are not run here)\n");
-    return;
-  }
+typedef void (*packed_gemm_fn)(int64_t m, int64_t n, int64_t k, const void *Ap, const void *Bp, float *C, int64_t ldc,
+                               int add);
+static void packed_products_check(packed_gemm_fn gemm, const char *engine) {
   static const int64_t dims[][3] = {{1, 1, 1}, {16, 16, 32}, {33, 17, 31}, {37, 45, 70}, {64, 96, 577}, {100, 33, 300}};
   uint64_t seed = 7;
   for (int d = 0; d < 6; d++)
@@ -686,16 +684,24 @@ TEST(conv2d_amx) {
       void *pa = malloc(ampc__cpu_amx_pack_a_bytes(m, k)), *pb = malloc(ampc__cpu_amx_pack_b_bytes(k, n));
       for (int part = 0; part < 3; part++) ampc__cpu_amx_pack_a(m, k, A, ta ? m : k, ta, pa, part, 3);
       ampc__cpu_amx_pack_b(k, n, B, tb ? k : n, tb, pb);
-      ampc__cpu_amx_gemm_packed(m, n, k, pa, pb, C, n, add);
+      gemm(m, n, k, pa, pb, C, n, add);
       double worst = 0.0;
       for (int64_t i = 0; i < m * n; i++) {
         double e = fabs(C[i] - R[i]) / (1.0 + fabs(R[i]));
         if (!(e <= worst)) worst = e;
       }
-      CHECK_MSG(worst <= 1e-5, "AMX product %ldx%ldx%ld ta %d tb %d add %d: error %.3g", (long)m, (long)n, (long)k, ta,
-                tb, add, worst);
+      CHECK_MSG(worst <= 1e-5, "%s product %ldx%ldx%ld ta %d tb %d add %d: error %.3g", engine, (long)m, (long)n,
+                (long)k, ta, tb, add, worst);
       free(A), free(B), free(C), free(R), free(pa), free(pb);
     }
+}
+
+TEST(conv2d_amx) {
+  if (!ampc__cpu_amx()) {
+    printf("  (no AMX-BF16 on this CPU, or not granted by the OS: the tiles' paths are not run here)\n");
+    return;
+  }
+  packed_products_check(ampc__cpu_amx_gemm_packed, "AMX");
   for (int algo = 0; algo < 2; algo++)
   for (int i = 0; i < NCASES; i++) {
     /* im2col's products on the tiles; then the default, which takes 3x3
@@ -711,11 +717,37 @@ TEST(conv2d_amx) {
   test_conv_algo = AMPC_CONV_AUTO;
 }
 
+/* AVX-512 BF16's dot products (the engine of CPUs with avx512_bf16 and no
+ * tiles; on a CPU with tiles too, these are switched off to run it): the
+ * packed product against the double reference as above, then every
+ * convolution case in bf16 on the im2col path and by default (where the
+ * strided and 1x1 ones take it) against the same with f32 products. */
+TEST(conv2d_bf16_dot_products) {
+  if (!ampc__cpu_bf16dp()) {
+    printf("  (no AVX-512 BF16 on this CPU: the dot products' path is not run here)\n");
+    return;
+  }
+  packed_products_check(ampc__cpu_dp_gemm_packed, "AVX-512 BF16");
+  ampc__cpu_amx_off = 1;
+  CHECK(strcmp(ampc_kernel_tiles(), "avx512-bf16") == 0);
+  for (int algo = 0; algo < 2; algo++)
+    for (int i = 0; i < NCASES; i++) {
+      test_conv_algo = algo ? AMPC_CONV_AUTO : AMPC_CONV_IM2COL;
+      const op_case *cs = &CASES[i];
+      if (cs->k != K_CONV) continue;
+      const prec_case *pc = &PRECS[2];
+      CHECK(pc->p.act_type == AMPC_DTYPE_BF16 && pc->p.param_type == AMPC_DTYPE_BF16);
+      compare_with_hook(cs, pc, &ampc__cpu_bf16dp_off, 1.0 / 128, "AVX-512 BF16 dot products vs f32 products");
+    }
+  ampc__cpu_amx_off = 0;
+  test_conv_algo = AMPC_CONV_AUTO;
+}
+
 TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(conv2d_direct),
           TEST_ENTRY(winograd_same_bits_any_threads), TEST_ENTRY(winograd_smaller_batch_same_bits),
           TEST_ENTRY(winograd_wide_kernel_same_bits),
           TEST_ENTRY(winograd_blocks_same_bits), TEST_ENTRY(im2col_same_bits_any_threads),
-          TEST_ENTRY(conv2d_direct_wide), TEST_ENTRY(direct_wide_kernel_same_forward), TEST_ENTRY(conv2d_amx),
+          TEST_ENTRY(conv2d_direct_wide), TEST_ENTRY(direct_wide_kernel_same_forward), TEST_ENTRY(conv2d_amx), TEST_ENTRY(conv2d_bf16_dot_products),
           TEST_ENTRY(maxpool_backward_ties_and_nan),
           TEST_ENTRY(cpu_dtype_size_matches), TEST_ENTRY(batchnorm2d_train), TEST_ENTRY(batchnorm2d_eval), TEST_ENTRY(relu), TEST_ENTRY(maxpool2d),
           TEST_ENTRY(avgpool2d), TEST_ENTRY(global_avgpool), TEST_ENTRY(linear), TEST_ENTRY(add), TEST_ENTRY(flatten),

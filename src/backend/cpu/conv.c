@@ -32,7 +32,7 @@ typedef struct {
   int64_t rb;   /* output rows per band (OH when whole samples are grouped) */
   int64_t ncmax; /* widest block */
   int nt;       /* threads the workspace is laid out for */
-  int amx;      /* the products on AMX tiles (conv_amx) */
+  int bf16;     /* the products on bf16 engines (conv_bf16): AMX tiles or AVX-512 BF16 */
   size_t per_thread, shared; /* floats */
   size_t off_y, off_dcols, off_dw, off_db, off_xs, off_dxs;
   size_t off_pa, off_pb; /* AMX: a thread's packed A (dY) and B operands */
@@ -41,14 +41,14 @@ typedef struct {
 
 enum { CONV_MIN_COLS = 256, CONV_MAX_COL_BYTES = 4 << 20, CONV_WINO_MIN_CHANNELS = 8 };
 
-static int conv_amx(const ampc__op_call *c);
+static int conv_bf16(const ampc__op_call *c);
 static int use_a3(const ampc__op_call *c);
 
 static size_t floats_of(size_t bytes) { return (bytes + 3) / 4 + 16; }
 
-static conv_geom conv_geometry_of(const ampc__op_call *c, int nthreads, int amx) {
+static conv_geom conv_geometry_of(const ampc__op_call *c, int nthreads, int bf16) {
   conv_geom g;
-  g.amx = amx;
+  g.bf16 = bf16;
   const ampc_shape *x = &c->in[0].shape, *w = &c->in[1].shape, *y = &c->out.shape;
   g.N = x->d[0]; g.C = x->d[1]; g.H = x->d[2]; g.W = x->d[3];
   g.O = w->d[0]; g.k = w->d[2]; g.s = c->attr.stride; g.p = c->attr.pad;
@@ -67,7 +67,7 @@ static conv_geom conv_geometry_of(const ampc__op_call *c, int nthreads, int amx)
   /* a thread's partial weight gradient, the tiles' only (see
    * ampc__cpu_conv2d_bwd); its bias gradient's partial, or the forward's
    * bias in f32 */
-  g.off_db = g.off_dw + (amx ? (size_t)(g.O * g.K) : 0);
+  g.off_db = g.off_dw + (bf16 ? (size_t)(g.O * g.K) : 0);
   g.off_xs = g.off_db + (size_t)g.O;
   g.off_dxs = g.off_xs + (size_t)g.CHW;
   g.per_thread = g.off_dxs + (size_t)g.CHW + 16;
@@ -75,7 +75,7 @@ static conv_geom conv_geometry_of(const ampc__op_call *c, int nthreads, int amx)
    * gradient the threads write (backward weights, before the weight) */
   g.shared = (size_t)(g.O * g.K + g.O) + 16;
   g.off_pa = g.off_pb = g.off_pw = 0;
-  if (g.amx) {
+  if (g.bf16) {
     /* A: dY (O x cols); B: the columns (K x cols), their transpose, or dY */
     size_t pb = ampc__cpu_amx_pack_b_bytes(g.K, g.ncmax), pb_dy = ampc__cpu_amx_pack_b_bytes(g.O, g.ncmax);
     g.off_pa = g.per_thread;
@@ -91,8 +91,8 @@ static conv_geom conv_geometry_of(const ampc__op_call *c, int nthreads, int amx)
  * if the workspace laid out at compile has it (a test may switch them on
  * between compile and run). */
 static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
-  conv_geom g = conv_geometry_of(c, nthreads, conv_amx(c));
-  if (g.amx && c->ws && c->ws_size < (g.shared + g.per_thread * (size_t)g.nt) * sizeof(float))
+  conv_geom g = conv_geometry_of(c, nthreads, conv_bf16(c));
+  if (g.bf16 && c->ws && c->ws_size < (g.shared + g.per_thread * (size_t)g.nt) * sizeof(float))
     g = conv_geometry_of(c, nthreads, 0);
   return g;
 }
@@ -101,18 +101,21 @@ static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
  * convolutions (the bulk of the vector code), to keep the backend's table
  * file untouched; it speaks for every CPU_VECTOR kernel. */
 const char *ampc_kernel_path(void) { return cpu_vector_path(); }
-const char *ampc_kernel_tiles(void) { return ampc__cpu_amx() ? "amx-bf16" : "none"; }
+const char *ampc_kernel_tiles(void) {
+  return ampc__cpu_amx() ? "amx-bf16" : ampc__cpu_bf16dp() ? "avx512-bf16" : "none";
+}
 
-/* The im2col products on AMX tiles (gemm_amx.c) where the CPU has them and
- * the convolution's input, weight and output are bf16: their values, and the
- * gradient's, are bf16's, so the tiles' bf16 products are the f32 products
- * of the same values (the sums' order aside), 16 times as many a cycle as
- * AVX-512's FMAs. Not for the direct loop (the first layer's 3 channels) nor
- * where the tests hold the products to sgemm (ampc__cpu_conv_blas). */
+/* The im2col products in bf16 (gemm_amx.c) where the CPU has AMX tiles or
+ * AVX-512 BF16's dot products and the convolution's input, weight and output
+ * are bf16: their values, and the gradient's, are bf16's, so bf16 products
+ * are the f32 products of the same values (the sums' order aside), 16 times
+ * (tiles) or twice (dot products) as many a cycle as AVX-512's FMAs. Not for
+ * the direct loop (the first layer's 3 channels) nor where the tests hold
+ * the products to sgemm (ampc__cpu_conv_blas). */
 int ampc__cpu_conv_blas = 0;
-static int conv_amx(const ampc__op_call *c) {
+static int conv_bf16(const ampc__op_call *c) {
   return c->in[0].dtype == AMPC_DTYPE_BF16 && c->in[1].dtype == AMPC_DTYPE_BF16 && c->out.dtype == AMPC_DTYPE_BF16 &&
-         !ampc__cpu_conv_blas && ampc__cpu_amx();
+         !ampc__cpu_conv_blas && ampc__cpu_bf16_products();
 }
 
 /* Winograd where the graph asks for it, or (AUTO) where it is faster: with
@@ -133,7 +136,7 @@ static int use_winograd(const ampc__op_call *c) {
  * input channels. */
 static int use_a3(const ampc__op_call *c) {
   return cpu_ctx(c)->conv_algo == AMPC_CONV_AUTO && cpu_conv3x3_s1(c) && c->attr.pad == 1 &&
-         !ampc__cpu_direct_preferred(c) && conv_amx(c);
+         !ampc__cpu_direct_preferred(c) && conv_bf16(c) && ampc__cpu_amx();
 }
 
 /* At run time: the tiles' path when chosen and the workspace laid out at
@@ -319,7 +322,7 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
     float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
     float *cols = ws, *yc = ws + g.off_y, *xs = ws + g.off_xs, *bias = ws + g.off_db, *pb = ws + g.off_pb;
     if (b) ampc_load_f32(bias, b->dtype, b->data, (size_t)g.O);
-    if (g.amx) {
+    if (g.bf16) {
       /* the weight's tiles, packed by all threads */
       ampc__cpu_amx_pack_a(g.O, g.K, wf, g.K, 0, pw, tid, omp_get_num_threads());
 #pragma omp barrier
@@ -341,9 +344,9 @@ ampc_status ampc__cpu_conv2d_fwd(const ampc__op_call *c) {
               for (int64_t i = 0; i < band; i++) yp[m * g.OHW + i] += bias[m];
           continue;
         }
-        if (g.amx) {
+        if (g.bf16) {
           ampc__cpu_amx_pack_b(g.K, ld, cols, ld, 0, pb);
-          ampc__cpu_amx_gemm_packed(g.O, ld, g.K, pw, pb, yc, ld, 0);
+          ampc__cpu_bf16_gemm_packed(g.O, ld, g.K, pw, pb, yc, ld, 0);
         } else {
           conv_gemm(g.O, ld, g.K, wf, g.K, 0, cols, ld, yc, ld);
         }
@@ -371,11 +374,11 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
   int64_t ng = ngroups(&g);
   /* (the workspace has the tiles' room whatever dY's type; they are used
    * only where its values are bf16's too) */
-  int amx = g.amx && dy->dtype == AMPC_DTYPE_BF16;
+  int bf16 = g.bf16 && dy->dtype == AMPC_DTYPE_BF16;
   double t0 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0;
   if ((need_dw || need_db) && use_direct(c)) {
     AMPC_TRY(ampc__cpu_direct_bwd_weights(c));
-  } else if ((need_dw || need_db) && amx && run_a3(c)) {
+  } else if ((need_dw || need_db) && bf16 && run_a3(c)) {
     AMPC_TRY(ampc__cpu_a3_bwd_weights(c));
   } else if (need_dw || need_db) {
     /* Without the tiles, each thread takes the weight gradient's columns of
@@ -392,7 +395,7 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
      * operands are packed whole, each thread takes every nth group into a
      * partial gradient of its own, the partials added in thread order. */
     int nth_used = 1;
-    float *sum = amx ? cpu_ws_slice(c, 0, g.per_thread, g.shared) + g.off_dw : (float *)c->ws;
+    float *sum = bf16 ? cpu_ws_slice(c, 0, g.per_thread, g.shared) + g.off_dw : (float *)c->ws;
 #pragma omp parallel num_threads(g.nt)
     {
       int tid = omp_get_thread_num(), nth = omp_get_num_threads();
@@ -400,9 +403,9 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
       nth_used = nth;
       float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
       float *cols = ws, *dyc = ws + g.off_y, *colst = ws + g.off_dcols, *xs = ws + g.off_xs;
-      float *dwt = amx ? ws + g.off_dw : sum, *dbt = amx ? ws + g.off_db : sum + g.O * g.K;
+      float *dwt = bf16 ? ws + g.off_dw : sum, *dbt = bf16 ? ws + g.off_db : sum + g.O * g.K;
       int64_t c0 = 0, c1 = g.C, g0 = tid, gstep = nth;
-      if (!amx) {
+      if (!bf16) {
         int64_t blocks = (g.C + 7) / 8;
         c0 = 8 * (blocks * tid / nth);
         c1 = 8 * (blocks * (tid + 1) / nth);
@@ -412,9 +415,9 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
         gstep = 1;
       }
       int64_t k0 = c0 * g.k * g.k, kr = (c1 - c0) * g.k * g.k, own = conv_own(g.K);
-      int bias = need_db && (amx || tid == 0);
+      int bias = need_db && (bf16 || tid == 0);
       for (int64_t m = 0; m < g.O; m++) memset(dwt + m * g.K + k0, 0, (size_t)kr * sizeof(float));
-      if (bias || amx) memset(dbt, 0, (size_t)g.O * sizeof(float)); /* (the partials are added whole) */
+      if (bias || bf16) memset(dbt, 0, (size_t)g.O * sizeof(float)); /* (the partials are added whole) */
       for (int64_t gi = g0; gi < ng && ((need_dw && kr > 0) || bias); gi += gstep) {
         int64_t n0, nbe;
         group_of(&g, gi, &n0, &nbe);
@@ -424,12 +427,12 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
           const float *dyp = gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc, &ldd);
           if (need_dw && kr > 0) {
             block_cols(&g, c, n0, nbe, oy0, oy1, c0, c1, xs, cols);
-            if (amx) {
+            if (bf16) {
               /* dW += dY * cols^T: dY's tiles, and the columns' turned */
               float *pa = ws + g.off_pa, *pb = ws + g.off_pb;
               ampc__cpu_amx_pack_a(g.O, ld, dyp, ldd, 0, pa, 0, 1);
               ampc__cpu_amx_pack_b(ld, g.K, cols, ld, 1, pb);
-              ampc__cpu_amx_gemm_packed(g.O, g.K, ld, pa, pb, dwt, g.K, 1);
+              ampc__cpu_bf16_gemm_packed(g.O, g.K, ld, pa, pb, dwt, g.K, 1);
             } else if (own) {
               /* dW += dY * cols^T on ampc's kernel, which wants B's rows
                * contiguous: the columns transposed (ld x kr) first */
@@ -445,7 +448,7 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
               for (int64_t s = 0; s < nbe; s++) dbt[m] += cpu_sum(dyp + m * ldd + s * band, (size_t)band);
         }
       }
-      if (!amx) {
+      if (!bf16) {
 #pragma omp barrier
         /* stored a row of the gradient at a time, rows shared out */
         if (need_dw)
@@ -455,7 +458,7 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
         if (bias) cpu_store_grad(c, db, 0, dbt, (size_t)g.O, c->din_acc[2], cols);
       }
     }
-    if (amx) {
+    if (bf16) {
       /* fixed-order reduction of the per-thread partials: deterministic for a thread count */
       for (int t = 1; t < nth_used; t++) {
         const float *part = cpu_ws_slice(c, t, g.per_thread, g.shared) + g.off_dw;
@@ -467,7 +470,7 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
     }
   }
   double t1 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0;
-  if (need_dx && amx && run_a3(c)) {
+  if (need_dx && bf16 && run_a3(c)) {
     AMPC_TRY(ampc__cpu_a3_bwd_data(c));
   } else if (need_dx) {
     const float *wf = weight_f32(c, &g);
@@ -478,7 +481,7 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
       float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
       float *dyc = ws + g.off_y, *dcols = ws + g.off_dcols, *xs = ws + g.off_xs, *dxs = ws + g.off_dxs;
       float *pb = ws + g.off_pb;
-      if (amx) {
+      if (bf16) {
         /* W^T's tiles (K x O), packed by all threads */
         ampc__cpu_amx_pack_a(g.K, g.O, wf, g.K, 1, pw, tid, omp_get_num_threads());
 #pragma omp barrier
@@ -491,9 +494,9 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
           int64_t oy1 = oy0 + g.rb < g.OH ? oy0 + g.rb : g.OH, band = (oy1 - oy0) * g.OW, ld = nbe * band;
           int64_t ldd;
           const float *dyp = gather_dy(&g, dy, n0, nbe, oy0, oy1, dyc, &ldd);
-          if (amx) {
+          if (bf16) {
             ampc__cpu_amx_pack_b(g.O, ld, dyp, ldd, 0, pb);
-            ampc__cpu_amx_gemm_packed(g.K, ld, g.O, pw, pb, dcols, ld, 0);
+            ampc__cpu_bf16_gemm_packed(g.K, ld, g.O, pw, pb, dcols, ld, 0);
           } else {
             conv_gemm(g.K, ld, g.O, wf, g.K, 1, dyp, ldd, dcols, ld);
           }

@@ -361,6 +361,19 @@ void ampc__cpu_amx_pack_a(int64_t m, int64_t k, const float *A, int64_t lda, int
 void ampc__cpu_amx_pack_b(int64_t k, int64_t n, const float *B, int64_t ldb, int tb, void *dst);
 void ampc__cpu_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const void *Ap, const void *Bp, float *C, int64_t ldc,
                                int add);
+/* The same packed product on AVX-512 BF16's dot products (VDPBF16PS), for
+ * CPUs with avx512_bf16 and no tiles: ampc__cpu_bf16dp() is 1 where the CPU
+ * has them and the test hook ampc__cpu_bf16dp_off is 0. The packing is the
+ * tiles'. ampc__cpu_bf16_products() is 1 where either engine runs, and
+ * ampc__cpu_bf16_gemm_packed the product on the tiles where there are any,
+ * else on the dot products. */
+extern int ampc__cpu_bf16dp_off;
+int ampc__cpu_bf16dp(void);
+void ampc__cpu_dp_gemm_packed(int64_t m, int64_t n, int64_t k, const void *Ap, const void *Bp, float *C, int64_t ldc,
+                              int add);
+int ampc__cpu_bf16_products(void);
+void ampc__cpu_bf16_gemm_packed(int64_t m, int64_t n, int64_t k, const void *Ap, const void *Bp, float *C,
+                                int64_t ldc, int add);
 /* Configures the calling thread's tiles (8 of 16 rows by 64 bytes) before
  * it uses them, and releases them after. */
 void ampc__cpu_amx_begin(void);
