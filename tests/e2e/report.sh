@@ -98,6 +98,34 @@ sys.exit(0 if m and m.group(1) == "1,2" and m.group(2).endswith(",0.5") else 1)
 PY
 then ok "a repeated epoch counts once, with its last record"; else bad "repeated epoch"; fi
 
+# A long run: 60000 step records (and a skipped step in every 40) are drawn
+# thinned -- at most 4 points in each of 1000 columns, one mark a column
+# standing for its skipped steps -- with each column's lowest and highest
+# loss kept, while the data block keeps every record verbatim.
+python3 - long.jsonl <<'PY'
+import json, math, sys
+with open(sys.argv[1], "w") as out:
+    for s in range(1, 60001):
+        out.write(json.dumps({"step": s, "loss": 2.0 + math.sin(s * 0.37), "loss_scale": 1024.0, "skipped": s % 40 == 0}) + "\n")
+PY
+if "$ampc" report long.jsonl -o long.html 2> long.err && python3 - long.html long.jsonl <<'PY'
+import json, re, sys
+page, lines = open(sys.argv[1]).read(), open(sys.argv[2]).read().splitlines()
+m = re.search(r'data-series="step_loss" data-x="([^"]*)" data-y="([^"]*)"', page)
+xs, ys = [float(v) for v in m.group(1).split(",")], [float(v) for v in m.group(2).split(",")]
+loss = {json.loads(l)["step"]: json.loads(l)["loss"] for l in lines}
+ok = 1000 <= len(xs) <= 4004 and all(loss[int(x)] == y for x, y in zip(xs, ys))
+ok = ok and min(ys) == min(loss.values()) and max(ys) == max(loss.values()) and xs[0] == 1 and xs[-1] == 60000
+marks = re.search(r'data-series="step_loss_scale_skipped" data-x="([^"]*)" data-count="([^"]*)"', page)
+counts = [float(v) for v in marks.group(2).split(",")]
+ok = ok and len(counts) <= 1001 and sum(counts) == 1500
+data = json.loads(re.search(r'id="ampc-report-data">(.*?)</script>', page, re.S).group(1))
+ok = ok and data["runs"][0]["records"] == [json.loads(l) for l in lines]
+print(len(xs), "points,", len(counts), "marks,", len(page) // 1024, "KB")
+sys.exit(0 if ok else 1)
+PY
+then ok "60000 steps drawn thinned (each column's extremes kept), every record in the data block"; else bad "a long run's page"; cat long.err; fi
+
 # Bad input: one line on stderr naming the file (and line), nothing on
 # stdout; exit 1 for bad data, 2 for usage.
 printf '{"epoch": 1, "train_loss": 1.0}\n{"epoch": 2, "train_loss": \n' > malformed.jsonl

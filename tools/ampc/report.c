@@ -12,7 +12,8 @@
  * drawn travel with the page: each line carries data-x / data-y (the values,
  * printed so that they read back to the same doubles), each memory bar
  * data-bytes, and one <script type="application/json" id="ampc-report-data">
- * block holds every run's records as read.
+ * block holds every run's records as read (their lines, verbatim). Series
+ * longer than a screen can show are drawn thinned (thin()).
  */
 #include <errno.h>
 #include <jansson.h>
@@ -156,7 +157,7 @@ typedef struct {
   size_t nep;
   step_rec *st;
   size_t nst;
-  json_t *records; /* every epoch and step record kept, for the page's data block */
+  sbuf records; /* every epoch and step record kept as read, their lines joined by commas, for the page's data block */
 } run_t;
 
 typedef struct {
@@ -272,7 +273,6 @@ static void dedupe(run_t *r) {
 static int read_run(run_t *r, const char *path) {
   memset(r, 0, sizeof *r);
   r->path = path;
-  r->records = json_array();
   FILE *f = cli_open_read(NULL, path);
   if (!f) return -1;
   char *line = NULL;
@@ -303,12 +303,16 @@ static int read_run(run_t *r, const char *path) {
     if (!json_is_object(o)) {
       cli_error("%s:%ld: not a JSON object", path, lineno);
       rc = -1;
-    } else if (json_object_get(o, "epoch")) {
-      rc = read_epoch(r, o, w, (size_t)lineno);
-      if (rc == 0) json_array_append(r->records, o);
-    } else if (json_object_get(o, "step")) {
-      rc = read_step(r, o, w, (size_t)lineno);
-      if (rc == 0) json_array_append(r->records, o);
+    } else if (json_object_get(o, "epoch") || json_object_get(o, "step")) {
+      rc = json_object_get(o, "epoch") ? read_epoch(r, o, w, (size_t)lineno) : read_step(r, o, w, (size_t)lineno);
+      /* the line as written (JSON that jansson took whole), without its line end */
+      while (len > 0 && strchr(" \t\r\n", line[len - 1])) len--;
+      if (rc == 0 && r->records.n) sb_put(&r->records, ",", 1);
+      if (rc == 0) sb_put(&r->records, line, (size_t)len);
+      if (r->records.oom) {
+        cli_error("report: out of memory");
+        rc = -1;
+      }
     }
     json_decref(o);
   }
@@ -330,7 +334,7 @@ static void free_run(run_t *r) {
   for (size_t i = 0; i < r->nep; i++) json_decref(r->ep[i].memory);
   free(r->ep);
   free(r->st);
-  json_decref(r->records);
+  free(r->records.p);
 }
 
 /* ---- charts ------------------------------------------------------------ */
@@ -462,6 +466,53 @@ static json_t *dv_json(const dvec *d) {
   return a;
 }
 
+/* Long series are drawn thinned: the plot's width in THIN_COLUMNS columns,
+ * of a series of more than 4 columns' worth of points each column keeps its
+ * first, lowest, highest and last (in the series' order: the line's shape,
+ * its spikes included, at any zoom a screen shows), and of more than a
+ * column's worth of skipped-step marks one a column, standing for their
+ * sum. (A million steps drawn whole made a page of hundreds of MB that a
+ * browser could hardly open.) The data block keeps every record. */
+enum { THIN_COLUMNS = 1000 };
+
+static int64_t thin_column(const axes *a, double x) {
+  double f = (x - a->x0) / (a->x1 - a->x0) * THIN_COLUMNS;
+  return f < 0 ? 0 : f > THIN_COLUMNS ? THIN_COLUMNS : (int64_t)f;
+}
+
+static void thin(series *s, const axes *a) {
+  size_t w = 0;
+  if (s->x.n > 4 * THIN_COLUMNS) {
+    for (size_t g = 0, e; g < s->x.n; g = e) {
+      int64_t col = thin_column(a, s->x.v[g]);
+      size_t lo = g, hi = g;
+      for (e = g + 1; e < s->x.n && thin_column(a, s->x.v[e]) == col; e++) {
+        if (s->y.v[e] < s->y.v[lo]) lo = e;
+        if (s->y.v[e] > s->y.v[hi]) hi = e;
+      }
+      size_t keep[4] = {g, lo < hi ? lo : hi, lo < hi ? hi : lo, e - 1};
+      for (int k = 0; k < 4; k++) {
+        if (k && keep[k] == keep[k - 1]) continue; /* (each index at most once: they are in order) */
+        s->x.v[w] = s->x.v[keep[k]]; /* keep[k] >= w: nothing still to be read is overwritten */
+        s->y.v[w++] = s->y.v[keep[k]];
+      }
+    }
+    s->x.n = s->y.n = w;
+  }
+  if (s->mx.n > THIN_COLUMNS) {
+    w = 0;
+    for (size_t g = 0, e; g < s->mx.n; g = e) {
+      int64_t col = thin_column(a, s->mx.v[g]);
+      double count = s->mcount.v[g];
+      for (e = g + 1; e < s->mx.n && thin_column(a, s->mx.v[e]) == col; e++) count += s->mcount.v[e];
+      s->mx.v[w] = s->mx.v[g];
+      s->my.v[w] = s->my.v[g];
+      s->mcount.v[w++] = count;
+    }
+    s->mx.n = s->my.n = s->mcount.n = w;
+  }
+}
+
 static void render_chart(sbuf *b, chart *c, const run_t *runs, size_t nruns, json_t *charts_json) {
   axes a = {INFINITY, -INFINITY, INFINITY, -INFINITY, c->logy};
   size_t points = 0;
@@ -501,6 +552,8 @@ static void render_chart(sbuf *b, chart *c, const run_t *runs, size_t nruns, jso
     }
     if (a.y0 < 0 && lo >= 0) a.y0 = 0; /* values >= 0 keep a floor at 0 */
   }
+
+  for (size_t i = 0; i < c->ns; i++) thin(&c->s[i], &a);
 
   json_t *cj = json_pack("{s:s, s:s, s:s, s:b, s:[]}", "id", c->id, "title", c->title, "x", c->xlabel, "log_y", c->logy, "series");
   json_t *sj = json_object_get(cj, "series");
@@ -874,6 +927,25 @@ static void fill_step_series(chart *c, const run_t *runs, size_t nruns, step_ser
   }
 }
 
+/* Text into the page's JSON data block. '<', which JSON has only inside
+ * strings, is written \u003c: nothing from a file can end the block
+ * ("</script") or confuse it ("<!--"). */
+static void json_block(sbuf *b, const char *s) {
+  for (const char *p = s, *q; *p; p = q) {
+    q = strchr(p, '<');
+    if (!q) q = p + strlen(p);
+    sb_put(b, p, (size_t)(q - p));
+    if (*q) sb_puts(b, "\\u003c"), q++;
+  }
+}
+
+/* The same for JSON that jansson wrote (NULL: it ran out of memory), freed. */
+static void json_block_dump(sbuf *b, char *js) {
+  if (!js) b->oom = 1;
+  else json_block(b, js);
+  free(js);
+}
+
 static ampc_status fill_page(void *ctx, ampc__wfile *w) {
   const sbuf *b = ctx;
   return ampc__wfile_write(w, b->p, b->n);
@@ -1011,29 +1083,31 @@ int cmd_report(int argc, char **argv) {
   sb_puts(&b, "</div>\n");
   render_memory(&b, runs, nfiles);
 
-  /* everything drawn, machine-readable */
-  json_t *data = json_pack("{s:s, s:[], s:o}", "generator", ampc_version(), "runs", "charts", charts_json);
-  json_t *rj = json_object_get(data, "runs");
-  for (size_t r = 0; r < nfiles; r++)
-    json_array_append_new(rj, json_pack("{s:s, s:s, s:s, s:s, s:O}", "file", runs[r].path, "colour", colour(r), "opt_level", runs[r].opt_level,
-                                        "half", runs[r].half, "records", runs[r].records));
-  /* escaping '/' keeps "</script>" out of the block */
-  char *js = json_dumps(data, JSON_COMPACT | JSON_ESCAPE_SLASH | JSON_REAL_PRECISION(17));
-  json_decref(data);
-  if (!js) b.oom = 1;
-  else {
-    sb_puts(&b, "<script type=\"application/json\" id=\"ampc-report-data\">");
-    /* '<' (only ever inside a JSON string) as \u003c: no "</script" or
-     * "<!--" from the file can end or confuse the block */
-    for (const char *p = js, *q; *p; p = q) {
-      q = strchr(p, '<');
-      if (!q) q = p + strlen(p);
-      sb_put(&b, p, (size_t)(q - p));
-      if (*q) sb_puts(&b, "\\u003c"), q++;
-    }
-    sb_puts(&b, "</script>\n");
-    free(js);
+  /* everything drawn, machine-readable: the runs' records as read (text
+   * already JSON), the rest as jansson writes it */
+  sb_puts(&b, "<script type=\"application/json\" id=\"ampc-report-data\">");
+  json_block(&b, "{\"generator\":");
+  json_t *gen = json_string(ampc_version());
+  json_block_dump(&b, gen ? json_dumps(gen, JSON_ENCODE_ANY) : NULL);
+  json_decref(gen);
+  json_block(&b, ",\"runs\":[");
+  for (size_t r = 0; r < nfiles; r++) {
+    json_t *head = json_pack("{s:s, s:s, s:s, s:s}", "file", runs[r].path, "colour", colour(r), "opt_level", runs[r].opt_level,
+                             "half", runs[r].half);
+    char *hs = head ? json_dumps(head, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(head);
+    if (hs) hs[strlen(hs) - 1] = '\0'; /* its closing brace: the records follow */
+    if (r) json_block(&b, ",");
+    json_block_dump(&b, hs);
+    json_block(&b, ",\"records\":[");
+    json_block(&b, runs[r].records.p ? runs[r].records.p : "");
+    json_block(&b, "]}");
   }
+  json_block(&b, "],\"charts\":");
+  json_block_dump(&b, json_dumps(charts_json, JSON_COMPACT | JSON_REAL_PRECISION(17)));
+  json_decref(charts_json);
+  json_block(&b, "}");
+  sb_puts(&b, "</script>\n");
   sb_puts(&b, "</body>\n</html>\n");
   size_t drawn = 0;
   for (size_t i = 0; i < ncharts; i++) {
