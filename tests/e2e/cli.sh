@@ -350,7 +350,7 @@ fi
 
 # --- an epoch's last batches: a step of accumulated micro-batches is applied even when the
 #     last batch is too small to train on; one image trains a model without batch norm ---------
-steps_of() { sed -n 's/.* \([0-9]*\) steps (.*/\1/p' "$1" | tail -1; }
+steps_of() { sed -n 's/.* \([0-9]*\) steps\? (.*/\1/p' "$1" | tail -1; }
 acc=(--train-limit 385 --test-limit 64 --batch-size 128 --epochs 2 --grad-accum 2 --threads 1 --lr 0.01)
 "$ampc" train --model mlp "${acc[@]}" > /dev/null 2> "$dir/acc_mlp.txt"
 "$ampc" train --model cnn "${acc[@]}" --metrics "$dir/acc_cnn.jsonl" --log-every 1 --opt-level O2 > /dev/null 2> "$dir/acc_cnn.txt"

@@ -333,8 +333,8 @@ int cmd_train(int argc, char **argv) {
     if (ts.epoch >= a.epochs) {
       /* nothing left to do: say so rather than silently exit */
       if (root)
-        printf("ampc: the run in %s is finished: it trained all %lld epoch%s (%lld steps); give a larger --epochs to train on%s%s%s\n",
-               resume_path, (long long)ts.epoch, ts.epoch == 1 ? "" : "s", (long long)ts.step,
+        printf("ampc: the run in %s is finished: it trained all %lld epoch%s (%lld step%s); give a larger --epochs to train on%s%s%s\n",
+               resume_path, (long long)ts.epoch, ts.epoch == 1 ? "" : "s", (long long)ts.step, ts.step == 1 ? "" : "s",
                a.save ? " (--save " : "", a.save ? a.save : "",
                a.save ? " not written: nothing was trained; ampc export CHECKPOINT -o FILE writes its weights)" : "");
       goto done;
@@ -542,7 +542,7 @@ int cmd_train(int argc, char **argv) {
           skip_repeats++;
         } else if (root) {
           cli_progress_clear(&pg);
-          if (skip_repeats) fprintf(stderr, "ampc: (%lld more skipped steps in a row)\n", (long long)skip_repeats);
+          if (skip_repeats) fprintf(stderr, "ampc: (%lld more skipped step%s in a row)\n", (long long)skip_repeats, skip_repeats == 1 ? "" : "s");
           skip_repeats = 0;
           fprintf(stderr, "ampc: step %lld: gradient overflow, step skipped, loss scale now %g; non-finite gradients in %d parameter%s: %s%s%s%s%s%s\n",
                   (long long)ts.step, info.scale, info.n_nonfinite, info.n_nonfinite == 1 ? "" : "s",
@@ -610,7 +610,7 @@ int cmd_train(int argc, char **argv) {
     }
     if (skip_repeats) {
       cli_progress_clear(&pg);
-      if (root) fprintf(stderr, "ampc: (%lld more skipped steps in a row)\n", (long long)skip_repeats);
+      if (root) fprintf(stderr, "ampc: (%lld more skipped step%s in a row)\n", (long long)skip_repeats, skip_repeats == 1 ? "" : "s");
       skip_repeats = 0;
       last_skip_report = -1;
     }
@@ -756,8 +756,8 @@ int cmd_train(int argc, char **argv) {
     ampc_amp_memory(s.amp, &end);
     size_t acc_bytes = 0;
     for (int c = 0; c < AMPC_MEM_COUNT; c++) acc_bytes += ampc_mem_total(&end, (ampc_mem_category)c);
-    fprintf(stderr, "ampc: %s in %.1fs: %d epoch%s, %lld steps (%lld skipped), ", interrupted ? "stopped" : "done", cli_now() - run_t0,
-            epochs_run, epochs_run == 1 ? "" : "s", (long long)ts.step, (long long)ts.skipped_total);
+    fprintf(stderr, "ampc: %s in %.1fs: %d epoch%s, %lld step%s (%lld skipped), ", interrupted ? "stopped" : "done", cli_now() - run_t0,
+            epochs_run, epochs_run == 1 ? "" : "s", (long long)ts.step, ts.step == 1 ? "" : "s", (long long)ts.skipped_total);
     if (best_epoch) fprintf(stderr, "test_acc best %.4f (epoch %d) final %.4f, ", best_acc, best_epoch, last_acc);
     fprintf(stderr, "loss scale %g, peak memory %ld MB (accounted %.1f MB)%s\n", ampc_scaler_scale(ampc_amp_scaler(s.amp, 0)),
             peak_rss_mb(), (double)acc_bytes / 1e6, W > 1 ? " on rank 0" : "");
