@@ -170,6 +170,19 @@ else
   bad "report of markup.jsonl: $(cat markup.err)"
 fi
 
+# A file name and a --title that are not UTF-8 (any bytes, as a shell gives
+# them): the page stays UTF-8 (U+FFFD for the bad bytes) and its data block
+# names the run (a run whose name jansson refused was dropped from it before).
+badname=$(printf 'run\377.jsonl')
+cp O2.jsonl "$badname"
+if "$ampc" report "$badname" --title "$(printf 'a\303\050b')" -o badname.html 2> badname.err && python3 - badname.html <<'PY'
+import json, re, sys
+page = open(sys.argv[1], "rb").read().decode("utf-8")  # strict: raises on a bad byte
+data = json.loads(re.search(r'id="ampc-report-data">(.*?)</script>', page, re.S).group(1))
+sys.exit(0 if data["runs"][0]["file"] == "run\ufffd.jsonl" and "<title>a\ufffd(b: run\ufffd.jsonl</title>" in page else 1)
+PY
+then ok "a file name and title that are not UTF-8: the page is UTF-8, its data names the run"; else bad "non-UTF-8 names"; cat badname.err; fi
+
 # Headless Chromium: the page renders, and the screenshot shows the charts.
 chrome=""
 for c in chromium chromium-browser google-chrome; do command -v "$c" > /dev/null 2>&1 && { chrome=$c; break; }; done

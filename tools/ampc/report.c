@@ -84,13 +84,47 @@ static const char *html_entity(char c) {
   }
 }
 
-/* Text or an attribute value, escaped for HTML. */
+/* The length of the UTF-8 character at s (1 to 4 bytes), or 0 where its
+ * bytes are not one (a file name or --title may be any bytes). */
+static int utf8_char(const char *s) {
+  const unsigned char *u = (const unsigned char *)s;
+  int n = u[0] < 0x80 ? 1 : u[0] >= 0xC2 && u[0] <= 0xDF ? 2 : u[0] >= 0xE0 && u[0] <= 0xEF ? 3 : u[0] >= 0xF0 && u[0] <= 0xF4 ? 4 : 0;
+  for (int i = 1; i < n; i++) /* (a NUL ends the loop: it is no continuation byte) */
+    if ((u[i] & 0xC0) != 0x80) return 0;
+  /* overlong forms, UTF-16 surrogates, past U+10FFFF */
+  if ((u[0] == 0xE0 && u[1] < 0xA0) || (u[0] == 0xED && u[1] >= 0xA0) || (u[0] == 0xF0 && u[1] < 0x90) || (u[0] == 0xF4 && u[1] >= 0x90))
+    return 0;
+  return n;
+}
+
+#define UTF8_REPLACEMENT "\xEF\xBF\xBD" /* U+FFFD */
+
+/* Text or an attribute value, escaped for HTML; a byte that is not UTF-8
+ * written as U+FFFD (the page says it is UTF-8). */
 static void sb_esc(sbuf *b, const char *s) {
-  for (; *s; s++) {
+  while (*s) {
     const char *r = html_entity(*s);
+    int n = r ? 1 : utf8_char(s);
     if (r) sb_puts(b, r);
-    else sb_put(b, s, 1);
+    else if (n) sb_put(b, s, (size_t)n);
+    else sb_puts(b, UTF8_REPLACEMENT);
+    s += n ? n : 1;
   }
+}
+
+/* A copy of s, each byte that is not UTF-8 replaced with U+FFFD, for a JSON
+ * string (NULL: out of memory). */
+static char *utf8_copy(const char *s) {
+  char *out = malloc(strlen(s) * 3 + 1), *o = out;
+  if (!out) return NULL;
+  while (*s) {
+    int n = utf8_char(s);
+    memcpy(o, n ? s : UTF8_REPLACEMENT, n ? (size_t)n : 3);
+    o += n ? n : 3;
+    s += n ? n : 1;
+  }
+  *o = '\0';
+  return out;
 }
 
 /* The same into buf (n bytes; cut short at a whole character reference),
@@ -1092,8 +1126,11 @@ int cmd_report(int argc, char **argv) {
   json_decref(gen);
   json_block(&b, ",\"runs\":[");
   for (size_t r = 0; r < nfiles; r++) {
-    json_t *head = json_pack("{s:s, s:s, s:s, s:s}", "file", runs[r].path, "colour", colour(r), "opt_level", runs[r].opt_level,
-                             "half", runs[r].half);
+    char *file = utf8_copy(runs[r].path);
+    json_t *head = file ? json_pack("{s:s, s:s, s:s, s:s}", "file", file, "colour", colour(r), "opt_level", runs[r].opt_level,
+                                    "half", runs[r].half)
+                        : NULL;
+    free(file);
     char *hs = head ? json_dumps(head, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(head);
     if (hs) hs[strlen(hs) - 1] = '\0'; /* its closing brace: the records follow */

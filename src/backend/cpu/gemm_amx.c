@@ -73,6 +73,9 @@ size_t ampc__cpu_amx_pack_b_bytes(int64_t k, int64_t n) {
 
 #ifdef AMX_BUILT
 #define AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,amx-tile,amx-bf16")))
+/* the packing and the dot products: no tile instructions, for CPUs with
+ * avx512_bf16 and none */
+#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
 
 static uint16_t *amx_align(void *p) { return (uint16_t *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
@@ -85,7 +88,7 @@ static inline void amx_tr16(const uint32_t *src, uint32_t *dst) {
 /* Rows p, p + 1 of a matrix with 16 columns from col (masked by mc; a row
  * past kend is zeros) as 16 pairs of bf16, the two rows' values of a column
  * side by side. */
-AMX_TARGET static inline __m512i amx_pairs(const float *row, int64_t ld, int64_t p, int64_t kend, __mmask16 mc) {
+BF16_TARGET static inline __m512i amx_pairs(const float *row, int64_t ld, int64_t p, int64_t kend, __mmask16 mc) {
   const __m512i ilv = _mm512_set_epi16(CPU_AMX_PAIRS_IDX);
   __m512 r0 = p < kend ? _mm512_maskz_loadu_ps(mc, row + p * ld) : _mm512_setzero_ps();
   __m512 r1 = p + 1 < kend ? _mm512_maskz_loadu_ps(mc, row + (p + 1) * ld) : _mm512_setzero_ps();
@@ -93,7 +96,7 @@ AMX_TARGET static inline __m512i amx_pairs(const float *row, int64_t ld, int64_t
 }
 
 /* 32 values of a row (kn of them, the rest zeros) as 32 bf16 */
-AMX_TARGET static inline __m512i amx_row32(const float *a, int64_t kn) {
+BF16_TARGET static inline __m512i amx_row32(const float *a, int64_t kn) {
   __mmask16 m0 = kn >= 16 ? 0xffff : kn > 0 ? (__mmask16)((1u << kn) - 1) : 0;
   __mmask16 m1 = kn >= 32 ? 0xffff : kn > 16 ? (__mmask16)((1u << (kn - 16)) - 1) : 0;
   return (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, a + 16), _mm512_maskz_loadu_ps(m0, a));
@@ -103,7 +106,7 @@ static __mmask16 amx_mask(int64_t n) { return n >= 16 ? 0xffff : n > 0 ? (__mmas
 
 /* A (m x k; ta: stored k x m, rows lda apart) into tiles [m/16][k/32][16][32]:
  * the row blocks of part `part` of `nparts` (threads share the packing). */
-AMX_TARGET void ampc__cpu_amx_pack_a(int64_t m, int64_t k, const float *A, int64_t lda, int ta, void *dst_, int part,
+BF16_TARGET void ampc__cpu_amx_pack_a(int64_t m, int64_t k, const float *A, int64_t lda, int ta, void *dst_, int part,
                                      int nparts) {
   uint16_t *dst = amx_align(dst_);
   int64_t mb = cpu_round_up(m, 32) / 16, kb = cpu_round_up(k, 32) / 32;
@@ -128,7 +131,7 @@ AMX_TARGET void ampc__cpu_amx_pack_a(int64_t m, int64_t k, const float *A, int64
 
 /* B (k x n, rows ldb apart; tb: stored n x k) into tiles [n/16][k/32][16
  * pairs of k][16 columns][2]. */
-AMX_TARGET void ampc__cpu_amx_pack_b(int64_t k, int64_t n, const float *B, int64_t ldb, int tb, void *dst_) {
+BF16_TARGET void ampc__cpu_amx_pack_b(int64_t k, int64_t n, const float *B, int64_t ldb, int tb, void *dst_) {
   uint16_t *dst = amx_align(dst_);
   int64_t nb = cpu_round_up(n, 32) / 16, kb = cpu_round_up(k, 32) / 32;
   uint32_t tmp[256] __attribute__((aligned(64)));
@@ -246,8 +249,6 @@ AMX_TARGET void ampc__cpu_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const
  * broadcast, multiplies them. As on the tiles, the products of bf16 values
  * are exact in f32 and denormals are flushed. It runs at twice the FMAs'
  * rate (64 against 32 flops an instruction). */
-#define DP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
-
 static int dp_ok;
 static pthread_once_t dp_once = PTHREAD_ONCE_INIT;
 static void dp_probe(void) {
@@ -266,7 +267,7 @@ int ampc__cpu_bf16dp(void) {
  * ran ~10% slower than GCC's broadcast into a register, and blocks of 8 rows
  * by 32 columns, half the broadcasts, no faster: the strided convolutions of
  * ResNet-18 spend most of their time outside the products now.) */
-DP_TARGET static void dp_block(const uint16_t *a, const uint16_t *b, int64_t nq, float *C, int64_t ldc, int64_t ri,
+BF16_TARGET static void dp_block(const uint16_t *a, const uint16_t *b, int64_t nq, float *C, int64_t ldc, int64_t ri,
                                int64_t rj, int acc) {
   __m512 c[16];
   __mmask16 mc = amx_mask(rj);
@@ -290,7 +291,7 @@ DP_TARGET static void dp_block(const uint16_t *a, const uint16_t *b, int64_t nq,
 /* C (m x n) (+)= packed A * packed B as ampc__cpu_amx_gemm_packed: slices
  * of AMX_KB k, in which a 16-column B panel (8 KB) stays in L1 while the A
  * panels stream from L2 past it (or the other way round where n > m). */
-DP_TARGET void ampc__cpu_dp_gemm_packed(int64_t m, int64_t n, int64_t k, const void *Ap_, const void *Bp_, float *C,
+BF16_TARGET void ampc__cpu_dp_gemm_packed(int64_t m, int64_t n, int64_t k, const void *Ap_, const void *Bp_, float *C,
                                         int64_t ldc, int add) {
   const uint16_t *Ap = amx_align((void *)Ap_), *Bp = amx_align((void *)Bp_);
   int64_t kb = cpu_round_up(k, 32) / 32, mb = cpu_round_up(m, 32) / 16, nb = cpu_round_up(n, 32) / 16;
