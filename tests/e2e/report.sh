@@ -182,6 +182,19 @@ data = json.loads(re.search(r'id="ampc-report-data">(.*?)</script>', page, re.S)
 sys.exit(0 if data["runs"][0]["file"] == "run\ufffd.jsonl" and "<title>a\ufffd(b: run\ufffd.jsonl</title>" in page else 1)
 PY
 then ok "a file name and title that are not UTF-8: the page is UTF-8, its data names the run"; else bad "non-UTF-8 names"; cat badname.err; fi
+# and names from the file cut to their room at a whole character: an
+# opt_level and a memory category whose multi-byte letter lies across the cut
+python3 - cut.jsonl <<'PY'
+import json, sys
+rec = {"epoch": 1, "train_loss": 1.0, "opt_level": "O" * 14 + "\u00e9", "half": "bf16-" + "\u20ac" * 4,
+       "memory": {"a" * 254 + "\u00e9": {"f32": 5, "total": 5}, "total": 5}}
+open(sys.argv[1], "w").write(json.dumps(rec, ensure_ascii=False) + "\n")
+PY
+if "$ampc" report cut.jsonl -o cut.html 2> cut.err && python3 -c 'import sys; open(sys.argv[1], "rb").read().decode("utf-8")' cut.html; then
+  ok "names cut at a whole character: the page is UTF-8"
+else
+  bad "names cut inside a character"; cat cut.err
+fi
 
 # Headless Chromium: the page renders, and the screenshot shows the charts.
 chrome=""

@@ -702,6 +702,7 @@ TEST(conv2d_amx) {
     return;
   }
   packed_products_check(ampc__cpu_amx_gemm_packed, "AMX");
+  int packed = 0;
   for (int algo = 0; algo < 2; algo++)
   for (int i = 0; i < NCASES; i++) {
     /* im2col's products on the tiles; then the default, which takes 3x3
@@ -711,9 +712,14 @@ TEST(conv2d_amx) {
     if (cs->k != K_CONV) continue;
     const prec_case *pc = &PRECS[2];
     CHECK(pc->p.act_type == AMPC_DTYPE_BF16 && pc->p.param_type == AMPC_DTYPE_BF16);
-    /* one bf16 step of the largest value at most */
-    compare_with_hook(cs, pc, &ampc__cpu_amx_off, 1.0 / 128, "AMX tiles vs f32 products");
+    /* one bf16 step of the largest value at most; the graph with the tiles
+     * off built so too (its workspace without the packed operands) */
+    size_t ws[2] = {0, 0};
+    compare_hooked(cs, pc, &ampc__cpu_amx_off, 1, 1, 2, 1.0 / 128, "AMX tiles vs f32 products", ws);
+    packed += !algo && ws[0] > ws[1];
   }
+  /* the comparisons above ran the tiles: im2col's workspace held their operands */
+  CHECK_MSG(packed > 0, "no im2col convolution laid out the tiles' operands");
   test_conv_algo = AMPC_CONV_AUTO;
 }
 
@@ -730,6 +736,7 @@ TEST(conv2d_bf16_dot_products) {
   packed_products_check(ampc__cpu_dp_gemm_packed, "AVX-512 BF16");
   ampc__cpu_amx_off = 1;
   CHECK(strcmp(ampc_kernel_tiles(), "avx512-bf16") == 0);
+  int packed[2] = {0, 0}, strided = 0;
   for (int algo = 0; algo < 2; algo++)
     for (int i = 0; i < NCASES; i++) {
       test_conv_algo = algo ? AMPC_CONV_AUTO : AMPC_CONV_IM2COL;
@@ -737,8 +744,16 @@ TEST(conv2d_bf16_dot_products) {
       if (cs->k != K_CONV) continue;
       const prec_case *pc = &PRECS[2];
       CHECK(pc->p.act_type == AMPC_DTYPE_BF16 && pc->p.param_type == AMPC_DTYPE_BF16);
-      compare_with_hook(cs, pc, &ampc__cpu_bf16dp_off, 1.0 / 128, "AVX-512 BF16 dot products vs f32 products");
+      /* the graph with the dot products off built so too: its workspace
+       * holds no packed operands, so a larger one says the products ran */
+      size_t ws[2] = {0, 0};
+      compare_hooked(cs, pc, &ampc__cpu_bf16dp_off, 1, 1, 2, 1.0 / 128, "AVX-512 BF16 dot products vs f32 products", ws);
+      packed[algo] += ws[0] > ws[1];
+      if (algo && !strcmp(cs->name, "conv3x3_s2_32ch")) strided = ws[0] > ws[1];
     }
+  CHECK_MSG(packed[0] > 0 && packed[1] > 0 && strided,
+            "the dot products were not laid out: %d im2col cases, %d default ones, the strided one %d", packed[0], packed[1],
+            strided);
   ampc__cpu_amx_off = 0;
   test_conv_algo = AMPC_CONV_AUTO;
 }

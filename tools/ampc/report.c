@@ -127,13 +127,27 @@ static char *utf8_copy(const char *s) {
   return out;
 }
 
-/* The same into buf (n bytes; cut short at a whole character reference),
- * for a name from the file inside a formatted line. */
+/* s into buf (n bytes), cut short at a whole character: UTF-8 in, UTF-8 out. */
+static void copy_cut(char *buf, size_t n, const char *s) {
+  size_t k = 0;
+  while (*s) {
+    size_t len = utf8_char(s) ? (size_t)utf8_char(s) : 1;
+    if (k + len >= n) break;
+    memcpy(buf + k, s, len);
+    k += len;
+    s += len;
+  }
+  buf[k] = '\0';
+}
+
+/* sb_esc's escaping into buf (n bytes; cut short at a whole character or
+ * character reference), for a name from the file inside a formatted line. */
 static const char *html(char *buf, size_t n, const char *s) {
   size_t k = 0;
-  for (; *s; s++) {
+  for (int c; *s; s += c) {
     const char *r = html_entity(*s);
-    size_t len = r ? strlen(r) : 1;
+    c = r || !utf8_char(s) ? 1 : utf8_char(s);
+    size_t len = r ? strlen(r) : (size_t)c;
     if (k + len >= n) break;
     memcpy(buf + k, r ? r : s, len);
     k += len;
@@ -241,8 +255,8 @@ static int read_epoch(run_t *r, json_t *o, where w, size_t order) {
     return -1;
   }
   const char *lvl = json_string_value(json_object_get(o, "opt_level")), *half = json_string_value(json_object_get(o, "half"));
-  if (lvl) snprintf(r->opt_level, sizeof r->opt_level, "%s", lvl);
-  if (half) snprintf(r->half, sizeof r->half, "%s", half);
+  if (lvl) copy_cut(r->opt_level, sizeof r->opt_level, lvl);
+  if (half) copy_cut(r->half, sizeof r->half, half);
   epoch_rec *ep = realloc(r->ep, (r->nep + 1) * sizeof *ep);
   if (!ep) return -1;
   r->ep = ep;

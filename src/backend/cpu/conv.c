@@ -64,7 +64,7 @@ static conv_geom conv_geometry_of(const ampc__op_call *c, int nthreads, int bf16
   g.off_y = (size_t)g.K * nc;
   g.off_dcols = g.off_y + (size_t)g.O * nc;
   g.off_dw = g.off_dcols + (size_t)g.K * nc; /* dcols: backward data's columns, or backward weights' transposed */
-  /* a thread's partial weight gradient, the tiles' only (see
+  /* a thread's partial weight gradient, the bf16 engines' only (see
    * ampc__cpu_conv2d_bwd); its bias gradient's partial, or the forward's
    * bias in f32 */
   g.off_db = g.off_dw + (bf16 ? (size_t)(g.O * g.K) : 0);
@@ -87,8 +87,8 @@ static conv_geom conv_geometry_of(const ampc__op_call *c, int nthreads, int bf16
   return g;
 }
 
-/* The layout, with the tiles' room where they are used -- at run time only
- * if the workspace laid out at compile has it (a test may switch them on
+/* The layout, with the bf16 engines' room where they are used -- at run time
+ * only if the workspace laid out at compile has it (a test may switch them on
  * between compile and run). */
 static conv_geom conv_geometry(const ampc__op_call *c, int nthreads) {
   conv_geom g = conv_geometry_of(c, nthreads, conv_bf16(c));
@@ -372,7 +372,7 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
   const ampc_tensor *db = c->n_in > 2 ? &c->din[2] : NULL;
   int need_dx = dx->data != NULL, need_dw = dw->data != NULL, need_db = db && db->data;
   int64_t ng = ngroups(&g);
-  /* (the workspace has the tiles' room whatever dY's type; they are used
+  /* (the workspace has the bf16 engines' room whatever dY's type; they are used
    * only where its values are bf16's too) */
   int bf16 = g.bf16 && dy->dtype == AMPC_DTYPE_BF16;
   double t0 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0;
