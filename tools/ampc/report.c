@@ -448,12 +448,17 @@ static int drawable(const chart *c, double x, double y) {
 /* Adds a point unless y is missing (or, on a log axis, not positive). */
 static int point(chart *c, series *s, double x, double y) {
   if (!s || !drawable(c, x, y)) return 0;
-  return dv_push(&s->x, x) | dv_push(&s->y, y);
+  if (dv_push(&s->x, x) < 0) return -1;
+  if (dv_push(&s->y, y) < 0) return s->x.n--, -1; /* (x and y stay as long as each other) */
+  return 0;
 }
 
 static int mark(chart *c, series *s, double x, double y, double count) {
   if (!s || !drawable(c, x, y)) return 0;
-  return dv_push(&s->mx, x) | dv_push(&s->my, y) | dv_push(&s->mcount, count);
+  if (dv_push(&s->mx, x) < 0) return -1;
+  if (dv_push(&s->my, y) < 0) return s->mx.n--, -1;
+  if (dv_push(&s->mcount, count) < 0) return s->mx.n--, s->my.n--, -1;
+  return 0;
 }
 
 /* Plot geometry, in SVG user units. */
