@@ -696,38 +696,50 @@ static void packed_products_check(packed_gemm_fn gemm, const char *engine) {
     }
 }
 
+/* Every convolution case in bf16 on im2col (algo 0) and by default (1)
+ * against the same with the bf16 engine switched off by hook: one bf16 step
+ * of the largest value at most. The graph with the engine off is built so
+ * too: its workspace holds no packed operands, so where the engine's is
+ * larger the engine ran -- counted in packed[algo]; *strided says so of the
+ * strided case by default. */
+static void bf16_engine_cases(int *hook, const char *what, int packed[2], int *strided) {
+  packed[0] = packed[1] = *strided = 0;
+  for (int algo = 0; algo < 2; algo++)
+    for (int i = 0; i < NCASES; i++) {
+      test_conv_algo = algo ? AMPC_CONV_AUTO : AMPC_CONV_IM2COL;
+      const op_case *cs = &CASES[i];
+      if (cs->k != K_CONV) continue;
+      const prec_case *pc = &PRECS[2];
+      CHECK(pc->p.act_type == AMPC_DTYPE_BF16 && pc->p.param_type == AMPC_DTYPE_BF16);
+      size_t ws[2] = {0, 0};
+      compare_hooked(cs, pc, hook, 1, 1, 2, 1.0 / 128, what, ws);
+      packed[algo] += ws[0] > ws[1];
+      if (algo && !strcmp(cs->name, "conv3x3_s2_32ch")) *strided = ws[0] > ws[1];
+    }
+  test_conv_algo = AMPC_CONV_AUTO;
+}
+
 TEST(conv2d_amx) {
   if (!ampc__cpu_amx()) {
     printf("  (no AMX-BF16 on this CPU, or not granted by the OS: the tiles' paths are not run here)\n");
     return;
   }
   packed_products_check(ampc__cpu_amx_gemm_packed, "AMX");
-  int packed = 0;
-  for (int algo = 0; algo < 2; algo++)
-  for (int i = 0; i < NCASES; i++) {
-    /* im2col's products on the tiles; then the default, which takes 3x3
-     * stride-1 convolutions straight from padded planes on the tiles */
-    test_conv_algo = algo ? AMPC_CONV_AUTO : AMPC_CONV_IM2COL;
-    const op_case *cs = &CASES[i];
-    if (cs->k != K_CONV) continue;
-    const prec_case *pc = &PRECS[2];
-    CHECK(pc->p.act_type == AMPC_DTYPE_BF16 && pc->p.param_type == AMPC_DTYPE_BF16);
-    /* one bf16 step of the largest value at most; the graph with the tiles
-     * off built so too (its workspace without the packed operands) */
-    size_t ws[2] = {0, 0};
-    compare_hooked(cs, pc, &ampc__cpu_amx_off, 1, 1, 2, 1.0 / 128, "AMX tiles vs f32 products", ws);
-    packed += !algo && ws[0] > ws[1];
-  }
-  /* the comparisons above ran the tiles: im2col's workspace held their operands */
-  CHECK_MSG(packed > 0, "no im2col convolution laid out the tiles' operands");
-  test_conv_algo = AMPC_CONV_AUTO;
+  /* im2col's products on the tiles; then the default, which takes 3x3
+   * stride-1 convolutions straight from padded planes on the tiles. (The
+   * dot products off: with the tiles off they would take the products.) */
+  ampc__cpu_bf16dp_off = 1;
+  int packed[2], strided;
+  bf16_engine_cases(&ampc__cpu_amx_off, "AMX tiles vs f32 products", packed, &strided);
+  CHECK_MSG(packed[0] > 0 && strided, "the tiles' operands were not laid out: %d im2col cases, the strided one %d",
+            packed[0], strided);
+  ampc__cpu_bf16dp_off = 0;
 }
 
 /* AVX-512 BF16's dot products (the engine of CPUs with avx512_bf16 and no
  * tiles; on a CPU with tiles too, these are switched off to run it): the
- * packed product against the double reference as above, then every
- * convolution case in bf16 on the im2col path and by default (where the
- * strided and 1x1 ones take it) against the same with f32 products. */
+ * packed product against the double reference as above, then the
+ * convolution cases (by default the strided and 1x1 ones take it). */
 TEST(conv2d_bf16_dot_products) {
   if (!ampc__cpu_bf16dp()) {
     printf("  (no AVX-512 BF16 on this CPU: the dot products' path is not run here)\n");
@@ -736,26 +748,12 @@ TEST(conv2d_bf16_dot_products) {
   packed_products_check(ampc__cpu_dp_gemm_packed, "AVX-512 BF16");
   ampc__cpu_amx_off = 1;
   CHECK(strcmp(ampc_kernel_tiles(), "avx512-bf16") == 0);
-  int packed[2] = {0, 0}, strided = 0;
-  for (int algo = 0; algo < 2; algo++)
-    for (int i = 0; i < NCASES; i++) {
-      test_conv_algo = algo ? AMPC_CONV_AUTO : AMPC_CONV_IM2COL;
-      const op_case *cs = &CASES[i];
-      if (cs->k != K_CONV) continue;
-      const prec_case *pc = &PRECS[2];
-      CHECK(pc->p.act_type == AMPC_DTYPE_BF16 && pc->p.param_type == AMPC_DTYPE_BF16);
-      /* the graph with the dot products off built so too: its workspace
-       * holds no packed operands, so a larger one says the products ran */
-      size_t ws[2] = {0, 0};
-      compare_hooked(cs, pc, &ampc__cpu_bf16dp_off, 1, 1, 2, 1.0 / 128, "AVX-512 BF16 dot products vs f32 products", ws);
-      packed[algo] += ws[0] > ws[1];
-      if (algo && !strcmp(cs->name, "conv3x3_s2_32ch")) strided = ws[0] > ws[1];
-    }
+  int packed[2], strided;
+  bf16_engine_cases(&ampc__cpu_bf16dp_off, "AVX-512 BF16 dot products vs f32 products", packed, &strided);
   CHECK_MSG(packed[0] > 0 && packed[1] > 0 && strided,
             "the dot products were not laid out: %d im2col cases, %d default ones, the strided one %d", packed[0], packed[1],
             strided);
   ampc__cpu_amx_off = 0;
-  test_conv_algo = AMPC_CONV_AUTO;
 }
 
 TEST_MAIN(TEST_ENTRY(conv2d), TEST_ENTRY(conv2d_im2col), TEST_ENTRY(conv2d_winograd), TEST_ENTRY(conv2d_direct),
