@@ -85,11 +85,12 @@ const char *ampc_convert_path(void);
  * without FMA) or "baseline". */
 const char *ampc_kernel_path(void);
 /* The bf16 engine the CPU kernels use beside the vector code for the
- * products of convolutions stored in bf16: "amx-bf16" where the CPU has
- * Intel's AMX-BF16 and the OS grants it to the process, else "avx512-bf16"
- * where it has AVX-512 BF16's dot products (the products of the
- * convolutions on im2col -- the strided and 1x1 ones, and 3x3 ones of fewer
- * than 8 channels; Winograd keeps the rest on the FMAs), else "none". */
+ * products of convolutions and linear layers stored in bf16: "amx-bf16"
+ * where the CPU has Intel's AMX-BF16 and the OS grants it to the process,
+ * else "avx512-bf16" where it has AVX-512 BF16's dot products (the linear
+ * layers' products and those of the convolutions on im2col -- the strided
+ * and 1x1 ones, and 3x3 ones of fewer than 8 channels; Winograd keeps the
+ * rest on the FMAs), else "none". */
 const char *ampc_kernel_tiles(void);
 
 #ifdef __cplusplus

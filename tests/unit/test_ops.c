@@ -696,14 +696,21 @@ static void packed_products_check(packed_gemm_fn gemm, const char *engine) {
     }
 }
 
-/* Every convolution case in bf16 on im2col (algo 0) and by default (1)
- * against the same with the bf16 engine switched off by hook: one bf16 step
- * of the largest value at most. The graph with the engine off is built so
- * too: its workspace holds no packed operands, so where the engine's is
- * larger the engine ran -- counted in packed[algo]; *strided says so of the
- * strided case by default. */
-static void bf16_engine_cases(int *hook, const char *what, int packed[2], int *strided) {
-  packed[0] = packed[1] = *strided = 0;
+/* Every convolution case in bf16 on im2col (algo 0) and by default (1),
+ * and every linear case, against the same with the bf16 engine switched off
+ * by hook: one bf16 step of the largest value at most. The graph with the
+ * engine off is built so too: its workspace holds no packed operands, so
+ * where the engine's is larger the engine ran -- counted in packed[algo]
+ * and *linear; *strided says so of the strided case by default. */
+static void bf16_engine_cases(int *hook, const char *what, int packed[2], int *strided, int *linear) {
+  packed[0] = packed[1] = *strided = *linear = 0;
+  for (int i = 0; i < NCASES; i++) {
+    const op_case *cs = &CASES[i];
+    if (cs->k != K_LINEAR) continue;
+    size_t ws[2] = {0, 0};
+    compare_hooked(cs, &PRECS[2], hook, 1, 1, 2, 1.0 / 128, what, ws);
+    *linear += ws[0] > ws[1];
+  }
   for (int algo = 0; algo < 2; algo++)
     for (int i = 0; i < NCASES; i++) {
       test_conv_algo = algo ? AMPC_CONV_AUTO : AMPC_CONV_IM2COL;
@@ -729,10 +736,11 @@ TEST(conv2d_amx) {
    * stride-1 convolutions straight from padded planes on the tiles. (The
    * dot products off: with the tiles off they would take the products.) */
   ampc__cpu_bf16dp_off = 1;
-  int packed[2], strided;
-  bf16_engine_cases(&ampc__cpu_amx_off, "AMX tiles vs f32 products", packed, &strided);
-  CHECK_MSG(packed[0] > 0 && strided, "the tiles' operands were not laid out: %d im2col cases, the strided one %d",
-            packed[0], strided);
+  int packed[2], strided, linear;
+  bf16_engine_cases(&ampc__cpu_amx_off, "AMX tiles vs f32 products", packed, &strided, &linear);
+  CHECK_MSG(packed[0] > 0 && strided && linear > 0,
+            "the tiles' operands were not laid out: %d im2col cases, the strided one %d, %d linear ones", packed[0], strided,
+            linear);
   ampc__cpu_bf16dp_off = 0;
 }
 
@@ -748,11 +756,11 @@ TEST(conv2d_bf16_dot_products) {
   packed_products_check(ampc__cpu_dp_gemm_packed, "AVX-512 BF16");
   ampc__cpu_amx_off = 1;
   CHECK(strcmp(ampc_kernel_tiles(), "avx512-bf16") == 0);
-  int packed[2], strided;
-  bf16_engine_cases(&ampc__cpu_bf16dp_off, "AVX-512 BF16 dot products vs f32 products", packed, &strided);
-  CHECK_MSG(packed[0] > 0 && packed[1] > 0 && strided,
-            "the dot products were not laid out: %d im2col cases, %d default ones, the strided one %d", packed[0], packed[1],
-            strided);
+  int packed[2], strided, linear;
+  bf16_engine_cases(&ampc__cpu_bf16dp_off, "AVX-512 BF16 dot products vs f32 products", packed, &strided, &linear);
+  CHECK_MSG(packed[0] > 0 && packed[1] > 0 && strided && linear > 0,
+            "the dot products were not laid out: %d im2col cases, %d default ones, the strided one %d, %d linear ones",
+            packed[0], packed[1], strided, linear);
   ampc__cpu_amx_off = 0;
 }
 
