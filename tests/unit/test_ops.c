@@ -457,8 +457,8 @@ TEST(winograd_wide_kernel_same_bits) {
  * whatever the group of samples, and the weight gradient's threads each sum
  * the columns of a share of the input channels over every sample in order
  * (shapes whose blocks are all multiples of 8 columns, which the kernel
- * takes; the bf16 engines' weight gradient, which adds per-thread partials,
- * is off). */
+ * takes; the bf16 engines, whose sums pair columns as the groups of samples
+ * do, are off). */
 TEST(im2col_same_bits_any_threads) {
   static const char *names[] = {"conv3x3_16x16", "conv3x3_s2_32ch", "conv3x3_32to40"};
   int none = 0;

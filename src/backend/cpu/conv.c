@@ -34,7 +34,7 @@ typedef struct {
   int nt;       /* threads the workspace is laid out for */
   int bf16;     /* the products on bf16 engines (conv_bf16): AMX tiles or AVX-512 BF16 */
   size_t per_thread, shared; /* floats */
-  size_t off_y, off_dcols, off_dw, off_db, off_xs, off_dxs;
+  size_t off_y, off_dcols, off_db, off_xs, off_dxs;
   size_t off_pa, off_pb; /* AMX: a thread's packed A (dY) and B operands */
   size_t off_pw;         /* AMX: the packed weight, shared */
 } conv_geom;
@@ -63,11 +63,9 @@ static conv_geom conv_geometry_of(const ampc__op_call *c, int nthreads, int bf16
   size_t nc = (size_t)g.ncmax;
   g.off_y = (size_t)g.K * nc;
   g.off_dcols = g.off_y + (size_t)g.O * nc;
-  g.off_dw = g.off_dcols + (size_t)g.K * nc; /* dcols: backward data's columns, or backward weights' transposed */
-  /* a thread's partial weight gradient, the bf16 engines' only (see
-   * ampc__cpu_conv2d_bwd); its bias gradient's partial, or the forward's
-   * bias in f32 */
-  g.off_db = g.off_dw + (bf16 ? (size_t)(g.O * g.K) : 0);
+  /* dcols: backward data's columns, or backward weights' transposed; then
+   * the forward's bias in f32 */
+  g.off_db = g.off_dcols + (size_t)g.K * nc;
   g.off_xs = g.off_db + (size_t)g.O;
   g.off_dxs = g.off_xs + (size_t)g.CHW;
   g.per_thread = g.off_dxs + (size_t)g.CHW + 16;
@@ -381,44 +379,33 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
   } else if ((need_dw || need_db) && bf16 && run_a3(c)) {
     AMPC_TRY(ampc__cpu_a3_bwd_weights(c));
   } else if (need_dw || need_db) {
-    /* Without the tiles, each thread takes the weight gradient's columns of
-     * a share of the input channels (whole blocks of 8, so that each share's
-     * columns stay a multiple of 8 where K is) over every group in order,
-     * written into the one sum in the shared workspace (the weight's f32
-     * copy is made after): the rows of the im2col matrix a thread builds are
-     * its own channels' only, no thread keeps a partial O x K gradient
-     * (ResNet-18's 256 -> 512 strided layer: 4.7 MB a thread), and each
-     * element is the same in-order sum over the samples for any thread
-     * count; the bias gradient is the first share's. Each thread gathers a
-     * group's dY itself (O x cols conversions against the O x cols x K/nth
-     * products they feed, and no barrier a group). On the tiles, whose
-     * operands are packed whole, each thread takes every nth group into a
-     * partial gradient of its own, the partials added in thread order. */
-    int nth_used = 1;
-    float *sum = bf16 ? cpu_ws_slice(c, 0, g.per_thread, g.shared) + g.off_dw : (float *)c->ws;
+    /* Each thread takes the weight gradient's columns of a share of the
+     * input channels (whole blocks of 8, so that each share's columns stay a
+     * multiple of 8 where K is) over every group in order, written into the
+     * one sum in the shared workspace (the weight's f32 copy is made after):
+     * the rows of the im2col matrix a thread builds are its own channels'
+     * only, no thread keeps a partial O x K gradient (ResNet-18's 256 -> 512
+     * strided layer: 4.7 MB a thread), and on ampc's kernel each element is
+     * the same in-order sum over the samples for any thread count (the bf16
+     * engines sum pairs of samples' columns, as a group's size pairs them);
+     * the bias gradient is the first share's. Each thread gathers and packs
+     * a group's dY itself (O x cols conversions against the O x cols x K/nth
+     * products they feed, and no barrier a group). */
+    float *sum = (float *)c->ws;
 #pragma omp parallel num_threads(g.nt)
     {
       int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-#pragma omp single
-      nth_used = nth;
       float *ws = cpu_ws_slice(c, tid, g.per_thread, g.shared);
       float *cols = ws, *dyc = ws + g.off_y, *colst = ws + g.off_dcols, *xs = ws + g.off_xs;
-      float *dwt = bf16 ? ws + g.off_dw : sum, *dbt = bf16 ? ws + g.off_db : sum + g.O * g.K;
-      int64_t c0 = 0, c1 = g.C, g0 = tid, gstep = nth;
-      if (!bf16) {
-        int64_t blocks = (g.C + 7) / 8;
-        c0 = 8 * (blocks * tid / nth);
-        c1 = 8 * (blocks * (tid + 1) / nth);
-        if (c0 > g.C) c0 = g.C;
-        if (c1 > g.C) c1 = g.C;
-        g0 = 0;
-        gstep = 1;
-      }
+      float *dwt = sum, *dbt = sum + g.O * g.K;
+      int64_t blocks = (g.C + 7) / 8, c0 = 8 * (blocks * tid / nth), c1 = 8 * (blocks * (tid + 1) / nth);
+      if (c0 > g.C) c0 = g.C;
+      if (c1 > g.C) c1 = g.C;
       int64_t k0 = c0 * g.k * g.k, kr = (c1 - c0) * g.k * g.k, own = conv_own(g.K);
-      int bias = need_db && (bf16 || tid == 0);
+      int bias = need_db && tid == 0;
       for (int64_t m = 0; m < g.O; m++) memset(dwt + m * g.K + k0, 0, (size_t)kr * sizeof(float));
-      if (bias || bf16) memset(dbt, 0, (size_t)g.O * sizeof(float)); /* (the partials are added whole) */
-      for (int64_t gi = g0; gi < ng && ((need_dw && kr > 0) || bias); gi += gstep) {
+      if (bias) memset(dbt, 0, (size_t)g.O * sizeof(float));
+      for (int64_t gi = 0; gi < ng && ((need_dw && kr > 0) || bias); gi++) {
         int64_t n0, nbe;
         group_of(&g, gi, &n0, &nbe);
         for (int64_t oy0 = 0; oy0 < g.OH; oy0 += g.rb) {
@@ -428,11 +415,11 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
           if (need_dw && kr > 0) {
             block_cols(&g, c, n0, nbe, oy0, oy1, c0, c1, xs, cols);
             if (bf16) {
-              /* dW += dY * cols^T: dY's tiles, and the columns' turned */
+              /* dW's share += dY * cols^T: dY packed, and the share's columns turned */
               float *pa = ws + g.off_pa, *pb = ws + g.off_pb;
               ampc__cpu_amx_pack_a(g.O, ld, dyp, ldd, 0, pa, 0, 1);
-              ampc__cpu_amx_pack_b(ld, g.K, cols, ld, 1, pb);
-              ampc__cpu_bf16_gemm_packed(g.O, g.K, ld, pa, pb, dwt, g.K, 1);
+              ampc__cpu_amx_pack_b(ld, kr, cols, ld, 1, pb);
+              ampc__cpu_bf16_gemm_packed(g.O, kr, ld, pa, pb, dwt + k0, g.K, 1);
             } else if (own) {
               /* dW += dY * cols^T on ampc's kernel, which wants B's rows
                * contiguous: the columns transposed (ld x kr) first */
@@ -448,25 +435,13 @@ ampc_status ampc__cpu_conv2d_bwd(const ampc__op_call *c) {
               for (int64_t s = 0; s < nbe; s++) dbt[m] += cpu_sum(dyp + m * ldd + s * band, (size_t)band);
         }
       }
-      if (!bf16) {
 #pragma omp barrier
-        /* stored a row of the gradient at a time, rows shared out */
-        if (need_dw)
+      /* stored a row of the gradient at a time, rows shared out */
+      if (need_dw)
 #pragma omp for schedule(static)
-          for (int64_t m = 0; m < g.O; m++)
-            cpu_store_grad(c, dw, m * g.K, sum + m * g.K, (size_t)g.K, c->din_acc[1], cols);
-        if (bias) cpu_store_grad(c, db, 0, dbt, (size_t)g.O, c->din_acc[2], cols);
-      }
-    }
-    if (bf16) {
-      /* fixed-order reduction of the per-thread partials: deterministic for a thread count */
-      for (int t = 1; t < nth_used; t++) {
-        const float *part = cpu_ws_slice(c, t, g.per_thread, g.shared) + g.off_dw;
-        for (int64_t i = 0; i < g.O * g.K + g.O; i++) sum[i] += part[i];
-      }
-      float *tmp = (float *)c->ws; /* the shared weight copy is not made yet */
-      if (need_dw) cpu_store_grad(c, dw, 0, sum, (size_t)(g.O * g.K), c->din_acc[1], tmp);
-      if (need_db) cpu_store_grad(c, db, 0, sum + g.O * g.K, (size_t)g.O, c->din_acc[2], tmp);
+        for (int64_t m = 0; m < g.O; m++)
+          cpu_store_grad(c, dw, m * g.K, sum + m * g.K, (size_t)g.K, c->din_acc[1], cols);
+      if (bias) cpu_store_grad(c, db, 0, dbt, (size_t)g.O, c->din_acc[2], cols);
     }
   }
   double t1 = cpu_ctx(c)->timers ? omp_get_wtime() : 0.0;
