@@ -134,12 +134,13 @@ static int lin_bf16(const ampc__op_call *c) {
 
 /* C (rows x cols) = op(A) op(B) as par_sgemm's, on the bf16 engine: A
  * packed by all the threads, then each thread's band of columns of B packed
- * and multiplied. ws: lin_bf16_bytes. */
+ * and multiplied, in the workspace after the f32 copies (lin_bf16_bytes). */
 static void par_bf16(const ampc__op_call *c, int ta, int tb, int64_t rows, int64_t cols, int64_t k, const float *a,
-                     int64_t lda, const float *b, int64_t ldb, float *C, int64_t ldc, char *ws) {
+                     int64_t lda, const float *b, int64_t ldb, float *C, int64_t ldc) {
+  lin_geom g = lin_geometry(c);
   int nt = cpu_ctx(c)->nthreads < 1 ? 1 : cpu_ctx(c)->nthreads;
   int64_t band = (cols + nt - 1) / nt;
-  char *pa = ws, *pb0 = pa + ampc__cpu_amx_pack_a_bytes(rows, k) + 64;
+  char *pa = (char *)c->ws + lin_f32_floats(&g) * sizeof(float), *pb0 = pa + ampc__cpu_amx_pack_a_bytes(rows, k) + 64;
   size_t pb_bytes = ampc__cpu_amx_pack_b_bytes(k, band) + 64;
 #pragma omp parallel num_threads(nt)
   {
@@ -172,7 +173,7 @@ ampc_status ampc__cpu_linear_fwd(const ampc__op_call *c) {
   const float *wf = load_par(c, &c->in[1], (size_t)(g.M * g.K), wb);
   float *yf = c->out.dtype == AMPC_DTYPE_F32 ? (float *)c->out.data : yb;
   if (lin_bf16(c)) {
-    par_bf16(c, 0, 1, g.N, g.M, g.K, xf, g.K, wf, g.K, yf, g.M, (char *)c->ws + lin_f32_floats(&g) * sizeof(float));
+    par_bf16(c, 0, 1, g.N, g.M, g.K, xf, g.K, wf, g.K, yf, g.M);
   } else if (lin_own(0, g.M)) {
     /* w^T (K, M) in the space the backward's dx and dw take */
     float *wt = yb + g.N * g.M + g.M + 16;
@@ -198,17 +199,16 @@ ampc_status ampc__cpu_linear_bwd(const ampc__op_call *c) {
   const float *dyf = load_par(c, &c->dout, (size_t)(g.N * g.M), dyb);
   /* (the bf16 engine only where dY's values are bf16's too) */
   int bf16 = lin_bf16(c) && c->dout.dtype == AMPC_DTYPE_BF16;
-  char *packed = (char *)c->ws + lin_f32_floats(&g) * sizeof(float);
   if (c->din[0].data) {
     const float *wf = load_par(c, &c->in[1], (size_t)(g.M * g.K), wb);
-    if (bf16) par_bf16(c, 0, 0, g.N, g.K, g.M, dyf, g.M, wf, g.K, dxb, g.K, packed);
+    if (bf16) par_bf16(c, 0, 0, g.N, g.K, g.M, dyf, g.M, wf, g.K, dxb, g.K);
     else par_sgemm(cpu_ctx(c)->nthreads, g.N >= g.K, 0, 0, g.N, g.K, g.M, dyf, g.M, wf, g.K, dxb, g.K);
     /* xb is not loaded yet: it stages the old gradient when accumulating */
     store_grad_par(c, &c->din[0], dxb, (size_t)(g.N * g.K), c->din_acc[0], xb);
   }
   if (c->din[1].data) {
     const float *xf = load_par(c, &c->in[0], (size_t)(g.N * g.K), xb);
-    if (bf16) par_bf16(c, 1, 0, g.M, g.K, g.N, dyf, g.M, xf, g.K, dwb, g.K, packed);
+    if (bf16) par_bf16(c, 1, 0, g.M, g.K, g.N, dyf, g.M, xf, g.K, dwb, g.K);
     else par_sgemm(cpu_ctx(c)->nthreads, g.M >= g.K, 1, 0, g.M, g.K, g.N, dyf, g.M, xf, g.K, dwb, g.K);
     store_grad_par(c, &c->din[1], dwb, (size_t)(g.M * g.K), c->din_acc[1], wb);
   }
