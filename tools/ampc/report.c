@@ -97,34 +97,32 @@ static int utf8_char(const char *s) {
   return n;
 }
 
-#define UTF8_REPLACEMENT "\xEF\xBF\xBD" /* U+FFFD */
+/* The character at s into b, or U+FFFD where its byte is not UTF-8; the
+ * bytes of s it stood for. */
+static size_t sb_utf8(sbuf *b, const char *s) {
+  int n = utf8_char(s);
+  sb_put(b, n ? s : "\xEF\xBF\xBD", n ? (size_t)n : 3);
+  return n ? (size_t)n : 1;
+}
 
 /* Text or an attribute value, escaped for HTML; a byte that is not UTF-8
  * written as U+FFFD (the page says it is UTF-8). */
 static void sb_esc(sbuf *b, const char *s) {
   while (*s) {
     const char *r = html_entity(*s);
-    int n = r ? 1 : utf8_char(s);
-    if (r) sb_puts(b, r);
-    else if (n) sb_put(b, s, (size_t)n);
-    else sb_puts(b, UTF8_REPLACEMENT);
-    s += n ? n : 1;
+    if (r) sb_puts(b, r), s++;
+    else s += sb_utf8(b, s);
   }
 }
 
 /* A copy of s, each byte that is not UTF-8 replaced with U+FFFD, for a JSON
  * string (NULL: out of memory). */
 static char *utf8_copy(const char *s) {
-  char *out = malloc(strlen(s) * 3 + 1), *o = out;
-  if (!out) return NULL;
-  while (*s) {
-    int n = utf8_char(s);
-    memcpy(o, n ? s : UTF8_REPLACEMENT, n ? (size_t)n : 3);
-    o += n ? n : 3;
-    s += n ? n : 1;
-  }
-  *o = '\0';
-  return out;
+  sbuf t = {0};
+  sb_put(&t, "", 0); /* (an empty s is still a string) */
+  while (*s) s += sb_utf8(&t, s);
+  if (t.oom) free(t.p);
+  return t.oom ? NULL : t.p;
 }
 
 /* s into buf (n bytes), cut short at a whole character: UTF-8 in, UTF-8 out. */
