@@ -57,6 +57,13 @@ typedef struct {
    * loading fills it from a checkpoint that has it and leaves it as it was
    * for one that has not (checkpoints written before it was recorded). */
   ampc_preprocessing preprocessing;
+  /* --amp-report's gradient statistics of the epoch so far
+   * (ampc_amp_get_grad_stats), so that an epoch resumed from the checkpoint
+   * reports its steps before the resume too. has_grad_stats 0: not recorded
+   * (the run did not gather them, or the checkpoint predates them). */
+  int has_grad_stats;
+  int64_t grad_values, grad_underflow;
+  double grad_max_abs;
 } ampc_train_state;
 
 /* path, m and amp may not be NULL (AMPC_EINVAL); opt may (no optimizer

@@ -1,6 +1,7 @@
 /* Checkpoints and weights files: the model's tensors by their PyTorch names,
  * masters and optimizer state, and the run state -- each saved and loaded as
  * one walk over the parameters, through the device's read and write calls. */
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdint.h>
@@ -254,6 +255,9 @@ static char *run_json(ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_
   if (root && ts->preprocessing.dataset[0]) json_object_set_new(root, "preprocessing", preprocessing_json(&ts->preprocessing));
   if (root && ts->world_size > 0) json_object_set_new(root, "world_size", json_integer((json_int_t)ts->world_size));
   if (root && ts->global_batch > 0) json_object_set_new(root, "global_batch", json_integer((json_int_t)ts->global_batch));
+  if (root && ts->has_grad_stats)
+    json_object_set_new(root, "grad_stats", json_pack("{s:I, s:I, s:f}", "values", (json_int_t)ts->grad_values, "underflow",
+                                                      (json_int_t)ts->grad_underflow, "max_abs", ts->grad_max_abs));
   if (root && opt) {
     json_object_set_new(root, "optimizer", json_string(ampc_optim_kind_name(ampc_optim_get_config(opt)->kind)));
     json_object_set_new(root, "optimizer_step", json_integer((json_int_t)ampc_optim_step_count(opt)));
@@ -541,6 +545,7 @@ static ampc_status jnum_nonneg(const char *path, json_t *o, const char *k, doubl
 #define MAX_GLOBAL_BATCH ((int64_t)1 << 31)
 #define MAX_TRAIN_SECONDS 3.2e9 /* about 100 years */
 #define MAX_MEAN_LOSS 1e30 /* per image: a cross-entropy far past any a run survives */
+#define MAX_GRAD_VALUES ((int64_t)1 << 62) /* gradient values counted in an epoch: an int64 that one more step cannot overflow */
 
 /* Every number of the run state, range-checked in its full width before any is used. */
 static ampc_status read_train_state(const char *path, json_t *root, ampc_train_state *ts) {
@@ -570,6 +575,23 @@ static ampc_status read_train_state(const char *path, json_t *root, ampc_train_s
   if (ts->global_batch > 0 && ts->batch > MAX_IMAGES / ts->global_batch)
     return ampc__error(AMPC_EFORMAT, "checkpoint: %s: 'batch' = %lld of 'global_batch' = %lld images is more than %lld images in an epoch", path,
                        (long long)ts->batch, (long long)ts->global_batch, (long long)MAX_IMAGES);
+  /* --amp-report's statistics of the epoch so far: absent where the run did not gather them */
+  ts->has_grad_stats = 0;
+  ts->grad_values = ts->grad_underflow = 0;
+  ts->grad_max_abs = 0.0;
+  json_t *gs = json_object_get(root, "grad_stats");
+  if (gs) {
+    if (!json_is_object(gs)) return ampc__error(AMPC_EFORMAT, "checkpoint: %s: 'grad_stats' is not an object", path);
+    AMPC_TRY(jint_in(path, gs, "grad_stats ", "values", 0, MAX_GRAD_VALUES, &ts->grad_values));
+    AMPC_TRY(jint_in(path, gs, "grad_stats ", "underflow", 0, ts->grad_values, &ts->grad_underflow));
+    json_t *mv = json_object_get(gs, "max_abs");
+    double mx = json_number_value(mv);
+    if (!json_is_number(mv) || !(mx >= 0) || !(mx <= FLT_MAX))
+      return ampc__error(AMPC_EFORMAT, "checkpoint: %s: grad_stats 'max_abs' is %s", path,
+                         json_is_number(mv) ? "negative or past the largest f32" : "missing or not a number");
+    ts->grad_max_abs = mx;
+    ts->has_grad_stats = 1;
+  }
   ts->seed = (uint64_t)seed;
   return AMPC_OK;
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Exact resume: N steps in one run == k steps, SIGKILL, resume to N; bit-identical
-# final weights and identical metrics, for O0 and O2. Also: SIGTERM saves a
+# final weights and identical metrics, for O0 and O2 (with --amp-report: the resumed
+# epoch's gradient statistics cover its steps before the resume too). Also: SIGTERM saves a
 # checkpoint and exits 0; --keep prunes; two runs with the same seed are identical. A
 # resume that would change the run (another optimizer or normalisation) or from a
 # checkpoint whose counters are past any run's is refused.
@@ -22,6 +23,7 @@ for l in open(sys.argv[1]):
     print(json.dumps(o,sort_keys=True))" "$1"; }
 for lvl in O0 O2; do
   F=(--model cnn --epochs 2 --train-limit 1536 --test-limit 256 --batch-size 64 --quiet --opt-level $lvl --threads 2)
+  [ $lvl = O2 ] && F+=(--amp-report)
   "$ampc" train "${F[@]}" --save "$dir/full_$lvl.st" --metrics "$dir/full_$lvl.jsonl" >/dev/null 2>&1 || bad "$lvl full run"
   "$ampc" train "${F[@]}" --save "$dir/again_$lvl.st" --metrics "$dir/again_$lvl.jsonl" >/dev/null 2>&1
   cmp -s "$dir/full_$lvl.st" "$dir/again_$lvl.st" && ok "$lvl same seed twice: identical weights" || bad "$lvl same seed twice"
@@ -110,6 +112,11 @@ done <<'CASES'
 'optimizer' is 'lamb', not one of sgd, adam or adamw|optimizer="lamb"
 'global_batch' = 4611686018427387904 is outside \[1, 2147483648\]|batch=5 global_batch=4611686018427387904
 'batch' = 4194305 of 'global_batch' = 2147483648 images is more than 9007199254740992|batch=4194305 global_batch=2147483648
+'grad_stats' is not an object|grad_stats=[1,2,3]
+grad_stats 'values' = -1 is outside \[0, 4611686018427387904\]|grad_stats={"values":-1,"underflow":0,"max_abs":1}
+grad_stats 'underflow' = 11 is outside \[0, 10\]|grad_stats={"values":10,"underflow":11,"max_abs":1}
+grad_stats 'max_abs' is negative or past the largest f32|grad_stats={"values":10,"underflow":1,"max_abs":1e39}
+grad_stats 'max_abs' is missing or not a number|grad_stats={"values":10,"underflow":1}
 CASES
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

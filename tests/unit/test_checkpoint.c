@@ -206,7 +206,8 @@ TEST(checks_shapes_and_ranges) {
   train_steps(&a, 1, 5);
   ampc_train_state ts = {.seed = 3, .epoch = 1, .batch = 2, .step = 5, .seen = 16, .skipped = 1, .skipped_total = 2, .loss_sum = 3.5,
                          .world_size = 1, .global_batch = 8,
-                         .preprocessing = {"fashion-mnist", 1, 1, 8, 8, {0.25f, 0, 0}, {0.5f, 1, 1}}};
+                         .preprocessing = {"fashion-mnist", 1, 1, 8, 8, {0.25f, 0, 0}, {0.5f, 1, 1}},
+                         .has_grad_stats = 1, .grad_values = 1000, .grad_underflow = 7, .grad_max_abs = 0.375};
   char path[512]; /* tmp()'s buffers are reused */
   snprintf(path, sizeof path, "%s", tmp("mlp_ranges.safetensors"));
   CHECK_OK(ampc_checkpoint_save(path, a.m, a.amp, a.opt, &ts));
@@ -269,6 +270,11 @@ TEST(checks_shapes_and_ranges) {
       {"\"normalize\":true", "\"normalize\":1", "preprocessing: 'normalize' is missing or not true/false"},
       {"\"dataset\":\"fashion-mnist\"", "\"dataset\":\"\"", "preprocessing: 'dataset' is missing or not a name"},
       {"\"preprocessing\":{", "\"preprocessing\":[],\"pp\":{", "preprocessing: not a JSON object"},
+      /* --amp-report's statistics of the epoch so far */
+      {"\"underflow\":7", "\"underflow\":1001", "grad_stats 'underflow' = 1001 is outside [0, 1000]"},
+      {"\"values\":1000", "\"values\":-1000", "grad_stats 'values' = -1000 is outside [0, 4611686018427387904]"},
+      {"\"max_abs\":0.375", "\"max_abs\":-0.375", "grad_stats 'max_abs' is negative or past the largest f32"},
+      {"\"grad_stats\":{", "\"grad_stats\":7,\"gs\":{", "'grad_stats' is not an object"},
   };
   const size_t nbad = sizeof bad / sizeof bad[0];
   for (size_t i = 0; i <= nbad; i++) {
@@ -297,6 +303,7 @@ TEST(checks_shapes_and_ranges) {
   CHECK_OK(ampc_checkpoint_load(path, c.m, c.amp, c.opt, &ts));
   CHECK(ts.epoch == 1 && ts.batch == 2 && ts.step == 5 && ts.seen == 16 && ts.skipped == 1 && ts.skipped_total == 2);
   CHECK(ts.global_batch == 8 && ts.world_size == 1 && ampc_optim_step_count(c.opt) == 1);
+  CHECK(ts.has_grad_stats == 1 && ts.grad_values == 1000 && ts.grad_underflow == 7 && ts.grad_max_abs == 0.375);
   CHECK(strcmp(ts.preprocessing.dataset, "fashion-mnist") == 0 && ts.preprocessing.normalize == 1 && ts.preprocessing.channels == 1);
   CHECK(ts.preprocessing.height == 8 && ts.preprocessing.mean[0] == 0.25f && ts.preprocessing.std[0] == 0.5f);
   /* the record's parser, as the library's API has it */

@@ -48,6 +48,18 @@ static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc
   return 0;
 }
 
+/* --amp-report: the epoch's gradient statistics so far, with kept (those
+ * of its steps before a resume), into the run state a checkpoint saves, so
+ * that the epoch resumed from it reports them whole. */
+static void keep_grad_stats(cli_session *s, ampc_train_state *ts, const ampc_amp_grad_stats *kept) {
+  ampc_amp_grad_stats now;
+  ampc_amp_get_grad_stats(s->amp, &now, 0);
+  ts->has_grad_stats = 1;
+  ts->grad_values = kept->values + now.values;
+  ts->grad_underflow = kept->underflow + now.underflow;
+  ts->grad_max_abs = kept->max_abs > now.max_abs ? kept->max_abs : now.max_abs;
+}
+
 /* A number for a record: null where it is not finite (JSON has no inf or
  * NaN): an overflowing step's loss, an epoch with no finite loss. */
 static json_t *json_num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
@@ -396,6 +408,7 @@ int cmd_train(int argc, char **argv) {
       ts.loss_sum = 0.0;
       ts.seen = ts.skipped = 0;
       ts.train_seconds = 0.0;
+      ts.has_grad_stats = 0;
     }
     if (ampc_loader_start_epoch(ld, epoch, start_batch) < 0) {
       rank_failed();
@@ -414,6 +427,9 @@ int cmd_train(int argc, char **argv) {
     double step_lsum = 0.0, step_n = 0.0; /* ... times their images, and the images (data-parallel: this rank's) */
     ampc_amp_grad_stats st;
     ampc_amp_get_grad_stats(s.amp, &st, 1);
+    /* an epoch resumed from a checkpoint with --amp-report's statistics: those of its steps before */
+    ampc_amp_grad_stats kept = {0, 0, 0.0f};
+    if (ts.has_grad_stats) kept = (ampc_amp_grad_stats){ts.grad_values, ts.grad_underflow, (float)ts.grad_max_abs};
     for (;;) {
       int got = 0;
       if (b >= nb) break; /* (a rank's slice of the last batch may be empty) */
@@ -576,6 +592,7 @@ int cmd_train(int argc, char **argv) {
       if (rc) break; /* the run stops at this step: its record is written */
       if (a.checkpoint_dir && a.save_every > 0 && ts.step % a.save_every == 0 && b < nb) {
         cli_progress_clear(&pg);
+        if (a.c.amp_report) keep_grad_stats(&s, &ts, &kept);
         if (save_on_root(&s, a.checkpoint_dir, a.keep, &ts, quiet, last_ckpt, NULL, NULL) < 0) {
           rc = 1;
           break;
@@ -601,6 +618,7 @@ int cmd_train(int argc, char **argv) {
                 stop_requested ? "" : " (by another rank)", epoch + 1, (long long)b, (long long)nb, (long long)ts.step);
       /* the default folder is taken only now: take its lock like --checkpoint-dir's */
       int locked = !root || a.checkpoint_dir || cli_ckptdir_lock("saving a checkpoint", dir) >= 0;
+      if (a.c.amp_report) keep_grad_stats(&s, &ts, &kept);
       if (!cli_dist_agree(locked) || save_on_root(&s, dir, a.keep, &ts, 0, last_ckpt, NULL, NULL) < 0)
         rc = 1;
       else if (root)
@@ -634,7 +652,12 @@ int cmd_train(int argc, char **argv) {
     double train_loss = ts.seen ? ts.loss_sum / (double)ts.seen : NAN;
     double ips = (double)ts.seen / (train_time > 0 ? train_time : 1e-9);
     cli_progress_clear(&pg);
-    if (a.c.amp_report) ampc_amp_get_grad_stats(s.amp, &st, 1);
+    if (a.c.amp_report) {
+      ampc_amp_get_grad_stats(s.amp, &st, 1);
+      st.values += kept.values;
+      st.underflow += kept.underflow;
+      if (kept.max_abs > st.max_abs) st.max_abs = kept.max_abs;
+    }
     ampc_amp_comm_stats cs;
     ampc_amp_get_comm_stats(s.amp, &cs, 1);
     /* the epoch's calibration step, its all-reduce measured alone, counts
@@ -720,6 +743,7 @@ int cmd_train(int argc, char **argv) {
       next.loss_sum = 0.0;
       next.seen = next.skipped = 0;
       next.train_seconds = 0.0;
+      next.has_grad_stats = 0;
       if (save_on_root(&s, a.checkpoint_dir, a.keep, &next, quiet, last_ckpt, NULL, NULL) < 0) {
         rc = 1;
         break;
