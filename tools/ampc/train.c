@@ -60,6 +60,75 @@ static void keep_grad_stats(cli_session *s, ampc_train_state *ts, const ampc_amp
   ts->grad_max_abs = kept->max_abs > now.max_abs ? kept->max_abs : now.max_abs;
 }
 
+/* A resumed run's metrics file, cut where its checkpoint is: at the first
+ * record past it (a step record after its step, an epoch record after its
+ * completed epochs: the steps a killed run took after its last checkpoint,
+ * which this run takes again, bit for bit) or at a last line cut short (a
+ * write the kill interrupted), so that no step or epoch has two records and
+ * every line is whole. Lines that are no record of a step or an epoch are
+ * kept. mf: the file as opened for appending (nothing written yet). Returns
+ * the records dropped, or -1 on an error (said). */
+enum { METRICS_LINE_MAX = 1 << 20 }; /* a record is a few KB: a longer line is none */
+static long long metrics_rewind(FILE *mf, const char *path, const ampc_train_state *ts) {
+  struct stat ws, rs;
+  if (fstat(fileno(mf), &ws) != 0 || !S_ISREG(ws.st_mode)) return 0; /* a pipe or a device: nothing to cut */
+  FILE *in = fopen(path, "r");
+  if (!in || fstat(fileno(in), &rs) != 0 || rs.st_dev != ws.st_dev || rs.st_ino != ws.st_ino) {
+    if (in) fclose(in);
+    return 0; /* (replaced since it was opened: this run appends to what it opened) */
+  }
+  char *line = malloc(METRICS_LINE_MAX);
+  if (!line) {
+    fclose(in);
+    cli_error("--metrics: out of memory reading '%s'", path);
+    return -1;
+  }
+  long long dropped = 0;
+  off_t at = 0, cut = -1;
+  while (cut < 0 && fgets(line, METRICS_LINE_MAX, in)) {
+    size_t n = strlen(line);
+    int whole = n > 0 && line[n - 1] == '\n';
+    if (!whole && !feof(in)) { /* a line longer than any record: the rest of it */
+      int ch;
+      while ((ch = getc(in)) != EOF && ch != '\n') n++;
+      n += ch == '\n';
+      whole = ch == '\n';
+      if (!whole) cut = at;
+      at += (off_t)n;
+      continue;
+    }
+    if (!whole) { /* the last line, cut short */
+      cut = at;
+      break;
+    }
+    json_t *o = json_loadb(line, n, 0, NULL);
+    json_t *e = json_object_get(o, "epoch"), *st = json_object_get(o, "step");
+    if (json_is_integer(e) ? json_integer_value(e) > ts->epoch : json_is_integer(st) && json_integer_value(st) > ts->step) cut = at;
+    json_decref(o);
+    at += (off_t)n;
+  }
+  if (cut >= 0) { /* the lines from the cut on: the one there (read), then the rest, a last one without its newline too */
+    int open_line = 0;
+    dropped = 1;
+    while (fgets(line, METRICS_LINE_MAX, in)) {
+      if (!open_line) dropped++;
+      open_line = strchr(line, '\n') == NULL;
+    }
+  }
+  int rerr = ferror(in);
+  free(line);
+  fclose(in);
+  if (rerr) {
+    cli_error("--metrics: cannot read '%s' (a read error)", path);
+    return -1;
+  }
+  if (cut >= 0 && ftruncate(fileno(mf), cut) != 0) {
+    cli_error("--metrics: cannot cut '%s' at the checkpoint: %s", path, strerror(errno));
+    return -1;
+  }
+  return cut >= 0 ? dropped : 0;
+}
+
 /* A number for a record: null where it is not finite (JSON has no inf or
  * NaN): an overflowing step's loss, an epoch with no finite loss. */
 static json_t *json_num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
@@ -385,6 +454,16 @@ int cmd_train(int argc, char **argv) {
     cli_error("--metrics: cannot empty '%s': %s", a.metrics, strerror(errno));
     rc = 1;
     goto done;
+  }
+  if (mf && a.resume) {
+    long long cut = metrics_rewind(mf, a.metrics, &ts);
+    if (cut < 0) {
+      rc = 1;
+      goto done;
+    }
+    if (cut > 0 && !quiet)
+      fprintf(stderr, "ampc: --metrics: %s: dropped %lld line%s past the checkpoint (step %lld), which this run writes again\n", a.metrics, cut,
+              cut == 1 ? "" : "s", (long long)ts.step);
   }
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
