@@ -84,28 +84,27 @@ static long long metrics_rewind(FILE *mf, const char *path, const ampc_train_sta
     return -1;
   }
   long long dropped = 0;
-  off_t at = 0, cut = -1;
-  while (cut < 0 && fgets(line, METRICS_LINE_MAX, in)) {
-    size_t n = strlen(line);
+  off_t cut = -1;
+  for (;;) {
+    off_t at = ftello(in); /* (not counted from the lines: one may hold a NUL byte) */
+    if (at < 0 || !fgets(line, METRICS_LINE_MAX, in)) break;
+    off_t end = ftello(in);
+    size_t n = end > at ? (size_t)(end - at) : 0;
     int whole = n > 0 && line[n - 1] == '\n';
     if (!whole && !feof(in)) { /* a line longer than any record: the rest of it */
       int ch;
-      while ((ch = getc(in)) != EOF && ch != '\n') n++;
-      n += ch == '\n';
-      whole = ch == '\n';
-      if (!whole) cut = at;
-      at += (off_t)n;
-      continue;
-    }
-    if (!whole) { /* the last line, cut short */
+      while ((ch = getc(in)) != EOF && ch != '\n') {
+      }
+      if (ch != '\n') cut = at; /* (the last line, cut short) */
+    } else if (!whole) { /* the last line, cut short */
       cut = at;
-      break;
+    } else {
+      json_t *o = json_loadb(line, n, 0, NULL);
+      json_t *e = json_object_get(o, "epoch"), *st = json_object_get(o, "step");
+      if (json_is_integer(e) ? json_integer_value(e) > ts->epoch : json_is_integer(st) && json_integer_value(st) > ts->step) cut = at;
+      json_decref(o);
     }
-    json_t *o = json_loadb(line, n, 0, NULL);
-    json_t *e = json_object_get(o, "epoch"), *st = json_object_get(o, "step");
-    if (json_is_integer(e) ? json_integer_value(e) > ts->epoch : json_is_integer(st) && json_integer_value(st) > ts->step) cut = at;
-    json_decref(o);
-    at += (off_t)n;
+    if (cut >= 0) break;
   }
   if (cut >= 0) { /* the lines from the cut on: the one there (read), then the rest, a last one without its newline too */
     int open_line = 0;
