@@ -505,8 +505,10 @@ int cmd_train(int argc, char **argv) {
     double step_lsum = 0.0, step_n = 0.0; /* ... times their images, and the images (data-parallel: this rank's) */
     ampc_amp_grad_stats st;
     ampc_amp_get_grad_stats(s.amp, &st, 1);
-    /* an epoch resumed from a checkpoint with --amp-report's statistics: those of its steps before */
+    /* an epoch resumed from a checkpoint with --amp-report's statistics: those of its steps before (a run
+     * without --amp-report gathers none, and its checkpoints carry none on) */
     ampc_amp_grad_stats kept = {0, 0, 0.0f};
+    if (!a.c.amp_report) ts.has_grad_stats = 0;
     if (ts.has_grad_stats) kept = (ampc_amp_grad_stats){ts.grad_values, ts.grad_underflow, (float)ts.grad_max_abs};
     for (;;) {
       int got = 0;
