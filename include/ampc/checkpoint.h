@@ -64,6 +64,11 @@ typedef struct {
   int has_grad_stats;
   int64_t grad_values, grad_underflow;
   double grad_max_abs;
+  /* The steps since the last step record (--log-every): their summed loss
+   * (NaN where one was not finite) and their count, so that the first
+   * record after a resume averages the same steps. */
+  double log_loss_sum;
+  int64_t log_steps;
 } ampc_train_state;
 
 /* path, m and amp may not be NULL (AMPC_EINVAL); opt may (no optimizer

@@ -258,6 +258,10 @@ static char *run_json(ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_
   if (root && ts->has_grad_stats)
     json_object_set_new(root, "grad_stats", json_pack("{s:I, s:I, s:f}", "values", (json_int_t)ts->grad_values, "underflow",
                                                       (json_int_t)ts->grad_underflow, "max_abs", ts->grad_max_abs));
+  if (root && ts->log_steps > 0) {
+    json_object_set_new(root, "log_steps", json_integer((json_int_t)ts->log_steps));
+    json_object_set_new(root, "log_loss_sum", isfinite(ts->log_loss_sum) ? json_real(ts->log_loss_sum) : json_null());
+  }
   if (root && opt) {
     json_object_set_new(root, "optimizer", json_string(ampc_optim_kind_name(ampc_optim_get_config(opt)->kind)));
     json_object_set_new(root, "optimizer_step", json_integer((json_int_t)ampc_optim_step_count(opt)));
@@ -267,9 +271,20 @@ static char *run_json(ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_
   return js;
 }
 
+#define MAX_GRAD_VALUES ((int64_t)1 << 62) /* gradient values counted in an epoch: an int64 that one more step cannot overflow */
+
 ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_train_state *ts) {
   if (!path || !m || !amp)
     return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save: %s is NULL", !path ? "path" : !m ? "model" : "amp");
+  /* what loading would refuse is not written */
+  if (ts && ts->has_grad_stats &&
+      (ts->grad_values < 0 || ts->grad_values > MAX_GRAD_VALUES || ts->grad_underflow < 0 || ts->grad_underflow > ts->grad_values ||
+       !(ts->grad_max_abs >= 0 && ts->grad_max_abs <= FLT_MAX)))
+    return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save: the run state's gradient statistics are out of range (values %lld, underflow %lld, max_abs %g)",
+                       (long long)ts->grad_values, (long long)ts->grad_underflow, ts->grad_max_abs);
+  if (ts && (ts->log_steps < 0 || ts->log_steps > ts->step || (isfinite(ts->log_loss_sum) && ts->log_loss_sum < 0)))
+    return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save: the run state's 'log_steps' = %lld (of 'step' = %lld) or 'log_loss_sum' = %g is out of range",
+                       (long long)ts->log_steps, (long long)ts->step, ts->log_loss_sum);
   /* a NULL ts: a run state of zeros but its step, the optimizer's steps (a
    * step count below those would not load back) */
   ampc_train_state no_state;
@@ -545,7 +560,6 @@ static ampc_status jnum_nonneg(const char *path, json_t *o, const char *k, doubl
 #define MAX_GLOBAL_BATCH ((int64_t)1 << 31)
 #define MAX_TRAIN_SECONDS 3.2e9 /* about 100 years */
 #define MAX_MEAN_LOSS 1e30 /* per image: a cross-entropy far past any a run survives */
-#define MAX_GRAD_VALUES ((int64_t)1 << 62) /* gradient values counted in an epoch: an int64 that one more step cannot overflow */
 
 /* Every number of the run state, range-checked in its full width before any is used. */
 static ampc_status read_train_state(const char *path, json_t *root, ampc_train_state *ts) {
@@ -591,6 +605,21 @@ static ampc_status read_train_state(const char *path, json_t *root, ampc_train_s
                          json_is_number(mv) ? "negative or past the largest f32" : "missing or not a number");
     ts->grad_max_abs = mx;
     ts->has_grad_stats = 1;
+  }
+  /* the steps since the last step record: absent where there were none */
+  ts->log_steps = 0;
+  ts->log_loss_sum = 0.0;
+  if (json_object_get(root, "log_steps")) {
+    AMPC_TRY(jint_in(path, root, "", "log_steps", 1, ts->step, &ts->log_steps));
+    json_t *lv = json_object_get(root, "log_loss_sum");
+    if (json_is_null(lv)) {
+      ts->log_loss_sum = NAN; /* a step whose loss was not finite */
+    } else {
+      AMPC_TRY(jnum_nonneg(path, root, "log_loss_sum", &ts->log_loss_sum));
+      if (ts->log_loss_sum > (double)ts->log_steps * MAX_MEAN_LOSS)
+        return ampc__error(AMPC_EFORMAT, "checkpoint: %s: 'log_loss_sum' = %g is more than %g per step of 'log_steps' = %lld", path,
+                           ts->log_loss_sum, MAX_MEAN_LOSS, (long long)ts->log_steps);
+    }
   }
   ts->seed = (uint64_t)seed;
   return AMPC_OK;

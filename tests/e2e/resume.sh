@@ -59,6 +59,52 @@ print(n)" "$dir/part_$lvl.jsonl" "$last")
     bad "$lvl kill + resume: metrics differ"
   fi
 done
+# The metrics file cut at the checkpoint, from given checkpoints of one run (no kill, so
+# no timing): step records past it (--log-every 3: the first record after the resume
+# averages the steps since the one before, the checkpoint's too), epoch records past it,
+# a whole record whose newline is missing (kept, the newline added); the notice says
+# how many lines went, with --quiet too
+R=(--model cnn --epochs 2 --train-limit 1536 --test-limit 256 --batch-size 64 --quiet --opt-level O2 --threads 2 --amp-report)
+"$ampc" train "${R[@]}" --log-every 3 --checkpoint-dir "$dir/cm" --save-every 5 --metrics "$dir/cm_full.jsonl" >/dev/null 2>&1
+"$ampc" train "${R[@]}" --checkpoint-dir "$dir/ce" --save-every 5 --metrics "$dir/ce_full.jsonl" >/dev/null 2>&1
+cut_case() { # name, checkpoint, full metrics, the metrics before the resume (a file), expected notice (a pattern)
+  local name=$1 ck=$2 full=$3 before=$4 want=$5
+  cp "$before" "$dir/cut.jsonl"
+  "$ampc" train "${R[@]}" $([ "$full" = "$dir/cm_full.jsonl" ] && echo --log-every 3) --resume "$ck" --metrics "$dir/cut.jsonl" >/dev/null 2>"$dir/cut.err"
+  if [ "$(strip "$full")" = "$(strip "$dir/cut.jsonl")" ] && { [ -n "$want" ] && grep -Eq "$want" "$dir/cut.err" || { [ -z "$want" ] && ! grep -q dropped "$dir/cut.err"; }; }; then
+    ok "metrics cut at the checkpoint, $name: $(grep -o 'dropped.*' "$dir/cut.err" || echo 'nothing dropped')"
+  else
+    bad "metrics cut at the checkpoint, $name: $(cat "$dir/cut.err")"
+  fi
+}
+past=$(python3 -c "
+import json, sys
+print(sum(1 for l in open(sys.argv[1]) if json.loads(l).get('step', 0) > 10 or json.loads(l).get('epoch', 0) > 0))" "$dir/cm_full.jsonl")
+cut_case "step records past step 10" "$dir/cm/ckpt-step-00000010.safetensors" "$dir/cm_full.jsonl" "$dir/cm_full.jsonl" \
+  "dropped $past lines from the first record past the checkpoint \\(step 10\\) on"
+cut_case "the second epoch's record, resumed at step 30" "$dir/ce/ckpt-step-00000030.safetensors" "$dir/ce_full.jsonl" "$dir/ce_full.jsonl" \
+  "dropped 1 line from the first record past the checkpoint \\(step 30\\) on"
+python3 -c "
+import json, sys
+ls = [l for l in open(sys.argv[1]) if json.loads(l).get('step', 99) <= 10]
+open(sys.argv[2], 'w').write(''.join(ls).rstrip('\\n'))" "$dir/cm_full.jsonl" "$dir/cm_head.jsonl"
+cut_case "a whole record without its newline, kept" "$dir/cm/ckpt-step-00000010.safetensors" "$dir/cm_full.jsonl" "$dir/cm_head.jsonl" ""
+printf '\n{"step": 11, "lo' >> "$dir/cm_head.jsonl"
+cut_case "a last line cut short" "$dir/cm/ckpt-step-00000010.safetensors" "$dir/cm_full.jsonl" "$dir/cm_head.jsonl" \
+  "dropped its last line, cut short"
+# a resumed epoch whose steps before the resume had no statistics saves none in its checkpoints
+"$ampc" train --model cnn --epochs 1 --train-limit 1536 --test-limit 256 --batch-size 64 --quiet --threads 2 --opt-level O2 \
+  --checkpoint-dir "$dir/gn" --save-every 5 >/dev/null 2>&1
+"$ampc" train "${R[@]}" --epochs 1 --resume "$dir/gn/ckpt-step-00000010.safetensors" --checkpoint-dir "$dir/gm" --save-every 5 >/dev/null 2>&1
+has_stats() { python3 -c "
+import json, struct, sys
+f = open(sys.argv[1], 'rb'); h = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
+print('yes' if 'grad_stats' in json.loads(h['__metadata__']['ampc']) else 'no')" "$1"; }
+if [ "$(has_stats "$dir/gm/ckpt-step-00000015.safetensors")" = no ] && [ "$(has_stats "$dir/cm/ckpt-step-00000015.safetensors")" = yes ]; then
+  ok "--amp-report's statistics saved only where they cover the epoch from its start"
+else
+  bad "grad_stats in a checkpoint of an epoch resumed without them: $(has_stats "$dir/gm/ckpt-step-00000015.safetensors")"
+fi
 # SIGTERM: a checkpoint at the end of the current step, exit 0 (1000 epochs: the run is still
 # going when the signal comes, however fast the machine)
 F=(--model cnn --epochs 1000 --train-limit 2048 --test-limit 128 --quiet --threads 2)

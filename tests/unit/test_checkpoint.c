@@ -207,7 +207,8 @@ TEST(checks_shapes_and_ranges) {
   ampc_train_state ts = {.seed = 3, .epoch = 1, .batch = 2, .step = 5, .seen = 16, .skipped = 1, .skipped_total = 2, .loss_sum = 3.5,
                          .world_size = 1, .global_batch = 8,
                          .preprocessing = {"fashion-mnist", 1, 1, 8, 8, {0.25f, 0, 0}, {0.5f, 1, 1}},
-                         .has_grad_stats = 1, .grad_values = 1000, .grad_underflow = 7, .grad_max_abs = 0.375};
+                         .has_grad_stats = 1, .grad_values = 1000, .grad_underflow = 7, .grad_max_abs = 0.375,
+                         .log_loss_sum = 2.5, .log_steps = 2};
   char path[512]; /* tmp()'s buffers are reused */
   snprintf(path, sizeof path, "%s", tmp("mlp_ranges.safetensors"));
   CHECK_OK(ampc_checkpoint_save(path, a.m, a.amp, a.opt, &ts));
@@ -275,6 +276,10 @@ TEST(checks_shapes_and_ranges) {
       {"\"values\":1000", "\"values\":-1000", "grad_stats 'values' = -1000 is outside [0, 4611686018427387904]"},
       {"\"max_abs\":0.375", "\"max_abs\":-0.375", "grad_stats 'max_abs' is negative or past the largest f32"},
       {"\"grad_stats\":{", "\"grad_stats\":7,\"gs\":{", "'grad_stats' is not an object"},
+      /* the steps since the last step record */
+      {"\"log_steps\":2", "\"log_steps\":6", "'log_steps' = 6 is outside [1, 5]"},
+      {"\"log_loss_sum\":2.5", "\"log_loss_sum\":-2.5", "'log_loss_sum' is negative or not finite"},
+      {"\"log_loss_sum\":2.5", "\"log_loss_sum\":1e300", "'log_loss_sum' = 1e+300 is more than 1e+30 per step of 'log_steps' = 2"},
   };
   const size_t nbad = sizeof bad / sizeof bad[0];
   for (size_t i = 0; i <= nbad; i++) {
@@ -304,6 +309,28 @@ TEST(checks_shapes_and_ranges) {
   CHECK(ts.epoch == 1 && ts.batch == 2 && ts.step == 5 && ts.seen == 16 && ts.skipped == 1 && ts.skipped_total == 2);
   CHECK(ts.global_batch == 8 && ts.world_size == 1 && ampc_optim_step_count(c.opt) == 1);
   CHECK(ts.has_grad_stats == 1 && ts.grad_values == 1000 && ts.grad_underflow == 7 && ts.grad_max_abs == 0.375);
+  CHECK(ts.log_steps == 2 && ts.log_loss_sum == 2.5);
+  /* a non-finite loss since the last record travels as null, back as NaN */
+  {
+    char p4[512];
+    snprintf(p4, sizeof p4, "%s", tmp("mlp_lognan.safetensors"));
+    edit_state(path, p4, "\"log_loss_sum\":2.5", "\"log_loss_sum\":null");
+    ampc_train_state back = {0};
+    CHECK_OK(ampc_checkpoint_load(p4, c.m, c.amp, c.opt, &back));
+    CHECK(back.log_steps == 2 && isnan(back.log_loss_sum));
+  }
+  /* what loading would refuse is not saved */
+  {
+    ampc_train_state bad_ts = ts;
+    bad_ts.grad_underflow = bad_ts.grad_values + 1;
+    CHECK_ERR(ampc_checkpoint_save(tmp("mlp_badsave.safetensors"), a.m, a.amp, a.opt, &bad_ts), AMPC_EINVAL, "gradient statistics are out of range");
+    bad_ts = ts;
+    bad_ts.grad_max_abs = INFINITY;
+    CHECK_ERR(ampc_checkpoint_save(tmp("mlp_badsave.safetensors"), a.m, a.amp, a.opt, &bad_ts), AMPC_EINVAL, "gradient statistics are out of range");
+    bad_ts = ts;
+    bad_ts.log_steps = bad_ts.step + 1;
+    CHECK_ERR(ampc_checkpoint_save(tmp("mlp_badsave.safetensors"), a.m, a.amp, a.opt, &bad_ts), AMPC_EINVAL, "'log_steps'");
+  }
   CHECK(strcmp(ts.preprocessing.dataset, "fashion-mnist") == 0 && ts.preprocessing.normalize == 1 && ts.preprocessing.channels == 1);
   CHECK(ts.preprocessing.height == 8 && ts.preprocessing.mean[0] == 0.25f && ts.preprocessing.std[0] == 0.5f);
   /* the record's parser, as the library's API has it */

@@ -1,5 +1,6 @@
 /* ampc train: the training loop, progress and per-epoch metrics. */
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
@@ -50,9 +51,14 @@ static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc
 
 /* --amp-report: the epoch's gradient statistics so far, with kept (those
  * of its steps before a resume), into the run state a checkpoint saves, so
- * that the epoch resumed from it reports them whole. */
-static void keep_grad_stats(cli_session *s, ampc_train_state *ts, const ampc_amp_grad_stats *kept) {
+ * that the epoch resumed from it reports them whole; whole: they cover the
+ * epoch from its first step (else nothing is saved). */
+static void keep_grad_stats(cli_session *s, ampc_train_state *ts, const ampc_amp_grad_stats *kept, int whole) {
   ampc_amp_grad_stats now;
+  if (!whole) { /* the epoch's steps before a resume from a checkpoint without them are not in them: none */
+    ts->has_grad_stats = 0;
+    return;
+  }
   ampc_amp_get_grad_stats(s->amp, &now, 0);
   ts->has_grad_stats = 1;
   ts->grad_values = kept->values + now.values;
@@ -62,19 +68,44 @@ static void keep_grad_stats(cli_session *s, ampc_train_state *ts, const ampc_amp
 
 /* A resumed run's metrics file, cut where its checkpoint is: at the first
  * record past it (a step record after its step, an epoch record after its
- * completed epochs: the steps a killed run took after its last checkpoint,
- * which this run takes again, bit for bit) or at a last line cut short (a
+ * completed epochs: what a killed run wrote after its last checkpoint,
+ * which this run writes again, bit for bit) or at a last line cut short (a
  * write the kill interrupted), so that no step or epoch has two records and
  * every line is whole. Lines that are no record of a step or an epoch are
- * kept. mf: the file as opened for appending (nothing written yet). Returns
- * the records dropped, or -1 on an error (said). */
+ * kept, and so is a whole record that only lacks its newline (which is
+ * added). mf: the file as opened for appending (nothing written yet). */
 enum { METRICS_LINE_MAX = 1 << 20 }; /* a record is a few KB: a longer line is none */
-static long long metrics_rewind(FILE *mf, const char *path, const ampc_train_state *ts) {
+typedef struct {
+  long long dropped; /* lines cut off */
+  int past;          /* the cut is at a record past the checkpoint (else at a last line cut short) */
+} metrics_cut;
+/* Whether a line is a record past the checkpoint (1), another whole JSON
+ * object (0), or no JSON object (-1). */
+static int metrics_past(const char *line, size_t n, const ampc_train_state *ts) {
+  json_t *o = json_loadb(line, n, 0, NULL);
+  if (!json_is_object(o)) {
+    json_decref(o);
+    return -1;
+  }
+  json_t *e = json_object_get(o, "epoch"), *st = json_object_get(o, "step");
+  int past = json_is_integer(e) ? json_integer_value(e) > ts->epoch : json_is_integer(st) && json_integer_value(st) > ts->step;
+  json_decref(o);
+  return past;
+}
+/* Returns 0 (*cut filled; nothing cut: dropped 0), or -1 on an error (said). */
+static int metrics_rewind(FILE *mf, const char *path, const ampc_train_state *ts, metrics_cut *cut_out) {
   struct stat ws, rs;
+  cut_out->dropped = 0;
+  cut_out->past = 0;
   if (fstat(fileno(mf), &ws) != 0 || !S_ISREG(ws.st_mode)) return 0; /* a pipe or a device: nothing to cut */
-  FILE *in = fopen(path, "r");
-  if (!in || fstat(fileno(in), &rs) != 0 || rs.st_dev != ws.st_dev || rs.st_ino != ws.st_ino) {
-    if (in) fclose(in);
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) { /* (a file this run may write but not read) */
+    fprintf(stderr, "ampc: --metrics: cannot read '%s' to cut it at the checkpoint (%s): appending to it as it is\n", path, strerror(errno));
+    return 0;
+  }
+  FILE *in = NULL;
+  if (fstat(fd, &rs) != 0 || rs.st_dev != ws.st_dev || rs.st_ino != ws.st_ino || !(in = fdopen(fd, "r"))) {
+    close(fd);
     return 0; /* (replaced since it was opened: this run appends to what it opened) */
   }
   char *line = malloc(METRICS_LINE_MAX);
@@ -83,8 +114,8 @@ static long long metrics_rewind(FILE *mf, const char *path, const ampc_train_sta
     cli_error("--metrics: out of memory reading '%s'", path);
     return -1;
   }
-  long long dropped = 0;
   off_t cut = -1;
+  int add_newline = 0;
   for (;;) {
     off_t at = ftello(in); /* (not counted from the lines: one may hold a NUL byte) */
     if (at < 0 || !fgets(line, METRICS_LINE_MAX, in)) break;
@@ -96,23 +127,25 @@ static long long metrics_rewind(FILE *mf, const char *path, const ampc_train_sta
       while ((ch = getc(in)) != EOF && ch != '\n') {
       }
       if (ch != '\n') cut = at; /* (the last line, cut short) */
-    } else if (!whole) { /* the last line, cut short */
+    } else if (!whole) { /* the last line, without its newline: a whole record before the checkpoint stays */
+      int past = metrics_past(line, n, ts);
+      if (past == 0) add_newline = 1;
+      else cut = at, cut_out->past = past == 1;
+    } else if (metrics_past(line, n, ts) == 1) {
       cut = at;
-    } else {
-      json_t *o = json_loadb(line, n, 0, NULL);
-      json_t *e = json_object_get(o, "epoch"), *st = json_object_get(o, "step");
-      if (json_is_integer(e) ? json_integer_value(e) > ts->epoch : json_is_integer(st) && json_integer_value(st) > ts->step) cut = at;
-      json_decref(o);
+      cut_out->past = 1;
     }
     if (cut >= 0) break;
   }
-  if (cut >= 0) { /* the lines from the cut on: the one there (read), then the rest, a last one without its newline too */
-    int open_line = 0;
-    dropped = 1;
-    while (fgets(line, METRICS_LINE_MAX, in)) {
-      if (!open_line) dropped++;
-      open_line = strchr(line, '\n') == NULL;
+  long long lines = 0;
+  if (cut >= 0 && fseeko(in, cut, SEEK_SET) == 0) { /* the lines from the cut on, a last one without its newline too */
+    size_t got;
+    char last = '\n';
+    while ((got = fread(line, 1, METRICS_LINE_MAX, in)) > 0) {
+      for (const char *q = line; (q = memchr(q, '\n', got - (size_t)(q - line))) != NULL; q++) lines++;
+      last = line[got - 1];
     }
+    lines += last != '\n';
   }
   int rerr = ferror(in);
   free(line);
@@ -125,7 +158,12 @@ static long long metrics_rewind(FILE *mf, const char *path, const ampc_train_sta
     cli_error("--metrics: cannot cut '%s' at the checkpoint: %s", path, strerror(errno));
     return -1;
   }
-  return cut >= 0 ? dropped : 0;
+  if (add_newline && (fputc('\n', mf) == EOF || fflush(mf) != 0)) {
+    cli_error("--metrics: cannot write to '%s': %s", path, strerror(errno));
+    return -1;
+  }
+  cut_out->dropped = cut >= 0 ? lines : 0;
+  return 0;
 }
 
 /* A number for a record: null where it is not finite (JSON has no inf or
@@ -448,21 +486,28 @@ int cmd_train(int argc, char **argv) {
     rc = 1;
     goto done;
   }
+  /* then (rank 0's) metrics file emptied for a new run, or cut at the
+   * checkpoint for a resumed one; the ranks agree on that too (a rank 0 that
+   * failed there would otherwise leave the others waiting in their first
+   * step) */
+  int metrics_ok = 1;
   struct stat mst; /* a device or a pipe has nothing to empty */
   if (mf && !a.resume && fstat(fileno(mf), &mst) == 0 && S_ISREG(mst.st_mode) && ftruncate(fileno(mf), 0) != 0) {
     cli_error("--metrics: cannot empty '%s': %s", a.metrics, strerror(errno));
-    rc = 1;
-    goto done;
+    metrics_ok = 0;
   }
   if (mf && a.resume) {
-    long long cut = metrics_rewind(mf, a.metrics, &ts);
-    if (cut < 0) {
-      rc = 1;
-      goto done;
-    }
-    if (cut > 0 && !quiet)
-      fprintf(stderr, "ampc: --metrics: %s: dropped %lld line%s past the checkpoint (step %lld), which this run writes again\n", a.metrics, cut,
-              cut == 1 ? "" : "s", (long long)ts.step);
+    metrics_cut mc;
+    if (metrics_rewind(mf, a.metrics, &ts, &mc) < 0) metrics_ok = 0;
+    else if (mc.dropped > 0 && mc.past) /* (said with --quiet too: lines of the user's file went) */
+      fprintf(stderr, "ampc: --metrics: %s: dropped %lld line%s from the first record past the checkpoint (step %lld) on, which this run writes again\n",
+              a.metrics, mc.dropped, mc.dropped == 1 ? "" : "s", (long long)ts.step);
+    else if (mc.dropped > 0)
+      fprintf(stderr, "ampc: --metrics: %s: dropped its last line, cut short (a write the run before did not finish)\n", a.metrics);
+  }
+  if (!cli_dist_agree(metrics_ok)) {
+    rc = 1;
+    goto done;
   }
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
@@ -471,8 +516,8 @@ int cmd_train(int argc, char **argv) {
   ampc_amp_set_loss_weight(s.amp, 1.0f / (float)accum);
   ampc_amp_set_grad_stats(s.amp, a.c.amp_report);
   int is_static = !s.amp_cfg.loss_scale_dynamic;
-  double rec_loss = 0.0; /* the steps since the last step record */
-  int64_t rec_steps = 0;
+  double rec_loss = ts.log_loss_sum; /* the steps since the last step record (a resumed run: the checkpoint's) */
+  int64_t rec_steps = ts.log_steps;
   long long inf_step = -1, diverge_step = -1, fail_step = -1;
   int inf_hook = test_hook_at("AMPC_TEST_INF_AT", &inf_step), diverge_hook = test_hook_at("AMPC_TEST_DIVERGE_AT", &diverge_step);
   int fail_hook = test_hook_at("AMPC_TEST_FAIL_AT", &fail_step);
@@ -510,6 +555,7 @@ int cmd_train(int argc, char **argv) {
     ampc_amp_grad_stats kept = {0, 0, 0.0f};
     if (!a.c.amp_report) ts.has_grad_stats = 0;
     if (ts.has_grad_stats) kept = (ampc_amp_grad_stats){ts.grad_values, ts.grad_underflow, (float)ts.grad_max_abs};
+    int stats_whole = start_batch == 0 || ts.has_grad_stats;
     for (;;) {
       int got = 0;
       if (b >= nb) break; /* (a rank's slice of the last batch may be empty) */
@@ -672,7 +718,9 @@ int cmd_train(int argc, char **argv) {
       if (rc) break; /* the run stops at this step: its record is written */
       if (a.checkpoint_dir && a.save_every > 0 && ts.step % a.save_every == 0 && b < nb) {
         cli_progress_clear(&pg);
-        if (a.c.amp_report) keep_grad_stats(&s, &ts, &kept);
+        if (a.c.amp_report) keep_grad_stats(&s, &ts, &kept, stats_whole);
+        ts.log_loss_sum = rec_loss;
+        ts.log_steps = rec_steps;
         if (save_on_root(&s, a.checkpoint_dir, a.keep, &ts, quiet, last_ckpt, NULL, NULL) < 0) {
           rc = 1;
           break;
@@ -698,7 +746,9 @@ int cmd_train(int argc, char **argv) {
                 stop_requested ? "" : " (by another rank)", epoch + 1, (long long)b, (long long)nb, (long long)ts.step);
       /* the default folder is taken only now: take its lock like --checkpoint-dir's */
       int locked = !root || a.checkpoint_dir || cli_ckptdir_lock("saving a checkpoint", dir) >= 0;
-      if (a.c.amp_report) keep_grad_stats(&s, &ts, &kept);
+      if (a.c.amp_report) keep_grad_stats(&s, &ts, &kept, stats_whole);
+      ts.log_loss_sum = rec_loss;
+      ts.log_steps = rec_steps;
       if (!cli_dist_agree(locked) || save_on_root(&s, dir, a.keep, &ts, 0, last_ckpt, NULL, NULL) < 0)
         rc = 1;
       else if (root)
@@ -824,6 +874,8 @@ int cmd_train(int argc, char **argv) {
       next.seen = next.skipped = 0;
       next.train_seconds = 0.0;
       next.has_grad_stats = 0;
+      next.log_loss_sum = rec_loss;
+      next.log_steps = rec_steps;
       if (save_on_root(&s, a.checkpoint_dir, a.keep, &next, quiet, last_ckpt, NULL, NULL) < 0) {
         rc = 1;
         break;
