@@ -53,6 +53,11 @@ static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc
  * of its steps before a resume), into the run state a checkpoint saves, so
  * that the epoch resumed from it reports them whole; whole: they cover the
  * epoch from its first step (else nothing is saved). */
+static void add_grad_stats(ampc_amp_grad_stats *st, const ampc_amp_grad_stats *more) {
+  st->values += more->values;
+  st->underflow += more->underflow;
+  if (more->max_abs > st->max_abs) st->max_abs = more->max_abs;
+}
 static void keep_grad_stats(cli_session *s, ampc_train_state *ts, const ampc_amp_grad_stats *kept, int whole) {
   ampc_amp_grad_stats now;
   if (!whole) { /* the epoch's steps before a resume from a checkpoint without them are not in them: none */
@@ -60,10 +65,11 @@ static void keep_grad_stats(cli_session *s, ampc_train_state *ts, const ampc_amp
     return;
   }
   ampc_amp_get_grad_stats(s->amp, &now, 0);
+  add_grad_stats(&now, kept);
   ts->has_grad_stats = 1;
-  ts->grad_values = kept->values + now.values;
-  ts->grad_underflow = kept->underflow + now.underflow;
-  ts->grad_max_abs = kept->max_abs > now.max_abs ? kept->max_abs : now.max_abs;
+  ts->grad_values = now.values;
+  ts->grad_underflow = now.underflow;
+  ts->grad_max_abs = now.max_abs;
 }
 
 /* A resumed run's metrics file, cut where its checkpoint is: at the first
@@ -784,9 +790,7 @@ int cmd_train(int argc, char **argv) {
     cli_progress_clear(&pg);
     if (a.c.amp_report) {
       ampc_amp_get_grad_stats(s.amp, &st, 1);
-      st.values += kept.values;
-      st.underflow += kept.underflow;
-      if (kept.max_abs > st.max_abs) st.max_abs = kept.max_abs;
+      add_grad_stats(&st, &kept);
     }
     ampc_amp_comm_stats cs;
     ampc_amp_get_comm_stats(s.amp, &cs, 1);
