@@ -49,21 +49,36 @@ static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc
   return 0;
 }
 
-/* --amp-report: the epoch's gradient statistics so far, with kept (those
- * of its steps before a resume), into the run state a checkpoint saves, so
- * that the epoch resumed from it reports them whole; whole: they cover the
- * epoch from its first step (else nothing is saved). */
 static void add_grad_stats(ampc_amp_grad_stats *st, const ampc_amp_grad_stats *more) {
   st->values += more->values;
   st->underflow += more->underflow;
   if (more->max_abs > st->max_abs) st->max_abs = more->max_abs;
 }
-static void keep_grad_stats(cli_session *s, ampc_train_state *ts, const ampc_amp_grad_stats *kept, int whole) {
+
+/* The run state at the start of epoch (0-based), before its first batch:
+ * its running sums empty. */
+static void epoch_start_state(ampc_train_state *ts, int64_t epoch) {
+  ts->epoch = epoch;
+  ts->batch = 0;
+  ts->loss_sum = 0.0;
+  ts->seen = ts->skipped = 0;
+  ts->train_seconds = 0.0;
+  ts->has_grad_stats = 0;
+}
+
+/* What a checkpoint saves beside the counters the loop keeps in ts: the
+ * steps since the last step record (rec_loss, rec_steps), and with
+ * --amp-report (report) the epoch's gradient statistics so far with kept
+ * (those of its steps before a resume), so that the epoch resumed from it
+ * reports them whole; whole: they cover the epoch from its first step (else
+ * none are saved). */
+static void state_to_save(cli_session *s, ampc_train_state *ts, double rec_loss, int64_t rec_steps, int report,
+                          const ampc_amp_grad_stats *kept, int whole) {
+  ts->log_loss_sum = rec_loss;
+  ts->log_steps = rec_steps;
+  ts->has_grad_stats = 0;
+  if (!report || !whole) return;
   ampc_amp_grad_stats now;
-  if (!whole) { /* the epoch's steps before a resume from a checkpoint without them are not in them: none */
-    ts->has_grad_stats = 0;
-    return;
-  }
   ampc_amp_get_grad_stats(s->amp, &now, 0);
   add_grad_stats(&now, kept);
   ts->has_grad_stats = 1;
@@ -531,14 +546,7 @@ int cmd_train(int argc, char **argv) {
   for (int epoch = (int)ts.epoch; epoch < a.epochs && rc == 0; epoch++) {
     float lr = ampc_lr_at(&sched, ocfg.lr, epoch);
     int64_t start_batch = epoch == ts.epoch ? ts.batch : 0;
-    if (epoch != ts.epoch) {
-      ts.epoch = epoch;
-      ts.batch = 0;
-      ts.loss_sum = 0.0;
-      ts.seen = ts.skipped = 0;
-      ts.train_seconds = 0.0;
-      ts.has_grad_stats = 0;
-    }
+    if (epoch != ts.epoch) epoch_start_state(&ts, epoch);
     if (ampc_loader_start_epoch(ld, epoch, start_batch) < 0) {
       rank_failed();
       rc = 1;
@@ -724,9 +732,7 @@ int cmd_train(int argc, char **argv) {
       if (rc) break; /* the run stops at this step: its record is written */
       if (a.checkpoint_dir && a.save_every > 0 && ts.step % a.save_every == 0 && b < nb) {
         cli_progress_clear(&pg);
-        if (a.c.amp_report) keep_grad_stats(&s, &ts, &kept, stats_whole);
-        ts.log_loss_sum = rec_loss;
-        ts.log_steps = rec_steps;
+        state_to_save(&s, &ts, rec_loss, rec_steps, a.c.amp_report, &kept, stats_whole);
         if (save_on_root(&s, a.checkpoint_dir, a.keep, &ts, quiet, last_ckpt, NULL, NULL) < 0) {
           rc = 1;
           break;
@@ -752,9 +758,7 @@ int cmd_train(int argc, char **argv) {
                 stop_requested ? "" : " (by another rank)", epoch + 1, (long long)b, (long long)nb, (long long)ts.step);
       /* the default folder is taken only now: take its lock like --checkpoint-dir's */
       int locked = !root || a.checkpoint_dir || cli_ckptdir_lock("saving a checkpoint", dir) >= 0;
-      if (a.c.amp_report) keep_grad_stats(&s, &ts, &kept, stats_whole);
-      ts.log_loss_sum = rec_loss;
-      ts.log_steps = rec_steps;
+      state_to_save(&s, &ts, rec_loss, rec_steps, a.c.amp_report, &kept, stats_whole);
       if (!cli_dist_agree(locked) || save_on_root(&s, dir, a.keep, &ts, 0, last_ckpt, NULL, NULL) < 0)
         rc = 1;
       else if (root)
@@ -872,14 +876,8 @@ int cmd_train(int argc, char **argv) {
     }
     if (a.checkpoint_dir) {
       ampc_train_state next = ts;
-      next.epoch = epoch + 1;
-      next.batch = 0;
-      next.loss_sum = 0.0;
-      next.seen = next.skipped = 0;
-      next.train_seconds = 0.0;
-      next.has_grad_stats = 0;
-      next.log_loss_sum = rec_loss;
-      next.log_steps = rec_steps;
+      epoch_start_state(&next, epoch + 1);
+      state_to_save(&s, &next, rec_loss, rec_steps, 0, NULL, 0); /* (the next epoch's statistics: none yet) */
       if (save_on_root(&s, a.checkpoint_dir, a.keep, &next, quiet, last_ckpt, NULL, NULL) < 0) {
         rc = 1;
         break;
