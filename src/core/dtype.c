@@ -192,13 +192,13 @@ void ampc_store_f32(ampc_dtype t, void *dst, const float *src, size_t n) {
 void ampc__round_f32(ampc_dtype t, float *p, size_t n) {
   if (t == AMPC_DTYPE_F32) return;
 #if AMPC__DTYPE_X86
-  int mode = t == AMPC_DTYPE_F16 && n >= 8 ? convert_path() : AMPC__CONVERT_SCALAR;
+  int mode = (t == AMPC_DTYPE_F16 || t == AMPC_DTYPE_BF16) && n >= 8 ? convert_path() : AMPC__CONVERT_SCALAR;
   if (mode == AMPC__CONVERT_AVX512) {
-    ampc__f16_round_n_avx512(p, n);
+    (t == AMPC_DTYPE_F16 ? ampc__f16_round_n_avx512 : ampc__bf16_round_n_avx512)(p, n);
     return;
   }
   if (mode == AMPC__CONVERT_AVX2) {
-    ampc__f16_round_n_avx2(p, n);
+    (t == AMPC_DTYPE_F16 ? ampc__f16_round_n_avx2 : ampc__bf16_round_n_avx2)(p, n);
     return;
   }
 #endif

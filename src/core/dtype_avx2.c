@@ -84,15 +84,23 @@ AMPC__AVX2 void ampc__bf16_to_f32_n_avx2(float *dst, const uint16_t *src, size_t
   }
 }
 
-/* 8 f32 bit patterns -> 8 bf16 in the low half of each 32-bit lane. */
-AMPC__AVX2 static inline __m256i f32_to_bf16_8(__m256i u) {
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-  const __m256i quiet = _mm256_set1_epi32((int)AMPC__F32_QUIET), bias = _mm256_set1_epi32(0x7fff);
-  const __m256i one = _mm256_set1_epi32(1);
-  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-  __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(bias, lsb));
-  __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
-  return _mm256_srli_epi32(_mm256_blendv_epi8(rounded, _mm256_or_si256(u, quiet), nan), 16);
+/* 8 f32 bit patterns -> 8 bf16 in the low half of each 32-bit lane (AMPC__BF16_RNE256). */
+AMPC__AVX2 static inline __m256i f32_to_bf16_8(__m256i u) { return _mm256_srli_epi32(AMPC__BF16_RNE256(u), 16); }
+
+/* 8 f32 rounded to bf16 and widened back (the low halves 0). */
+AMPC__AVX2 static inline __m256i bf16_round_8(__m256i u) {
+  return _mm256_and_si256(AMPC__BF16_RNE256(u), _mm256_set1_epi32((int)0xffff0000u));
+}
+
+AMPC__AVX2 void ampc__bf16_round_n_avx2(float *p, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_si256((__m256i *)(p + i), bf16_round_8(_mm256_loadu_si256((const __m256i *)(p + i))));
+  if (i < n) {
+    float t[8] = {0};
+    memcpy(t, p + i, (n - i) * sizeof *p);
+    _mm256_storeu_si256((__m256i *)t, bf16_round_8(_mm256_loadu_si256((const __m256i *)t)));
+    memcpy(p + i, t, (n - i) * sizeof *p);
+  }
 }
 
 /* 16 f32 -> 16 bf16. packus works lane-wise (a0-3 b0-3 a4-7 b4-7); the

@@ -93,18 +93,9 @@ AMPC__AVX512 void ampc__bf16_to_f32_n_avx512(float *dst, const uint16_t *src, si
   }
 }
 
-/* 16 f32 bit patterns -> 16 bf16: round at bit 16, ties to even (the
- * largest finite values carry into inf); NaN lanes take the pattern with
- * the quiet bit set instead; then each lane's top half, narrowed. */
-AMPC__AVX512 static inline __m256i f32_to_bf16_16(__m512i u) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-  const __m512i quiet = _mm512_set1_epi32((int)AMPC__F32_QUIET), bias = _mm512_set1_epi32(0x7fff);
-  const __m512i one = _mm512_set1_epi32(1);
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-  __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(bias, lsb));
-  __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs_mask), inf);
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_mask_or_epi32(rounded, nan, u, quiet), 16));
-}
+/* 16 f32 bit patterns -> 16 bf16 (AMPC__BF16_RNE512), each lane's top half,
+ * narrowed. */
+AMPC__AVX512 static inline __m256i f32_to_bf16_16(__m512i u) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(AMPC__BF16_RNE512(u), 16)); }
 
 AMPC__AVX512 void ampc__f32_to_bf16_n_avx512(uint16_t *dst, const float *src, size_t n) {
   size_t i = 0;
@@ -112,6 +103,21 @@ AMPC__AVX512 void ampc__f32_to_bf16_n_avx512(uint16_t *dst, const float *src, si
   if (i < n) {
     __mmask16 k = tail_mask(n - i);
     _mm256_mask_storeu_epi16(dst + i, k, f32_to_bf16_16(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, src + i))));
+  }
+}
+
+/* 16 f32 bit patterns rounded to bf16 and widened back (the low halves 0):
+ * what widening the narrowed codes gives, its NaNs already quiet. */
+AMPC__AVX512 static inline __m512i bf16_round_16(__m512i u) {
+  return _mm512_and_si512(AMPC__BF16_RNE512(u), _mm512_set1_epi32((int)0xffff0000u));
+}
+
+AMPC__AVX512 void ampc__bf16_round_n_avx512(float *p, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_si512(p + i, bf16_round_16(_mm512_loadu_si512(p + i)));
+  if (i < n) {
+    __mmask16 k = tail_mask(n - i);
+    _mm512_mask_storeu_ps(p + i, k, _mm512_castsi512_ps(bf16_round_16(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, p + i)))));
   }
 }
 

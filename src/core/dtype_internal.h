@@ -136,16 +136,37 @@ void ampc__f16_to_f32_n_avx2(float *dst, const uint16_t *src, size_t n);
 void ampc__f32_to_f16_n_avx2(uint16_t *dst, const float *src, size_t n);
 void ampc__bf16_to_f32_n_avx2(float *dst, const uint16_t *src, size_t n);
 void ampc__f32_to_bf16_n_avx2(uint16_t *dst, const float *src, size_t n);
-/* p[i] = f16 -> f32 of f32 -> f16 of p[i], in registers */
+/* p[i] = f16 -> f32 of f32 -> f16 of p[i], in registers; and for bf16 */
 void ampc__f16_round_n_avx2(float *p, size_t n);
-/* The same five on 16 lanes (dtype_avx512.c, also compiled by function
+void ampc__bf16_round_n_avx2(float *p, size_t n);
+/* The same six on 16 lanes (dtype_avx512.c, also compiled by function
  * attributes only). Call them only if ampc__cpu_has_avx512(). */
 void ampc__f16_to_f32_n_avx512(float *dst, const uint16_t *src, size_t n);
 void ampc__f32_to_f16_n_avx512(uint16_t *dst, const float *src, size_t n);
 void ampc__bf16_to_f32_n_avx512(float *dst, const uint16_t *src, size_t n);
 void ampc__f32_to_bf16_n_avx512(uint16_t *dst, const float *src, size_t n);
 void ampc__f16_round_n_avx512(float *p, size_t n);
+void ampc__bf16_round_n_avx512(float *p, size_t n);
 #endif
+
+/* bf16 rounding of f32 bit patterns in vector registers, for the conversion
+ * kernels and for the fused kernels that round as they store (one
+ * definition, which test_dtype checks on every f32 pattern on each path):
+ * each 32-bit lane of u (a variable) rounded at bit 16, ties to even (the
+ * largest finite values carry into inf), or a NaN with its quiet bit set
+ * instead; the bf16 code is the top half, and the top half alone is the
+ * widened value. Macros, so that they take the target of the function
+ * they are used in: 16 lanes (AVX-512F) and 8 (AVX2). */
+#define AMPC__BF16_RNE512(u)                                                                                            \
+  _mm512_mask_or_epi32(                                                                                                \
+      _mm512_add_epi32((u), _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32((u), 16), _mm512_set1_epi32(1)))), \
+      _mm512_cmpgt_epi32_mask(_mm512_and_si512((u), _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000)), (u),  \
+      _mm512_set1_epi32((int)AMPC__F32_QUIET))
+#define AMPC__BF16_RNE256(u)                                                                                            \
+  _mm256_blendv_epi8(                                                                                                  \
+      _mm256_add_epi32((u), _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32((u), 16), _mm256_set1_epi32(1)))), \
+      _mm256_or_si256((u), _mm256_set1_epi32((int)AMPC__F32_QUIET)),                                                    \
+      _mm256_cmpgt_epi32(_mm256_and_si256((u), _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000)))
 
 /* Rounds n f32 values in place to what storing them as t and loading them
  * back gives, bit for bit (f32: unchanged). */

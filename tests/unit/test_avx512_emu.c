@@ -26,6 +26,7 @@
 #define ampc__bf16_to_f32_n_avx512 emu_bf16_to_f32_n
 #define ampc__f32_to_bf16_n_avx512 emu_f32_to_bf16_n
 #define ampc__f16_round_n_avx512 emu_f16_round_n
+#define ampc__bf16_round_n_avx512 emu_bf16_round_n
 #define ampc__cpu_sgd_avx512 emu_sgd
 #define ampc__cpu_adam_avx512 emu_adam
 #include "core/dtype_avx512.c"
@@ -133,6 +134,14 @@ static void f16_round_n_scalar(float *p, size_t n) {
   free(h);
 }
 
+/* ... and as bf16 */
+static void bf16_round_n_scalar(float *p, size_t n) {
+  uint16_t *h = malloc((n ? n : 1) * sizeof *h);
+  ampc__f32_to_bf16_n_scalar(h, p, n);
+  ampc__bf16_to_f32_n_scalar(p, h, n);
+  free(h);
+}
+
 static const struct {
   const char *name;
   widen_fn emu_widen, ref_widen;
@@ -142,7 +151,7 @@ static const struct {
     {"bf16", emu_bf16_to_f32_n, ampc__bf16_to_f32_n_scalar, emu_f32_to_bf16_n, ampc__f32_to_bf16_n_scalar},
 };
 
-/* Every 16-bit code widened, the narrowing inputs narrowed and (f16)
+/* Every 16-bit code widened, the narrowing inputs narrowed and
  * rounded in place, in one long call each: the vector bodies, and a tail. */
 TEST(conversions_match_scalar) {
   enum { NH = 65536 };
@@ -167,13 +176,21 @@ TEST(conversions_match_scalar) {
       if (g16[i] != w16[i] && bad++ < 10)
         CHECK_MSG(0, "f32 %08x -> %s %04x, scalar %04x", fbits(x[i]), kinds[f].name, g16[i], w16[i]);
   }
-  float *r = malloc(n * sizeof *r);
+  float *r = malloc(n * sizeof *r), *xb = malloc(n * sizeof *xb);
   memcpy(r, x, n * sizeof *r);
+  memcpy(xb, x, n * sizeof *xb);
   emu_f16_round_n(r, n);
   f16_round_n_scalar(x, n);
   for (size_t i = 0; i < n; i++)
     if (fbits(r[i]) != fbits(x[i]) && bad++ < 15)
       CHECK_MSG(0, "f16 rounding in place [%zu] = %08x, scalar %08x", i, fbits(r[i]), fbits(x[i]));
+  memcpy(r, xb, n * sizeof *r);
+  emu_bf16_round_n(r, n);
+  bf16_round_n_scalar(xb, n);
+  for (size_t i = 0; i < n; i++)
+    if (fbits(r[i]) != fbits(xb[i]) && bad++ < 20)
+      CHECK_MSG(0, "bf16 rounding in place [%zu] = %08x, scalar %08x", i, fbits(r[i]), fbits(xb[i]));
+  free(xb);
   CHECK(bad == 0);
   free(h), free(got), free(want), free(x), free(g16), free(w16), free(r);
 }
@@ -255,16 +272,18 @@ TEST(conversion_tails) {
           CHECK_MSG(0, "%s narrow n=%zu: [%d] = %04x, want %04x", kinds[f].name, n, i, out16[i], want);
       }
     }
-    /* f16 rounding in place, n floats at the end of gd */
-    float *p = guarded_tail(gd, n * sizeof *p), want[MAXN];
-    memset(p - PAD, 0xa5, PAD * sizeof *p);
-    memcpy(p, src32, n * sizeof *p);
-    memcpy(want, src32, n * sizeof *want);
-    emu_f16_round_n(p, n);
-    f16_round_n_scalar(want, n);
-    for (int i = -PAD; i < (int)n; i++) {
-      uint32_t w = i < 0 ? 0xa5a5a5a5u : fbits(want[i]);
-      if (fbits(p[i]) != w && bad++ < 5) CHECK_MSG(0, "f16 round n=%zu: [%d] = %08x, want %08x", n, i, fbits(p[i]), w);
+    /* f16 and bf16 rounding in place, n floats at the end of gd */
+    for (int f = 0; f < 2; f++) {
+      float *p = guarded_tail(gd, n * sizeof *p), want[MAXN];
+      memset(p - PAD, 0xa5, PAD * sizeof *p);
+      for (size_t i = 0; i < n; i++) p[i] = want[i] = src32[i];
+      (f ? emu_bf16_round_n : emu_f16_round_n)(p, n);
+      (f ? bf16_round_n_scalar : f16_round_n_scalar)(want, n);
+      for (int i = -PAD; i < (int)n; i++) {
+        uint32_t w = i < 0 ? 0xa5a5a5a5u : fbits(want[i]);
+        if (fbits(p[i]) != w && bad++ < 5)
+          CHECK_MSG(0, "%s round n=%zu: [%d] = %08x, want %08x", kinds[f].name, n, i, fbits(p[i]), w);
+      }
     }
   }
   CHECK(bad == 0);

@@ -534,6 +534,12 @@ TEST(round_in_place) {
   src[6] = 1.0f + 1.0f / 2048.0f; /* an f16 tie */
   src[7] = 1e-6f;                 /* f16 subnormal */
   src[8] = 70000.0f;              /* f16 overflow */
+  src[9] = bitsf(0x7f800001u);    /* signalling NaNs, payloads below and across bf16's bits */
+  src[10] = bitsf(0xff812345u);
+  src[11] = bitsf(0x7f7fffffu);   /* the largest finite f32: bf16 rounds it to inf */
+  src[12] = bitsf(0x3f808000u);   /* a bf16 tie, to even (down) */
+  src[13] = bitsf(0x3f818000u);   /* and up */
+  src[14] = bitsf(0x00008001u);   /* a subnormal f32 */
   int bad = 0;
   for (int p = 0; p < npaths(); p++) {
     CHECK(ampc__convert_force_path(p) == p);

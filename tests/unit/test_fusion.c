@@ -140,19 +140,23 @@ TEST(cnn_fused_pool_cases) {
   CHECK_MSG(ratio < 0.8, "fused activations %.3f of the plain graph's", ratio);
 }
 
-/* the batch norm's output rounded to f16 for its fused pool in one pass
- * with the normalisation (the AVX2 and AVX-512 levels) or after it (the
- * baseline): each level the CPU runs, with a NaN and odd planes */
+/* the batch norm's output rounded to its 16-bit type (f16, bf16) for its
+ * fused pool in one pass with the normalisation (the AVX2 and AVX-512
+ * levels) or after it (the baseline): each level the CPU runs, with a NaN
+ * and odd planes */
 TEST(cnn_fused_pool_each_isa) {
   const ampc__cpu_isa *isas[3] = {&ampc__cpu_isa_baseline, NULL, NULL};
   if (ampc__cpu_isa_avx2 && ampc__cpu_has_avx2_f16c()) isas[1] = ampc__cpu_isa_avx2;
   if (ampc__cpu_isa_avx512 && ampc__cpu_has_avx512()) isas[2] = ampc__cpu_isa_avx512;
+  static const ampc_dtype types[] = {AMPC_DTYPE_F16, AMPC_DTYPE_BF16};
   for (int i = 0; i < 3; i++) {
     if (!isas[i]) continue;
     test_isa = isas[i];
-    compare_mode("cnn", 1, 12, AMPC_DTYPE_F16, 1, -1);
-    compare_mode("cnn", 2, 19, AMPC_DTYPE_F16, 1, 30);
-    compare_mode("cnn", 1, 12, AMPC_DTYPE_F16, 0, 30);
+    for (int t = 0; t < 2; t++) {
+      compare_mode("cnn", 1, 12, types[t], 1, -1);
+      compare_mode("cnn", 2, 19, types[t], 1, 30);
+      compare_mode("cnn", 1, 12, types[t], 0, 30);
+    }
   }
   test_isa = NULL;
 }
@@ -160,7 +164,7 @@ TEST(cnn_fused_pool_each_isa) {
 /* Batch norm backward's fused passes over 16-bit planes (the fused pool's
  * gradient, the sums with x converted as they are read, dx stored straight
  * into f16), at the AVX-512 and the AVX2 level where the CPU has them, give
- * the per-plane loops' bits: fused and plain
+ * the per-plane loops' bits (dx straight into bf16 too): fused and plain
  * graphs, f16 and bf16, training and eval, a NaN, planes whose sizes end in
  * a whole vector, 8 values and single ones (12x12 -> 6x6, 13x13, 28x28 ->
  * 14x14), pooled rows of 6, 8, 9 and 14 windows, odd planes, x kept in f32 between the passes or converted again

@@ -18,6 +18,7 @@
 #include <omp.h>
 
 #include "backend/cpu/cpu_internal.h"
+#include "core/dtype_internal.h"
 
 typedef struct {
   int64_t N, C, H, W, O, p, OH, OW, OHW;
@@ -170,26 +171,32 @@ typedef int dconv_v16i __attribute__((vector_size(64), aligned(4), may_alias));
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-/* f16 output rows straight from the accumulators (the AVX-512 build's
- * fwd_quad16; a call, never made, from the portable one) */
+/* 16-bit output rows (f16, or bf16: bf) straight from the accumulators,
+ * rounded as cpu_store rounds them (the AVX-512 build's fwd_quad16; a call,
+ * never made, from the portable one) */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(AMPC_NO_CLONES)
 #include <immintrin.h>
-__attribute__((target("avx512f,f16c"))) static inline void dconv_st16h(uint16_t *p, const dconv_v16 *a) {
-  _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)*a, _MM_FROUND_TO_NEAREST_INT));
+__attribute__((target("avx512f,f16c"))) static inline void dconv_st16h(uint16_t *p, const dconv_v16 *a, int bf) {
+  if (bf) {
+    __m512i u = _mm512_castps_si512((__m512)*a);
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(AMPC__BF16_RNE512(u), 16)));
+  } else {
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)*a, _MM_FROUND_TO_NEAREST_INT));
+  }
 }
 #else
-static inline void dconv_st16h(uint16_t *p, const dconv_v16 *a) { (void)p, (void)a; }
+static inline void dconv_st16h(uint16_t *p, const dconv_v16 *a, int bf) { (void)p, (void)a, (void)bf; }
 #endif
 
 /* Output rows of channels o .. o + 3 (w[c], b[c], planes y[c]; a group of
  * fewer channels repeats its last one into planes nobody stores). With h
- * (f16 output, OW >= 16) every row but the last goes as f16 straight into
+ * (16-bit output, bf16 where bf; OW >= 16) every row but the last goes straight into
  * the output planes h[c], as cpu_store would round it (a row's overrun, less
  * than a row, lands in the next row, written after it); the last row into
  * y[c], for the caller to store. */
 static inline __attribute__((always_inline)) void fwd_quad16(const dconv_geom *g, const float *xp, const float *const w[4],
                                                              const float b[4], float *const y[4], uint16_t *const *h,
-                                                             const int nv, const int reg) {
+                                                             const int bf, const int nv, const int reg) {
   for (int64_t oy = 0; oy < g->OH; oy++)
     for (int64_t cb = 0; cb < g->OWv16; cb += 16 * nv) {
       dconv_v16 a[4][2];
@@ -213,7 +220,7 @@ static inline __attribute__((always_inline)) void fwd_quad16(const dconv_geom *g
         }
       if (h && oy + 1 < g->OH)
         for (int c = 0; c < 4; c++)
-          for (int v = 0; v < nv; v++) dconv_st16h(h[c] + oy * g->OW + cb + 16 * v, &a[c][v]);
+          for (int v = 0; v < nv; v++) dconv_st16h(h[c] + oy * g->OW + cb + 16 * v, &a[c][v], bf);
       else
         for (int c = 0; c < 4; c++)
           for (int v = 0; v < nv; v++) *(dconv_v16 *)(y[c] + oy * g->OW + cb + 16 * v) = a[c][v];
@@ -275,12 +282,13 @@ static inline __attribute__((always_inline)) void bwd_taps16(const dconv_geom *g
         w[c] = wf + oc * g->C * 9;                                                                                       \
         b[c] = bias ? bias[oc] : 0.0f;                                                                                   \
       }                                                                                                                  \
-      /* f16 rows straight into the output (the AVX-512 build) */                                                    \
-      int direct = REG && y->dtype == AMPC_DTYPE_F16 && g->OW >= 16;                                                     \
+      /* 16-bit rows straight into the output (the AVX-512 build) */                                                \
+      int direct = REG && (y->dtype == AMPC_DTYPE_F16 || y->dtype == AMPC_DTYPE_BF16) && g->OW >= 16;                   \
+      int bf = y->dtype == AMPC_DTYPE_BF16;                                                                              \
       uint16_t *h[4];                                                                                                    \
       for (int c = 0; c < 4; c++) h[c] = cpu_at(y, (n * g->O + o + (c < rem ? c : rem - 1)) * g->OHW);                 \
-      if (g->nv16 == 2) fwd_quad16(g, xp, w, b, yb, direct ? h : NULL, 2, REG);                                          \
-      else fwd_quad16(g, xp, w, b, yb, direct ? h : NULL, 1, REG);                                                       \
+      if (g->nv16 == 2) fwd_quad16(g, xp, w, b, yb, direct ? h : NULL, bf, 2, REG);                                      \
+      else fwd_quad16(g, xp, w, b, yb, direct ? h : NULL, bf, 1, REG);                                                   \
       int64_t from = direct ? (g->OH - 1) * g->OW : 0;                                                                   \
       for (int64_t c = 0; c < rem; c++)                                                                                  \
         cpu_store(y, (n * g->O + o + c) * g->OHW + from, yb[c] + from, (size_t)(g->OHW - from), 0, NULL);                \

@@ -129,31 +129,53 @@ CPU_VECTOR static void plane_dx(const float *x, const float *dy, size_t n, float
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define BN_X86 1
-__attribute__((target("avx2,fma,f16c"))) static void apply_f16_avx2(const float *x, size_t n, float scale, float shift, int relu,
-                                                                      float *y) {
+/* 8 f32 rounded to the 16-bit type and widened back: f16 by F16C, bf16 by
+ * the library's rule (ampc_f32_to_bf16: ties to even, a NaN quieted), on
+ * the bit patterns */
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 h8_round(__m256 v, int bf) {
+  if (!bf) return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  __m256i u = _mm256_castps_si256(v);
+  return _mm256_castsi256_ps(_mm256_and_si256(AMPC__BF16_RNE256(u), _mm256_set1_epi32((int)0xffff0000u)));
+}
+__attribute__((target("f16c"))) static inline float h1_round(float v, int bf) {
+  return bf ? ampc_bf16_to_f32(ampc_f32_to_bf16(v)) : _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
+}
+__attribute__((target("avx2,fma,f16c"))) static void apply_h16_avx2(const float *x, size_t n, float scale, float shift, int relu,
+                                                                      int bf, float *y) {
   const __m256 s = _mm256_set1_ps(scale), b = _mm256_set1_ps(shift), z = _mm256_setzero_ps();
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), s, b);
     if (relu) v = _mm256_blendv_ps(v, z, _mm256_cmp_ps(v, z, _CMP_LE_OQ)); /* NaN stays */
-    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)));
+    _mm256_storeu_ps(y + i, h8_round(v, bf));
   }
   for (; i < n; i++) {
     float v = fmaf(x[i], scale, shift);
     if (relu && v <= 0.0f) v = 0.0f;
-    y[i] = _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
+    y[i] = h1_round(v, bf);
   }
 }
-__attribute__((target("avx512f,avx2,fma,f16c"))) static void apply_f16_avx512(const float *x, size_t n, float scale, float shift,
-                                                                                int relu, float *y) {
+/* ... on 16 lanes, and narrowed to the 16-bit codes */
+__attribute__((target("avx512f,avx2,fma,f16c"))) static inline __m512 h16_round(__m512 v, int bf) {
+  if (!bf) return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  __m512i u = _mm512_castps_si512(v);
+  return _mm512_castsi512_ps(_mm512_and_si512(AMPC__BF16_RNE512(u), _mm512_set1_epi32((int)0xffff0000u)));
+}
+__attribute__((target("avx512f,avx2,fma,f16c"))) static inline __m256i h16_pack(__m512 v, int bf) {
+  if (!bf) return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+  __m512i u = _mm512_castps_si512(v);
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(AMPC__BF16_RNE512(u), 16));
+}
+__attribute__((target("avx512f,avx2,fma,f16c"))) static void apply_h16_avx512(const float *x, size_t n, float scale, float shift,
+                                                                                int relu, int bf, float *y) {
   const __m512 s = _mm512_set1_ps(scale), b = _mm512_set1_ps(shift), z = _mm512_setzero_ps();
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), s, b);
     if (relu) v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, z, _CMP_LE_OQ), z);
-    _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)));
+    _mm512_storeu_ps(y + i, h16_round(v, bf));
   }
-  if (i < n) apply_f16_avx2(x + i, n - i, scale, shift, relu, y + i);
+  if (i < n) apply_h16_avx2(x + i, n - i, scale, shift, relu, bf, y + i);
 }
 
 /* Batch norm backward's per-plane passes over 16-bit storage, one pass
@@ -161,7 +183,8 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) static void apply_f16_avx512(co
  * a plane to f32, then mask and scatter or sum it, then convert the result
  * back, each a call: the fused pool's gradient from the 16-bit pooled planes,
  * the two sums with x converted as they read it, and dx stored straight into
- * f16. Each gives the loops' bits: the sums add the same elements in the
+ * its 16-bit type (f16 by F16C, bf16 rounded as ampc_f32_to_bf16 rounds).
+ * Each gives the loops' bits: the sums add the same elements in the
  * same lanes and order as cpu_sum_dy_dyx (whose AVX2 and AVX-512 builds
  * contract the products into FMAs, as these do), dx is plane_dx's
  * arithmetic with its FMAs, and the scatter is exact. test_fusion's
@@ -255,14 +278,15 @@ BN512 static void dsums_h16_avx512(const float *dy, const uint16_t *x, int bf, f
  * element i on, one at a time (both widths' tails) */
 __attribute__((target("fma,f16c"))) static inline void dx_f16_tail(const float *xc, const uint16_t *x, int bf, const float *dy,
                                                                    size_t i, size_t n, float mean, float invstd, float k,
-                                                                   float count, float dbeta, float dgamma, uint16_t *o) {
+                                                                   float count, float dbeta, float dgamma, int obf, uint16_t *o) {
   for (; i < n; i++) {
     float xv = xc ? xc[i] : h1_ld(x[i], bf), xhat = (xv - mean) * invstd;
-    o[i] = _cvtss_sh(k * fmaf(-xhat, dgamma, fmaf(count, dy[i], -dbeta)), _MM_FROUND_TO_NEAREST_INT);
+    float v = k * fmaf(-xhat, dgamma, fmaf(count, dy[i], -dbeta));
+    o[i] = obf ? ampc_f32_to_bf16(v) : _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
   }
 }
 BN512 static void dx_f16_avx512(const float *xc, const uint16_t *x, int bf, const float *dy, size_t n, float mean, float invstd,
-                                float k, float count, float dbeta, float dgamma, uint16_t *o) {
+                                float k, float count, float dbeta, float dgamma, int obf, uint16_t *o) {
   const __m512 mm = _mm512_set1_ps(mean), is = _mm512_set1_ps(invstd), kk = _mm512_set1_ps(k), cn = _mm512_set1_ps(count);
   const __m512 db = _mm512_set1_ps(dbeta), dgm = _mm512_set1_ps(dgamma);
   size_t i = 0;
@@ -270,9 +294,9 @@ BN512 static void dx_f16_avx512(const float *xc, const uint16_t *x, int bf, cons
     __m512 xv = xc ? _mm512_loadu_ps(xc + i) : h16_ld(x + i, bf);
     __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(xv, mm), is);
     __m512 t = _mm512_fnmadd_ps(xhat, dgm, _mm512_fmsub_ps(cn, _mm512_loadu_ps(dy + i), db));
-    _mm256_storeu_si256((__m256i *)(o + i), _mm512_cvtps_ph(_mm512_mul_ps(kk, t), _MM_FROUND_TO_NEAREST_INT));
+    _mm256_storeu_si256((__m256i *)(o + i), h16_pack(_mm512_mul_ps(kk, t), obf));
   }
-  dx_f16_tail(xc, x, bf, dy, i, n, mean, invstd, k, count, dbeta, dgamma, o);
+  dx_f16_tail(xc, x, bf, dy, i, n, mean, invstd, k, count, dbeta, dgamma, obf, o);
 }
 
 /* pool_dy from 16-bit pooled dy and output: the full plane d (H x W) with
@@ -347,7 +371,7 @@ BN256 static void dsums_h16_avx2(const float *dy, const uint16_t *x, int bf, flo
 }
 
 BN256 static void dx_f16_avx2(const float *xc, const uint16_t *x, int bf, const float *dy, size_t n, float mean, float invstd,
-                              float k, float count, float dbeta, float dgamma, uint16_t *o) {
+                              float k, float count, float dbeta, float dgamma, int obf, uint16_t *o) {
   const __m256 mm = _mm256_set1_ps(mean), is = _mm256_set1_ps(invstd), kk = _mm256_set1_ps(k), cn = _mm256_set1_ps(count);
   const __m256 db = _mm256_set1_ps(dbeta), dgm = _mm256_set1_ps(dgamma);
   size_t i = 0;
@@ -355,9 +379,15 @@ BN256 static void dx_f16_avx2(const float *xc, const uint16_t *x, int bf, const 
     __m256 xv = xc ? _mm256_loadu_ps(xc + i) : h8_ld(x + i, bf);
     __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(xv, mm), is);
     __m256 t = _mm256_fnmadd_ps(xhat, dgm, _mm256_fmsub_ps(cn, _mm256_loadu_ps(dy + i), db));
-    _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_mul_ps(kk, t), _MM_FROUND_TO_NEAREST_INT));
+    __m256 v = _mm256_mul_ps(kk, t);
+    if (obf) { /* the codes: each rounded value's top half */
+      __m256i r = _mm256_srli_epi32(_mm256_castps_si256(h8_round(v, 1)), 16);
+      _mm_storeu_si128((__m128i *)(o + i), _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+    } else {
+      _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
   }
-  dx_f16_tail(xc, x, bf, dy, i, n, mean, invstd, k, count, dbeta, dgamma, o);
+  dx_f16_tail(xc, x, bf, dy, i, n, mean, invstd, k, count, dbeta, dgamma, obf, o);
 }
 
 /* pool_dy on rows of at least 8 windows (OW >= 8), 8 a step: a row's last
@@ -403,7 +433,7 @@ int ampc__cpu_bn_generic = 0;
 typedef struct {
   void (*dsums)(const float *dy, const uint16_t *x, int bf, float mean, size_t n, float *cache, float *s1, float *s2);
   void (*dx)(const float *xc, const uint16_t *x, int bf, const float *dy, size_t n, float mean, float invstd, float k, float count,
-             float dbeta, float dgamma, uint16_t *o);
+             float dbeta, float dgamma, int obf, uint16_t *o);
   void (*pool_dy)(const uint16_t *dy, const uint16_t *y, int bf, int relu, const unsigned char *win, int64_t H, int64_t W, float *d);
   int64_t pool_min_ow; /* pool_dy for rows of at least this many windows */
 } bn_passes;
@@ -426,8 +456,8 @@ static int is_h16(ampc_dtype t) { return t == AMPC_DTYPE_F16 || t == AMPC_DTYPE_
 static void apply_rounded(const ampc__op_call *c, const float *x, size_t n, float scale, float shift, float *y) {
 #if BN_X86
   const ampc__cpu_isa *isa = cpu_ctx(c)->isa;
-  if (c->attr.pool && c->out.dtype == AMPC_DTYPE_F16 && isa && isa->avx2) {
-    (isa->avx512 ? apply_f16_avx512 : apply_f16_avx2)(x, n, scale, shift, c->attr.relu, y);
+  if (c->attr.pool && is_h16(c->out.dtype) && isa && isa->avx2) {
+    (isa->avx512 ? apply_h16_avx512 : apply_h16_avx2)(x, n, scale, shift, c->attr.relu, c->out.dtype == AMPC_DTYPE_BF16, y);
     return;
   }
 #endif
@@ -895,8 +925,8 @@ static void bn_bwd_by_channel(const ampc__op_call *c, const bn_geom *gp, int bat
   int64_t NHW = g.N * g.HW;
   bn_passes fp = bn_fused(c);
   int fast = fp.dsums && is_h16(x->dtype), bf = x->dtype == AMPC_DTYPE_BF16;
-  /* dx straight into f16 where nothing is added to it or counted (--amp-report) */
-  int fast_dx = fast && batch_stats && dx->dtype == AMPC_DTYPE_F16 && !c->din_acc[0] && !cpu_ctx(c)->grad_stats;
+  /* dx straight into its 16-bit type where nothing is added to it or counted (--amp-report) */
+  int fast_dx = fast && batch_stats && is_h16(dx->dtype) && !c->din_acc[0] && !cpu_ctx(c)->grad_stats;
 #pragma omp parallel for num_threads(cpu_ctx(c)->nthreads) schedule(static)
   for (int64_t ch = 0; ch < g.C; ch++) {
     float *xs = cpu_ws_slice(c, omp_get_thread_num(), per, shared), *dys = xs + g.HW, *out = dys + g.HW;
@@ -935,7 +965,8 @@ static void bn_bwd_by_channel(const ampc__op_call *c, const bn_geom *gp, int bat
                                          : load_dy(c, off, (size_t)g.HW, dys, ys, 0);
         const float *xq = cache_x && x->dtype != AMPC_DTYPE_F32 ? xc + n * g.HW : NULL;
         if (fast_dx) {
-          fp.dx(xq, cpu_at(x, off), bf, dp, (size_t)g.HW, mean, invstd, k, (float)count, dbeta_c, dgamma_c, cpu_at(dx, off));
+          fp.dx(xq, cpu_at(x, off), bf, dp, (size_t)g.HW, mean, invstd, k, (float)count, dbeta_c, dgamma_c,
+                dx->dtype == AMPC_DTYPE_BF16, cpu_at(dx, off));
           continue;
         }
         const float *xp = xq ? xq : cpu_load(x, off, (size_t)g.HW, xs);
