@@ -147,6 +147,12 @@ void ampc__bf16_to_f32_n_avx512(float *dst, const uint16_t *src, size_t n);
 void ampc__f32_to_bf16_n_avx512(uint16_t *dst, const float *src, size_t n);
 void ampc__f16_round_n_avx512(float *p, size_t n);
 void ampc__bf16_round_n_avx512(float *p, size_t n);
+/* Whether the CPU has avx512_bf16 (with AVX-512 F, BW, VL, DQ): where it
+ * does, and the hook ampc__convert_bf16_instruction is 1 (the default),
+ * ampc__f32_to_bf16_n_avx512 narrows with its conversion instruction (the
+ * same bits); 0: the integer rounding everywhere (for tests). */
+int ampc__cpu_has_avx512_bf16(void);
+extern int ampc__convert_bf16_instruction;
 #endif
 
 /* bf16 rounding of f32 bit patterns in vector registers, for the conversion

@@ -475,9 +475,22 @@ TEST(f32_to_f16_all_2p32) {
   if (quick()) printf("skipped under AMPC_TEST_QUICK: the full sweep runs in the plain build\n");
   else sweep_narrow(&fmt_f16);
 }
+/* (where the CPU has avx512_bf16, the AVX-512 path narrows with its
+ * conversion instruction: swept that way, then with the integer rounding) */
 TEST(f32_to_bf16_all_2p32) {
-  if (quick()) printf("skipped under AMPC_TEST_QUICK: the full sweep runs in the plain build\n");
-  else sweep_narrow(&fmt_bf16);
+  if (quick()) {
+    printf("skipped under AMPC_TEST_QUICK: the full sweep runs in the plain build\n");
+    return;
+  }
+  sweep_narrow(&fmt_bf16);
+#if AMPC__DTYPE_X86
+  if (ampc__cpu_has_avx512() && ampc__cpu_has_avx512_bf16()) {
+    printf("     (the avx512 path above with avx512_bf16's vcvtneps2bf16; again with the integer rounding:)\n");
+    ampc__convert_bf16_instruction = 0;
+    sweep_narrow(&fmt_bf16);
+    ampc__convert_bf16_instruction = 1;
+  }
+#endif
 }
 
 /* ---- bulk functions: tails, alignment, no writes outside [0, n) ---- */
