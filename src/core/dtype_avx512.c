@@ -131,8 +131,7 @@ int ampc__cpu_has_avx512_bf16(void) {
   int h = atomic_load_explicit(&has, memory_order_relaxed);
   if (h < 0) { /* (a racing first call stores the same value) */
     __builtin_cpu_init();
-    h = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16");
+    h = __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16");
     atomic_store_explicit(&has, h, memory_order_relaxed);
   }
   return h;

@@ -147,8 +147,9 @@ void ampc__bf16_to_f32_n_avx512(float *dst, const uint16_t *src, size_t n);
 void ampc__f32_to_bf16_n_avx512(uint16_t *dst, const float *src, size_t n);
 void ampc__f16_round_n_avx512(float *p, size_t n);
 void ampc__bf16_round_n_avx512(float *p, size_t n);
-/* Whether the CPU has avx512_bf16 (with AVX-512 F, BW, VL, DQ): where it
- * does, and the hook ampc__convert_bf16_instruction is 1 (the default),
+/* Whether the CPU has avx512_bf16 with the x86-64-v4 set (AVX-512 F, BW,
+ * CD, DQ, VL; the OS saving their state): also what the CPU backend's bf16
+ * engines ask for (gemm_amx.c). Where it does, and the hook ampc__convert_bf16_instruction is 1 (the default),
  * ampc__f32_to_bf16_n_avx512 narrows with its conversion instruction (the
  * same bits); 0: the integer rounding everywhere (for tests). */
 int ampc__cpu_has_avx512_bf16(void);

@@ -21,6 +21,7 @@
  * (arch_prctl ARCH_REQ_XCOMP_PERM); ampc__cpu_amx asks once, and reports 0
  * where the CPU, the kernel or the compiler cannot run them. */
 #include "backend/cpu/cpu_internal.h"
+#include "core/dtype_internal.h"
 
 #include <stdint.h>
 
@@ -43,7 +44,7 @@ __attribute__((target("xsave"))) static unsigned long long amx_xcr0(void) { retu
 
 /* AVX-512 (F, BW, CD, DQ, VL) with BF16's conversions and dot products, and
  * the OS saving their state: what both engines' packing needs */
-static int bf16_cpu(void) { return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16"); }
+static int bf16_cpu(void) { return ampc__cpu_has_avx512_bf16(); }
 
 static void amx_probe(void) {
   unsigned a, b, c, d;
