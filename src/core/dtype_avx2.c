@@ -87,10 +87,8 @@ AMPC__AVX2 void ampc__bf16_to_f32_n_avx2(float *dst, const uint16_t *src, size_t
 /* 8 f32 bit patterns -> 8 bf16 in the low half of each 32-bit lane (AMPC__BF16_RNE256). */
 AMPC__AVX2 static inline __m256i f32_to_bf16_8(__m256i u) { return _mm256_srli_epi32(AMPC__BF16_RNE256(u), 16); }
 
-/* 8 f32 rounded to bf16 and widened back (the low halves 0). */
-AMPC__AVX2 static inline __m256i bf16_round_8(__m256i u) {
-  return _mm256_and_si256(AMPC__BF16_RNE256(u), _mm256_set1_epi32((int)0xffff0000u));
-}
+/* 8 f32 rounded to bf16 and widened back. */
+AMPC__AVX2 static inline __m256i bf16_round_8(__m256i u) { return AMPC__BF16_WIDE256(u); }
 
 AMPC__AVX2 void ampc__bf16_round_n_avx2(float *p, size_t n) {
   size_t i = 0;

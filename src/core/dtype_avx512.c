@@ -97,16 +97,16 @@ AMPC__AVX512 void ampc__bf16_to_f32_n_avx512(float *dst, const uint16_t *src, si
 
 /* 16 f32 bit patterns -> 16 bf16 (AMPC__BF16_RNE512), each lane's top half,
  * narrowed. */
-AMPC__AVX512 static inline __m256i f32_to_bf16_16(__m512i u) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(AMPC__BF16_RNE512(u), 16)); }
+AMPC__AVX512 static inline __m256i f32_to_bf16_16(__m512i u) { return AMPC__BF16_CODES512(u); }
 
 #if !defined(AMPC_AVX512_EMULATE)
 /* Where the CPU has avx512_bf16, its conversion instruction (vcvtneps2bf16)
  * rounds as AMPC__BF16_RNE512 does -- ties to even, a NaN quieted with its
  * leading payload bits -- except that it flushes subnormal inputs to zero
  * (measured on every f32 pattern on a Zen 4), and it ignores MXCSR: a
- * vector holding a subnormal takes the integer rounding instead. One instruction a vector
- * where the integer rounding takes nine. test_dtype checks both ways on
- * every f32 pattern where the CPU has the instruction. */
+ * vector holding a subnormal takes the integer rounding instead. One
+ * instruction a vector where the integer rounding takes nine. test_dtype
+ * checks both ways on every f32 pattern where the CPU has the instruction. */
 #define AMPC__AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
 AMPC__AVX512BF16 static inline __m256i f32_to_bf16_16_ins(__m512 v) {
   /* subnormal: exponent field 0, mantissa not (integer tests: the FP ones
@@ -131,7 +131,11 @@ int ampc__cpu_has_avx512_bf16(void) {
   int h = atomic_load_explicit(&has, memory_order_relaxed);
   if (h < 0) { /* (a racing first call stores the same value) */
     __builtin_cpu_init();
-    h = __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16");
+    /* x86-64-v4's AVX-512 set, named one by one (clang knows no "x86-64-v4"
+     * here); ampc__cpu_has_avx512 adds AVX2, FMA and F16C, and the OS's
+     * saving of the state */
+    h = ampc__cpu_has_avx512() && __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512bf16");
     atomic_store_explicit(&has, h, memory_order_relaxed);
   }
   return h;
@@ -153,11 +157,9 @@ AMPC__AVX512 void ampc__f32_to_bf16_n_avx512(uint16_t *dst, const float *src, si
   }
 }
 
-/* 16 f32 bit patterns rounded to bf16 and widened back (the low halves 0):
- * what widening the narrowed codes gives, its NaNs already quiet. */
-AMPC__AVX512 static inline __m512i bf16_round_16(__m512i u) {
-  return _mm512_and_si512(AMPC__BF16_RNE512(u), _mm512_set1_epi32((int)0xffff0000u));
-}
+/* 16 f32 bit patterns rounded to bf16 and widened back: what widening the
+ * narrowed codes gives, its NaNs already quiet. */
+AMPC__AVX512 static inline __m512i bf16_round_16(__m512i u) { return AMPC__BF16_WIDE512(u); }
 
 AMPC__AVX512 void ampc__bf16_round_n_avx512(float *p, size_t n) {
   size_t i = 0;

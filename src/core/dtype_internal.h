@@ -162,8 +162,10 @@ extern int ampc__convert_bf16_instruction;
  * each 32-bit lane of u (a variable) rounded at bit 16, ties to even (the
  * largest finite values carry into inf), or a NaN with its quiet bit set
  * instead; the bf16 code is the top half, and the top half alone is the
- * widened value. Macros, so that they take the target of the function
- * they are used in: 16 lanes (AVX-512F) and 8 (AVX2). */
+ * widened value (AMPC__BF16_WIDE512 / 256: the low halves cleared;
+ * AMPC__BF16_CODES512: the 16 codes, narrowed). Macros,
+ * so that they take the target of the function they are used in: 16 lanes
+ * (AVX-512F) and 8 (AVX2). */
 #define AMPC__BF16_RNE512(u)                                                                                            \
   _mm512_mask_or_epi32(                                                                                                \
       _mm512_add_epi32((u), _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32((u), 16), _mm512_set1_epi32(1)))), \
@@ -174,6 +176,9 @@ extern int ampc__convert_bf16_instruction;
       _mm256_add_epi32((u), _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32((u), 16), _mm256_set1_epi32(1)))), \
       _mm256_or_si256((u), _mm256_set1_epi32((int)AMPC__F32_QUIET)),                                                    \
       _mm256_cmpgt_epi32(_mm256_and_si256((u), _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000)))
+#define AMPC__BF16_WIDE512(u) _mm512_and_si512(AMPC__BF16_RNE512(u), _mm512_set1_epi32((int)0xffff0000u))
+#define AMPC__BF16_CODES512(u) _mm512_cvtepi32_epi16(_mm512_srli_epi32(AMPC__BF16_RNE512(u), 16)) /* __m256i */
+#define AMPC__BF16_WIDE256(u) _mm256_and_si256(AMPC__BF16_RNE256(u), _mm256_set1_epi32((int)0xffff0000u))
 
 /* Rounds n f32 values in place to what storing them as t and loading them
  * back gives, bit for bit (f32: unchanged). */

@@ -179,7 +179,7 @@ typedef int dconv_v16i __attribute__((vector_size(64), aligned(4), may_alias));
 __attribute__((target("avx512f,f16c"))) static inline void dconv_st16h(uint16_t *p, const dconv_v16 *a, int bf) {
   if (bf) {
     __m512i u = _mm512_castps_si512((__m512)*a);
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(AMPC__BF16_RNE512(u), 16)));
+    _mm256_storeu_si256((__m256i *)p, AMPC__BF16_CODES512(u));
   } else {
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)*a, _MM_FROUND_TO_NEAREST_INT));
   }

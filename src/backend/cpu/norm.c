@@ -135,7 +135,7 @@ CPU_VECTOR static void plane_dx(const float *x, const float *dy, size_t n, float
 __attribute__((target("avx2,fma,f16c"))) static inline __m256 h8_round(__m256 v, int bf) {
   if (!bf) return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   __m256i u = _mm256_castps_si256(v);
-  return _mm256_castsi256_ps(_mm256_and_si256(AMPC__BF16_RNE256(u), _mm256_set1_epi32((int)0xffff0000u)));
+  return _mm256_castsi256_ps(AMPC__BF16_WIDE256(u));
 }
 __attribute__((target("f16c"))) static inline float h1_round(float v, int bf) {
   return bf ? ampc_bf16_to_f32(ampc_f32_to_bf16(v)) : _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
@@ -159,12 +159,12 @@ __attribute__((target("avx2,fma,f16c"))) static void apply_h16_avx2(const float 
 __attribute__((target("avx512f,avx2,fma,f16c"))) static inline __m512 h16_round(__m512 v, int bf) {
   if (!bf) return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   __m512i u = _mm512_castps_si512(v);
-  return _mm512_castsi512_ps(_mm512_and_si512(AMPC__BF16_RNE512(u), _mm512_set1_epi32((int)0xffff0000u)));
+  return _mm512_castsi512_ps(AMPC__BF16_WIDE512(u));
 }
 __attribute__((target("avx512f,avx2,fma,f16c"))) static inline __m256i h16_pack(__m512 v, int bf) {
   if (!bf) return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
   __m512i u = _mm512_castps_si512(v);
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(AMPC__BF16_RNE512(u), 16));
+  return AMPC__BF16_CODES512(u);
 }
 __attribute__((target("avx512f,avx2,fma,f16c"))) static void apply_h16_avx512(const float *x, size_t n, float scale, float shift,
                                                                                 int relu, int bf, float *y) {
