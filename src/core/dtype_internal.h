@@ -149,9 +149,10 @@ void ampc__f16_round_n_avx512(float *p, size_t n);
 void ampc__bf16_round_n_avx512(float *p, size_t n);
 /* Whether the CPU has avx512_bf16 with the x86-64-v4 set (AVX-512 F, BW,
  * CD, DQ, VL; the OS saving their state): also what the CPU backend's bf16
- * engines ask for (gemm_amx.c). Where it does, and the hook ampc__convert_bf16_instruction is 1 (the default),
- * ampc__f32_to_bf16_n_avx512 narrows with its conversion instruction (the
- * same bits); 0: the integer rounding everywhere (for tests). */
+ * engines ask for (gemm_amx.c). Where it does and the hook
+ * ampc__convert_bf16_instruction is 1 (the default), ampc__f32_to_bf16_n_avx512
+ * narrows with its conversion instruction (the same bits); 0: the integer
+ * rounding everywhere (for tests). */
 int ampc__cpu_has_avx512_bf16(void);
 extern int ampc__convert_bf16_instruction;
 #endif

@@ -42,16 +42,12 @@ static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 
 __attribute__((target("xsave"))) static unsigned long long amx_xcr0(void) { return _xgetbv(0); }
 
-/* AVX-512 (F, BW, CD, DQ, VL) with BF16's conversions and dot products, and
- * the OS saving their state: what both engines' packing needs */
-static int bf16_cpu(void) { return ampc__cpu_has_avx512_bf16(); }
-
 static void amx_probe(void) {
   unsigned a, b, c, d;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
   /* EDX 22: AMX-BF16, 24: AMX-TILE; EBX 16/30/31: AVX-512 F/BW/VL; ECX 27: OSXSAVE (leaf 1) */
   if (!(d & (1u << 22)) || !(d & (1u << 24))) return;
-  if (!bf16_cpu()) return;
+  if (!ampc__cpu_has_avx512_bf16()) return; /* what both engines' packing needs */
   unsigned a1, b1, c1, d1;
   if (!__get_cpuid(1, &a1, &b1, &c1, &d1) || !(c1 & (1u << 27))) return;
   if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM_, XFEATURE_XTILEDATA_) != 0) return;
@@ -255,7 +251,7 @@ AMX_TARGET void ampc__cpu_amx_gemm_packed(int64_t m, int64_t n, int64_t k, const
  * are exact in f32 and denormals are flushed. It runs at twice the FMAs'
  * rate (64 against 32 flops an instruction). */
 int ampc__cpu_bf16dp_off = 0;
-int ampc__cpu_bf16dp(void) { return !ampc__cpu_bf16dp_off && bf16_cpu(); }
+int ampc__cpu_bf16dp(void) { return !ampc__cpu_bf16dp_off && ampc__cpu_has_avx512_bf16(); }
 
 /* One 16 x 16 block of C (ri x rj of it inside C) over nq slices of 32 k:
  * a is the A row block's first tile of them, b the B column block's. (On a

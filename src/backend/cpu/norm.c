@@ -381,7 +381,7 @@ BN256 static void dx_f16_avx2(const float *xc, const uint16_t *x, int bf, const 
     __m256 t = _mm256_fnmadd_ps(xhat, dgm, _mm256_fmsub_ps(cn, _mm256_loadu_ps(dy + i), db));
     __m256 v = _mm256_mul_ps(kk, t);
     if (obf) { /* the codes: each rounded value's top half */
-      __m256i r = _mm256_srli_epi32(_mm256_castps_si256(h8_round(v, 1)), 16);
+      __m256i u = _mm256_castps_si256(v), r = _mm256_srli_epi32(AMPC__BF16_RNE256(u), 16);
       _mm_storeu_si128((__m128i *)(o + i), _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
     } else {
       _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
