@@ -271,7 +271,7 @@ int cli_common_opts(cli_common *c, cli_opt *out, int groups) {
   out[n++] = (cli_opt){"--scale-window", OPT_STRING, &c->scale_window, "N", "clean steps before the scale grows, 1..10^9 (default 2000)", 0, NULL};
   out[n++] = (cli_opt){"--hysteresis", OPT_STRING, &c->hysteresis, "N", "the scale backs off at the N-th overflow since it last grew, 1..10^9 (default 1: at every one)", 0, NULL};
   out[n++] = (cli_opt){"--stochastic-rounding", OPT_FLAG, &c->stochastic_rounding, NULL, "round half weight updates stochastically (no masters)", 0, NULL};
-  out[n++] = (cli_opt){"--clip-grad-norm", OPT_FLOAT, &c->clip_grad_norm, "X", "clip the global gradient norm to X > 0", 0, &c->clip_given};
+  out[n++] = (cli_opt){"--clip-grad-norm", OPT_FLOAT, &c->clip_grad_norm, "X", "clip the global gradient norm to X > 0", -INFINITY, &c->clip_given}; /* X <= 0: cli_common_check */
   if (groups & CLI_OPTS_EPOCH) {
     out[n++] = (cli_opt){"--grad-accum", OPT_INT, &c->grad_accum, "N", "micro-batches per optimizer step, 1..the batches of an epoch (default 1)", 1, NULL};
     out[n++] = (cli_opt){"--amp-report", OPT_FLAG, &c->amp_report, NULL, "gradient underflow statistics, in the epoch lines and the metrics", 0, NULL};
