@@ -385,7 +385,7 @@ int cmd_bench(int argc, char **argv) {
       printf("model %s, batch %lld, %s (%s), device %s, %d thread%s, %d step%s after %d warm-up\n", c.model, (long long)c.batch_size,
              ampc_opt_level_name(s.amp_cfg.opt_level), precision, ampc_graph_backend_name(s.g), threads, threads == 1 ? "" : "s", steps,
              steps == 1 ? "" : "s", warmup);
-    printf("%.3f s/step, %.1f images/s, %.2f GFLOP/image, %.1f GFLOP/s = %.2f of this machine's sgemm (%.1f GFLOP/s at %d^3)\n",
+    printf("%.4g s/step, %.1f images/s, %.2f GFLOP/image, %.1f GFLOP/s = %.2f of this machine's sgemm (%.1f GFLOP/s at %d^3)\n",
            per_step, ips, flops / (double)c.batch_size / 1e9, gflops, sgemm > 0 ? gflops / sgemm : 0.0, sgemm, sgemm_n);
     printf("%.1f GFLOP/s = %.2f of this machine's peak (%.1f GFLOP/s: a register-only loop of %s on %d thread%s)\n",
            gflops, peak > 0 ? gflops / peak : 0.0, peak, kind_words[peak_kind], threads, threads == 1 ? "" : "s");
