@@ -73,7 +73,10 @@ typedef struct {
 
 /* path, m and amp may not be NULL (AMPC_EINVAL); opt may (no optimizer
  * state saved), and a NULL ts saves a run state of zeros but its step, which
- * is the optimizer's step count (0 without opt). */
+ * is the optimizer's step count (0 without opt). A run state that
+ * ampc_checkpoint_load would refuse (a count out of its range, a non-finite
+ * sum, more optimizer steps than steps) is not written: AMPC_EINVAL with
+ * loading's message naming the entry, and the file there before kept. */
 ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt,
                                  const ampc_train_state *ts);
 /* Checks that the file is an ampc checkpoint of a supported version for the

@@ -271,20 +271,29 @@ static char *run_json(ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_
   return js;
 }
 
-#define MAX_GRAD_VALUES ((int64_t)1 << 62) /* gradient values counted in an epoch: an int64 that one more step cannot overflow */
+/* A checkpoint's run record, as read_run reads it (loading, and saving's
+ * read-back): the run state (with the preprocessing where recorded), each
+ * loss scaler's state, the optimizer's step count. */
+#define RUN_MAX_SCALERS 8
+typedef struct {
+  ampc_train_state ts;
+  int has_pre;
+  ampc_scaler_state sc[RUN_MAX_SCALERS];
+  int64_t optim_step;
+} run_record;
+static ampc_status read_run(const char *path, json_t *root, const ampc_amp_config *c, const ampc_optim *opt, run_record *r);
 
 ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_train_state *ts) {
   if (!path || !m || !amp)
     return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save: %s is NULL", !path ? "path" : !m ? "model" : "amp");
-  /* what loading would refuse is not written */
-  if (ts && ts->has_grad_stats &&
-      (ts->grad_values < 0 || ts->grad_values > MAX_GRAD_VALUES || ts->grad_underflow < 0 || ts->grad_underflow > ts->grad_values ||
-       !(ts->grad_max_abs >= 0 && ts->grad_max_abs <= FLT_MAX)))
-    return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save: the run state's gradient statistics are out of range (values %lld, underflow %lld, max_abs %g)",
-                       (long long)ts->grad_values, (long long)ts->grad_underflow, ts->grad_max_abs);
-  if (ts && (ts->log_steps < 0 || ts->log_steps > ts->step || (isfinite(ts->log_loss_sum) && ts->log_loss_sum < 0)))
-    return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save: the run state's 'log_steps' = %lld (of 'step' = %lld) or 'log_loss_sum' = %g is out of range",
-                       (long long)ts->log_steps, (long long)ts->step, ts->log_loss_sum);
+  /* (JSON has no non-finite numbers: named here, not failed as out of memory) */
+  if (ts && (!isfinite(ts->loss_sum) || !isfinite(ts->train_seconds) || (ts->has_grad_stats && !isfinite(ts->grad_max_abs))))
+    return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save: the run state's '%s' is not finite",
+                       !isfinite(ts->loss_sum) ? "loss_sum" : !isfinite(ts->train_seconds) ? "train_seconds" : "grad_max_abs");
+  /* (and a negative count of ranks or images would not be written at all) */
+  if (ts && (ts->world_size < 0 || ts->global_batch < 0))
+    return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save: the run state's '%s' = %lld is negative", ts->world_size < 0 ? "world_size" : "global_batch",
+                       (long long)(ts->world_size < 0 ? ts->world_size : ts->global_batch));
   /* a NULL ts: a run state of zeros but its step, the optimizer's steps (a
    * step count below those would not load back) */
   ampc_train_state no_state;
@@ -307,6 +316,16 @@ ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp,
   }
   char *js = s == 0 ? run_json(m, amp, opt, ts) : NULL;
   if (s == 0 && !js) s = ampc__error(AMPC_ENOMEM, "checkpoint: out of memory");
+  /* what loading would refuse is not written: the record read back as
+   * loading reads it, every range checked there and only there */
+  if (s == 0) {
+    json_error_t je;
+    json_t *back = json_loads(js, JSON_REJECT_DUPLICATES, &je);
+    run_record rr;
+    s = back ? read_run(path, back, ampc_amp_get_config(amp), opt, &rr) : ampc__error(AMPC_ENOMEM, "checkpoint: out of memory");
+    json_decref(back);
+    if (s < 0) s = ampc__error_prefix(AMPC_EINVAL, "ampc_checkpoint_save: not written, as loading would refuse its run state");
+  }
   if (s == 0) {
     char ver[16];
     snprintf(ver, sizeof ver, "%d", AMPC_CHECKPOINT_VERSION);
@@ -560,6 +579,7 @@ static ampc_status jnum_nonneg(const char *path, json_t *o, const char *k, doubl
 #define MAX_GLOBAL_BATCH ((int64_t)1 << 31)
 #define MAX_TRAIN_SECONDS 3.2e9 /* about 100 years */
 #define MAX_MEAN_LOSS 1e30 /* per image: a cross-entropy far past any a run survives */
+#define MAX_GRAD_VALUES ((int64_t)1 << 62) /* gradient values counted in an epoch: an int64 that one more step cannot overflow */
 
 /* Every number of the run state, range-checked in its full width before any is used. */
 static ampc_status read_train_state(const char *path, json_t *root, ampc_train_state *ts) {
@@ -650,6 +670,47 @@ static ampc_status read_optimizer(const char *path, json_t *root, const ampc_opt
   return AMPC_OK;
 }
 
+/* The run record of a checkpoint's metadata (root), every entry checked in
+ * type and range: the run state, each loss scaler's state (one per loss of
+ * c), the preprocessing where recorded, and the optimizer's step (with opt,
+ * that the record is of opt's kind). Loading reads it; saving reads back what
+ * it is about to write. */
+static ampc_status read_run(const char *path, json_t *root, const ampc_amp_config *c, const ampc_optim *opt, run_record *r) {
+  memset(r, 0, sizeof *r);
+  json_t *scalers = json_object_get(root, "scalers");
+  if (!json_is_array(scalers) || json_array_size(scalers) != (size_t)c->num_losses)
+    return ampc__error(AMPC_EFORMAT, "checkpoint: %s: %zu loss scalers saved, the run has %d", path, json_array_size(scalers), c->num_losses);
+  AMPC_TRY(read_train_state(path, root, &r->ts));
+  if (c->num_losses > RUN_MAX_SCALERS)
+    return ampc__error(AMPC_EUNSUPPORTED, "checkpoint: %s: more than %d loss scalers", path, RUN_MAX_SCALERS);
+  for (int k = 0; k < c->num_losses; k++) {
+    json_t *o = json_array_get(scalers, (size_t)k);
+    char what[32];
+    snprintf(what, sizeof what, "scaler %d: ", k);
+    int64_t hl = 0;
+    ampc_scaler_state *st = &r->sc[k];
+    json_t *sj = json_object_get(o, "scale");
+    if (!json_is_number(sj)) return ampc__error(AMPC_EFORMAT, "checkpoint: %s: %s'scale' is missing or not a number", path, what);
+    st->scale = (float)json_number_value(sj);
+    if (!(st->scale > 0) || !isfinite(st->scale))
+      return ampc__error(AMPC_EFORMAT, "checkpoint: %s: %s'scale' = %g is not a positive finite f32", path, what, json_number_value(sj));
+    AMPC_TRY(jint_in(path, o, what, "growth_tracker", 0, AMPC_SCALER_MAX_COUNT, &st->growth_tracker));
+    AMPC_TRY(jint_in(path, o, what, "hysteresis_left", 1, INT32_MAX, &hl));
+    AMPC_TRY(jint_in(path, o, what, "overflows", 0, AMPC_SCALER_MAX_COUNT, &st->overflows));
+    AMPC_TRY(jint_in(path, o, what, "skipped_steps", 0, AMPC_SCALER_MAX_COUNT, &st->skipped_steps));
+    AMPC_TRY(jint_in(path, o, what, "steps", 0, AMPC_SCALER_MAX_COUNT, &st->steps));
+    AMPC_TRY(jint_in(path, o, what, "min_scale_hits", 0, AMPC_SCALER_MAX_COUNT, &st->min_scale_hits));
+    st->hysteresis_left = (int)hl;
+  }
+  json_t *pj = json_object_get(root, "preprocessing");
+  if (pj) {
+    ampc_status s = preprocessing_from_json(pj, &r->ts.preprocessing);
+    if (s < 0) return ampc__error_prefix(s, "checkpoint: %s", path);
+    r->has_pre = 1;
+  }
+  return read_optimizer(path, root, opt, r->ts.step, &r->optim_step);
+}
+
 ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp, ampc_optim *opt, ampc_train_state *ts) {
   if (!path || !m || !amp)
     return ampc__error(AMPC_EINVAL, "ampc_checkpoint_load: %s is NULL", !path ? "path" : !m ? "model" : "amp");
@@ -699,69 +760,22 @@ ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp,
                     path, ic, ih, iw, ik, mo->channels, mo->height, mo->width, mo->classes);
     goto done;
   }
-  s = AMPC_OK;
-  json_t *scalers = json_object_get(root, "scalers");
-  if (!json_is_array(scalers) || json_array_size(scalers) != (size_t)c->num_losses) {
-    s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: %zu loss scalers saved, the run has %d", path, json_array_size(scalers), c->num_losses);
-    goto done;
-  }
-  ampc_train_state st_read = {0};
-  s = read_train_state(path, root, &st_read);
-  if (s < 0) goto done;
-  ampc_scaler_state sc_read[8];
-  if (c->num_losses > 8) {
-    s = ampc__error(AMPC_EUNSUPPORTED, "checkpoint: %s: more than 8 loss scalers", path);
-    goto done;
-  }
-  for (int k = 0; k < c->num_losses && s == 0; k++) {
-    json_t *o = json_array_get(scalers, (size_t)k);
-    char what[32];
-    snprintf(what, sizeof what, "scaler %d: ", k);
-    int64_t hl = 0;
-    ampc_scaler_state *st = &sc_read[k];
-    json_t *sj = json_object_get(o, "scale");
-    if (!json_is_number(sj)) {
-      s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: %s'scale' is missing or not a number", path, what);
-      break;
-    }
-    st->scale = (float)json_number_value(sj);
-    if (!(st->scale > 0) || !isfinite(st->scale)) {
-      s = ampc__error(AMPC_EFORMAT, "checkpoint: %s: %s'scale' = %g is not a positive finite f32", path, what, json_number_value(sj));
-      break;
-    }
-    if (s == 0) s = jint_in(path, o, what, "growth_tracker", 0, AMPC_SCALER_MAX_COUNT, &st->growth_tracker);
-    if (s == 0) s = jint_in(path, o, what, "hysteresis_left", 1, INT32_MAX, &hl);
-    if (s == 0) s = jint_in(path, o, what, "overflows", 0, AMPC_SCALER_MAX_COUNT, &st->overflows);
-    if (s == 0) s = jint_in(path, o, what, "skipped_steps", 0, AMPC_SCALER_MAX_COUNT, &st->skipped_steps);
-    if (s == 0) s = jint_in(path, o, what, "steps", 0, AMPC_SCALER_MAX_COUNT, &st->steps);
-    if (s == 0) s = jint_in(path, o, what, "min_scale_hits", 0, AMPC_SCALER_MAX_COUNT, &st->min_scale_hits);
-    st->hysteresis_left = (int)hl;
-  }
-  if (s < 0) goto done;
-  /* kept where the checkpoint has none (the caller's) */
-  ampc_preprocessing pre_read;
-  memset(&pre_read, 0, sizeof pre_read);
-  json_t *pj = json_object_get(root, "preprocessing");
-  if (pj && (s = preprocessing_from_json(pj, &pre_read)) < 0) {
-    ampc__error_prefix(s, "checkpoint: %s", path);
-    goto done;
-  }
-  int64_t optim_step = 0;
-  s = read_optimizer(path, root, opt, st_read.step, &optim_step);
+  run_record rr;
+  s = read_run(path, root, c, opt, &rr);
   /* everything checked before anything is changed */
   if (s == 0) s = load_model(f, m, amp, 1, 1);
   if (s == 0 && opt) s = load_optim(f, m, amp, opt, 1);
   if (s == 0) s = load_model(f, m, amp, 1, 0);
   if (s == 0 && opt) s = load_optim(f, m, amp, opt, 0);
   if (s < 0 && strncmp(ampc_last_error(), "checkpoint", 10) != 0) ampc__error_prefix(s, "checkpoint");
-  if (s == 0 && opt) s = ampc_optim_set_step_count(opt, optim_step);
+  if (s == 0 && opt) s = ampc_optim_set_step_count(opt, rr.optim_step);
   for (int k = 0; k < c->num_losses && s == 0; k++) {
-    s = ampc_scaler_set_state(ampc_amp_scaler(amp, k), &sc_read[k]);
+    s = ampc_scaler_set_state(ampc_amp_scaler(amp, k), &rr.sc[k]);
     if (s < 0) ampc__error_prefix(s, "checkpoint: %s", path);
   }
   if (s == 0 && ts) {
-    st_read.preprocessing = pj ? pre_read : ts->preprocessing;
-    *ts = st_read;
+    if (!rr.has_pre) rr.ts.preprocessing = ts->preprocessing;
+    *ts = rr.ts;
   }
 done:
   json_decref(root);

@@ -7,6 +7,8 @@
 #include "ampc/rng.h"
 #include "ampc/safetensors.h"
 #include "io/fsutil_internal.h"
+#include <sys/stat.h>
+
 #include "test.h"
 
 typedef struct {
@@ -319,17 +321,49 @@ TEST(checks_shapes_and_ranges) {
     CHECK_OK(ampc_checkpoint_load(p4, c.m, c.amp, c.opt, &back));
     CHECK(back.log_steps == 2 && isnan(back.log_loss_sum));
   }
-  /* what loading would refuse is not saved */
+  /* what loading would refuse is not saved: nothing written, the file
+   * there before kept; the message is loading's, naming the entry */
   {
-    ampc_train_state bad_ts = ts;
-    bad_ts.grad_underflow = bad_ts.grad_values + 1;
-    CHECK_ERR(ampc_checkpoint_save(tmp("mlp_badsave.safetensors"), a.m, a.amp, a.opt, &bad_ts), AMPC_EINVAL, "gradient statistics are out of range");
-    bad_ts = ts;
-    bad_ts.grad_max_abs = INFINITY;
-    CHECK_ERR(ampc_checkpoint_save(tmp("mlp_badsave.safetensors"), a.m, a.amp, a.opt, &bad_ts), AMPC_EINVAL, "gradient statistics are out of range");
-    bad_ts = ts;
-    bad_ts.log_steps = bad_ts.step + 1;
-    CHECK_ERR(ampc_checkpoint_save(tmp("mlp_badsave.safetensors"), a.m, a.amp, a.opt, &bad_ts), AMPC_EINVAL, "'log_steps'");
+    const char *bad = tmp("mlp_badsave.safetensors");
+    CHECK_OK(ampc_checkpoint_save(bad, a.m, a.amp, a.opt, &ts));
+    struct stat before;
+    CHECK(stat(bad, &before) == 0);
+    static const struct {
+      const char *field, *msg;
+      ampc_status code;
+    } cases[] = {
+        {"grad_underflow", "grad_stats 'underflow' = 1001 is outside [0, 1000]", AMPC_EINVAL},
+        {"grad_max_abs", "the run state's 'grad_max_abs' is not finite", AMPC_EINVAL},
+        {"log_steps", "'log_steps' = 6 is outside [1, 5]", AMPC_EINVAL},
+        {"seen", "'seen' = -1 is outside", AMPC_EINVAL},
+        {"skipped", "'skipped' = 3 is outside [0, 2]", AMPC_EINVAL},
+        {"step", "'optimizer_step' = 1 is more than 'step' = 0", AMPC_EINVAL},
+        {"loss_sum", "the run state's 'loss_sum' is not finite", AMPC_EINVAL},
+        {"loss_sum_huge", "'loss_sum' = 1e+300 is more than 1e+30 per image", AMPC_EINVAL},
+        {"train_seconds", "'train_seconds' is negative or not finite", AMPC_EINVAL},
+        {"global_batch", "the run state's 'global_batch' = -8 is negative", AMPC_EINVAL},
+        {"preprocessing", "'std'[0] is not a number in 1e-6..1e6", AMPC_EINVAL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      ampc_train_state b = ts;
+      const char *f = cases[i].field;
+      if (!strcmp(f, "grad_underflow")) b.grad_underflow = b.grad_values + 1;
+      if (!strcmp(f, "grad_max_abs")) b.grad_max_abs = INFINITY;
+      if (!strcmp(f, "log_steps")) b.log_steps = b.step + 1;
+      if (!strcmp(f, "seen")) b.seen = -1;
+      if (!strcmp(f, "skipped")) b.skipped = b.skipped_total + 1;
+      if (!strcmp(f, "step")) b.step = b.skipped_total = b.skipped = b.log_steps = 0;
+      if (!strcmp(f, "loss_sum")) b.loss_sum = NAN;
+      if (!strcmp(f, "loss_sum_huge")) b.loss_sum = 1e300;
+      if (!strcmp(f, "train_seconds")) b.train_seconds = -1.0;
+      if (!strcmp(f, "global_batch")) b.global_batch = -8;
+      if (!strcmp(f, "preprocessing")) b.preprocessing.std[0] = 0.0f;
+      ampc_status s = ampc_checkpoint_save(bad, a.m, a.amp, a.opt, &b);
+      CHECK_MSG(s == cases[i].code && strstr(ampc_last_error(), cases[i].msg), "case %s: status %d, '%s'", f, s, ampc_last_error());
+      struct stat after;
+      CHECK_MSG(stat(bad, &after) == 0 && after.st_ino == before.st_ino && after.st_size == before.st_size,
+                "case %s: the file there before was replaced", f);
+    }
   }
   CHECK(strcmp(ts.preprocessing.dataset, "fashion-mnist") == 0 && ts.preprocessing.normalize == 1 && ts.preprocessing.channels == 1);
   CHECK(ts.preprocessing.height == 8 && ts.preprocessing.mean[0] == 0.25f && ts.preprocessing.std[0] == 0.5f);
