@@ -202,6 +202,9 @@ static const op_case CASES[] = {
      .no_fd = 1},
     {.name = "conv3x3_s2_32ch", .k = K_CONV, .n = 2, .c = 32, .h = 8, .w = 8, .o = 16, .ks = 3, .stride = 2, .pad = 1},
     {.name = "conv1x1_s2_8ch", .k = K_CONV, .n = 2, .c = 8, .h = 8, .w = 8, .o = 16, .ks = 1, .stride = 2},
+    /* im2col's groups of samples evened out over 2 threads: 16 a group by
+       its column target, 3 groups, made 4 of 10 */
+    {.name = "conv3x3_s2_groups", .k = K_CONV, .n = 40, .c = 4, .h = 8, .w = 8, .o = 4, .ks = 3, .stride = 2, .pad = 1, .no_fd = 1},
     {.name = "bn_train", .k = K_BN_TRAIN, .n = 3, .c = 3, .h = 5, .w = 5},
     {.name = "bn_train_odd", .k = K_BN_TRAIN, .n = 2, .c = 4, .h = 3, .w = 7},
     {.name = "bn_eval", .k = K_BN_EVAL, .n = 2, .c = 3, .h = 5, .w = 6},

@@ -39,7 +39,7 @@ typedef struct {
   size_t off_pw;         /* AMX: the packed weight, shared */
 } conv_geom;
 
-enum { CONV_MIN_COLS = 256, CONV_MAX_COL_BYTES = 4 << 20, CONV_WINO_MIN_CHANNELS = 8 };
+enum { CONV_MIN_COLS = 256, CONV_MAX_COL_BYTES = 4 << 20, CONV_WINO_MIN_CHANNELS = 8, CONV_BALANCE_GROUPS = 8 };
 
 static int conv_bf16(const ampc__op_call *c);
 static int use_a3(const ampc__op_call *c);
@@ -59,6 +59,18 @@ static conv_geom conv_geometry_of(const ampc__op_call *c, int nthreads, int bf16
   int64_t cap = CONV_MAX_COL_BYTES / (4 * g.K);
   if (target > cap) target = cap > g.OW ? cap : g.OW;
   cpu_blocking(target, g.OW, g.OH, (g.N + g.nt - 1) / g.nt, &g.nb, &g.rb);
+  /* Groups of samples come in a multiple of the threads where they are
+   * few, each then one sample smaller at most: threads take whole groups,
+   * and ResNet-18's last strided layer (256 -> 512 channels, 4 x 4 outputs,
+   * 28 samples a group) made 5 groups of its 128 samples, so one of 2
+   * threads did 72 and the other 56. */
+  if (g.nb > 1 && g.nt > 1) {
+    int64_t ng = (g.N + g.nb - 1) / g.nb;
+    if (ng % g.nt != 0 && ng < CONV_BALANCE_GROUPS * g.nt) {
+      ng = (ng + g.nt - 1) / g.nt * g.nt;
+      g.nb = (g.N + ng - 1) / ng;
+    }
+  }
   g.ncmax = g.nb * g.rb * g.OW;
   size_t nc = (size_t)g.ncmax;
   g.off_y = (size_t)g.K * nc;
