@@ -253,8 +253,9 @@ static char *run_json(ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_
                            "seen", (json_int_t)ts->seen, "skipped", (json_int_t)ts->skipped,
                            "skipped_total", (json_int_t)ts->skipped_total, "train_seconds", ts->train_seconds);
   if (root && ts->preprocessing.dataset[0]) json_object_set_new(root, "preprocessing", preprocessing_json(&ts->preprocessing));
-  if (root && ts->world_size > 0) json_object_set_new(root, "world_size", json_integer((json_int_t)ts->world_size));
-  if (root && ts->global_batch > 0) json_object_set_new(root, "global_batch", json_integer((json_int_t)ts->global_batch));
+  /* (0: not recorded; anything else written, so that saving's read-back sees a negative one) */
+  if (root && ts->world_size != 0) json_object_set_new(root, "world_size", json_integer((json_int_t)ts->world_size));
+  if (root && ts->global_batch != 0) json_object_set_new(root, "global_batch", json_integer((json_int_t)ts->global_batch));
   if (root && ts->has_grad_stats)
     json_object_set_new(root, "grad_stats", json_pack("{s:I, s:I, s:f}", "values", (json_int_t)ts->grad_values, "underflow",
                                                       (json_int_t)ts->grad_underflow, "max_abs", ts->grad_max_abs));
@@ -290,10 +291,6 @@ ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp,
   if (ts && (!isfinite(ts->loss_sum) || !isfinite(ts->train_seconds) || (ts->has_grad_stats && !isfinite(ts->grad_max_abs))))
     return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save: the run state's '%s' is not finite",
                        !isfinite(ts->loss_sum) ? "loss_sum" : !isfinite(ts->train_seconds) ? "train_seconds" : "grad_max_abs");
-  /* (and a negative count of ranks or images would not be written at all) */
-  if (ts && (ts->world_size < 0 || ts->global_batch < 0))
-    return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save: the run state's '%s' = %lld is negative", ts->world_size < 0 ? "world_size" : "global_batch",
-                       (long long)(ts->world_size < 0 ? ts->world_size : ts->global_batch));
   /* a NULL ts: a run state of zeros but its step, the optimizer's steps (a
    * step count below those would not load back) */
   ampc_train_state no_state;

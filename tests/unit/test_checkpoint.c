@@ -341,7 +341,7 @@ TEST(checks_shapes_and_ranges) {
         {"loss_sum", "the run state's 'loss_sum' is not finite", AMPC_EINVAL},
         {"loss_sum_huge", "'loss_sum' = 1e+300 is more than 1e+30 per image", AMPC_EINVAL},
         {"train_seconds", "'train_seconds' is negative or not finite", AMPC_EINVAL},
-        {"global_batch", "the run state's 'global_batch' = -8 is negative", AMPC_EINVAL},
+        {"global_batch", "'global_batch' = -8 is outside [1, 2147483648]", AMPC_EINVAL},
         {"preprocessing", "'std'[0] is not a number in 1e-6..1e6", AMPC_EINVAL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
