@@ -137,6 +137,12 @@ __attribute__((target("avx2,fma,f16c"))) static inline __m256 h8_round(__m256 v,
   __m256i u = _mm256_castps_si256(v);
   return _mm256_castsi256_ps(AMPC__BF16_WIDE256(u));
 }
+/* ... and narrowed to the 8 16-bit codes */
+__attribute__((target("avx2,fma,f16c"))) static inline __m128i h8_pack(__m256 v, int bf) {
+  if (!bf) return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+  __m256i r = _mm256_srli_epi32(AMPC__BF16_RNE256(_mm256_castps_si256(v)), 16); /* each rounded value's top half */
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
 __attribute__((target("f16c"))) static inline float h1_round(float v, int bf) {
   return bf ? ampc_bf16_to_f32(ampc_f32_to_bf16(v)) : _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
 }
@@ -379,13 +385,7 @@ BN256 static void dx_f16_avx2(const float *xc, const uint16_t *x, int bf, const 
     __m256 xv = xc ? _mm256_loadu_ps(xc + i) : h8_ld(x + i, bf);
     __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(xv, mm), is);
     __m256 t = _mm256_fnmadd_ps(xhat, dgm, _mm256_fmsub_ps(cn, _mm256_loadu_ps(dy + i), db));
-    __m256 v = _mm256_mul_ps(kk, t);
-    if (obf) { /* the codes: each rounded value's top half */
-      __m256i u = _mm256_castps_si256(v), r = _mm256_srli_epi32(AMPC__BF16_RNE256(u), 16);
-      _mm_storeu_si128((__m128i *)(o + i), _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
-    } else {
-      _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-    }
+    _mm_storeu_si128((__m128i *)(o + i), h8_pack(_mm256_mul_ps(kk, t), obf));
   }
   dx_f16_tail(xc, x, bf, dy, i, n, mean, invstd, k, count, dbeta, dgamma, obf, o);
 }
