@@ -391,8 +391,10 @@ static ampc_status wrong_shape(const char *path, const ampc_st_tensor *t, const 
  * tensor (any float type), into the model's copy and the masters. With
  * strict, a tensor that is neither the model's nor a checkpoint's own
  * section is an error. check_only: the same checks (and conversions, which
- * can fail), changing nothing. */
-static ampc_status load_model(const ampc_st_file *f, ampc_model *m, ampc_amp *amp, int strict, int check_only) {
+ * can fail), changing nothing. masters: every parameter's master copy must
+ * be there (a checkpoint saved with master weights: the model copy of a
+ * parameter whose master is missing is not its exact value). */
+static ampc_status load_model(const ampc_st_file *f, ampc_model *m, ampc_amp *amp, int strict, int check_only, int masters) {
   const char *path = ampc_st_label(f), *model = ampc_model_name(m);
   ampc_graph *g = ampc_model_graph(m);
   const ampc_model_opts *mo = ampc_model_options(m);
@@ -413,6 +415,11 @@ static ampc_status load_model(const ampc_st_file *f, ampc_model *m, ampc_amp *am
     snprintf(mname, sizeof mname, "master.%s", name);
     /* a checkpoint's f32 master copy is the exact value; the model copy may be half */
     const ampc_st_tensor *t = i < np ? ampc_st_find(f, mname) : NULL, *own = ampc_st_find(f, name);
+    if (!t && i < np && masters) {
+      s = ampc__error(AMPC_EFORMAT, "%s: missing tensor '%s' (the f32 master copy of '%s'; the checkpoint was saved with master weights)",
+                      path, mname, name);
+      break;
+    }
     if (!t) t = own;
     if (!t) {
       s = ampc__error(AMPC_EFORMAT, "%s: missing tensor '%s' for model %s", path, name, model);
@@ -448,8 +455,8 @@ ampc_status ampc_checkpoint_load_weights(const char *path, ampc_model *m, ampc_a
   ampc_st_file *f;
   AMPC_TRY(ampc_st_open(&f, path));
   /* everything checked before anything is changed */
-  ampc_status s = load_model(f, m, amp, 1, 1);
-  if (s == 0) s = load_model(f, m, amp, 1, 0);
+  ampc_status s = load_model(f, m, amp, 1, 1, 0);
+  if (s == 0) s = load_model(f, m, amp, 1, 0, 0);
   ampc_st_close(f);
   return s;
 }
@@ -698,6 +705,16 @@ static ampc_status read_run(const char *path, json_t *root, const ampc_amp_confi
     AMPC_TRY(jint_in(path, o, what, "steps", 0, AMPC_SCALER_MAX_COUNT, &st->steps));
     AMPC_TRY(jint_in(path, o, what, "min_scale_hits", 0, AMPC_SCALER_MAX_COUNT, &st->min_scale_hits));
     st->hysteresis_left = (int)hl;
+    /* counters of the same steps: each at most the steps (a part of them), the
+     * minimum-scale hits at most the overflows (consecutive ones of them) */
+    static const char *const part[] = {"skipped_steps", "overflows", "growth_tracker", "min_scale_hits"};
+    const int64_t pv[] = {st->skipped_steps, st->overflows, st->growth_tracker, st->min_scale_hits};
+    for (int j = 0; j < 4; j++) {
+      int64_t whole = j == 3 ? st->overflows : st->steps;
+      if (pv[j] > whole)
+        return ampc__error(AMPC_EFORMAT, "checkpoint: %s: %s'%s' = %lld is more than '%s' = %lld", path, what, part[j], (long long)pv[j],
+                           j == 3 ? "overflows" : "steps", (long long)whole);
+    }
   }
   json_t *pj = json_object_get(root, "preprocessing");
   if (pj) {
@@ -760,9 +777,10 @@ ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp,
   run_record rr;
   s = read_run(path, root, c, opt, &rr);
   /* everything checked before anything is changed */
-  if (s == 0) s = load_model(f, m, amp, 1, 1);
+  int masters = ampc_amp_has_master_weights(amp);
+  if (s == 0) s = load_model(f, m, amp, 1, 1, masters);
   if (s == 0 && opt) s = load_optim(f, m, amp, opt, 1);
-  if (s == 0) s = load_model(f, m, amp, 1, 0);
+  if (s == 0) s = load_model(f, m, amp, 1, 0, masters);
   if (s == 0 && opt) s = load_optim(f, m, amp, opt, 0);
   if (s < 0 && strncmp(ampc_last_error(), "checkpoint", 10) != 0) ampc__error_prefix(s, "checkpoint");
   if (s == 0 && opt) s = ampc_optim_set_step_count(opt, rr.optim_step);

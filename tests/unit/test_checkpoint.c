@@ -261,6 +261,9 @@ TEST(checks_shapes_and_ranges) {
       {"\"steps\":", "\"steps\":9223372036854775807,\"stepsx\":", "'steps' = 9223372036854775807 is outside [0, 9007199254740992]"},
       {"\"growth_tracker\":", "\"growth_tracker\":9007199254740993,\"gt\":", "'growth_tracker' = 9007199254740993 is outside"},
       {"\"overflows\":", "\"overflows\":9007199254740993,\"ov\":", "'overflows' = 9007199254740993 is outside"},
+      /* the scaler's counters, each in range, but more of a part than of its whole */
+      {"\"skipped_steps\":", "\"skipped_steps\":7,\"sk\":", "scaler 0: 'skipped_steps' = 7 is more than 'steps' = "},
+      {"\"min_scale_hits\":", "\"min_scale_hits\":3,\"msh\":", "scaler 0: 'min_scale_hits' = 3 is more than 'overflows' = "},
       /* a duplicate key (the outer header refuses them too) */
       {"\"epoch\":1,", "\"epoch\":1,\"epoch\":2,", "malformed metadata: duplicate object key"},
       /* the preprocessing record, which a resumed run copies into its checkpoints and exports */
@@ -382,6 +385,61 @@ TEST(checks_shapes_and_ranges) {
   rig_free(&c);
 }
 
+/* in without its tensor `name`, as out */
+static void drop_tensor(const char *in, const char *out, const char *name) {
+  ampc_st_file *f;
+  CHECK_OK(ampc_st_open(&f, in));
+  size_t n = ampc_st_count(f), nm = ampc_st_metadata_count(f), k = 0;
+  ampc_st_tensor *ts = calloc(n, sizeof *ts);
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(ampc_st_get(f, i)->name, name) != 0) ts[k++] = *ampc_st_get(f, i);
+  CHECK(k + 1 == n);
+  const char **meta = calloc(2 * nm + 1, sizeof *meta);
+  for (size_t i = 0; i < nm; i++) {
+    meta[2 * i] = ampc_st_metadata_key(f, i);
+    meta[2 * i + 1] = ampc_st_metadata(f, meta[2 * i]);
+  }
+  CHECK_OK(ampc_st_write(out, ts, k, meta));
+  free(meta);
+  free(ts);
+  ampc_st_close(f);
+}
+
+/* A checkpoint saved with master weights that lacks one: the model's own
+ * (f16) copy of that parameter is not its value, so the load is refused,
+ * naming the master, and changes nothing; as weights alone (no masters
+ * needed) the file still loads. */
+TEST(refuses_a_missing_master) {
+  rig a, b;
+  rig_make(&a, "mlp", AMPC_OPT_O2);
+  train_steps(&a, 2, 3);
+  ampc_train_state ts = {.seed = 1, .step = 2};
+  char path[512], cut[512];
+  snprintf(path, sizeof path, "%s", tmp("o2.safetensors"));
+  snprintf(cut, sizeof cut, "%s", tmp("o2_cut.safetensors"));
+  CHECK_OK(ampc_checkpoint_save(path, a.m, a.amp, a.opt, &ts));
+  const char *p0 = ampc_graph_name(ampc_model_graph(a.m), ampc_graph_param_at(ampc_model_graph(a.m), 0));
+  char mname[256], msg[512];
+  snprintf(mname, sizeof mname, "master.%s", p0);
+  drop_tensor(path, cut, mname);
+  rig_make(&b, "mlp", AMPC_OPT_O2);
+  float *fresh = params_of(&b);
+  size_t np = ampc_graph_param_numel(ampc_model_graph(b.m));
+  ampc_train_state back = {0};
+  snprintf(msg, sizeof msg, "missing tensor '%s' (the f32 master copy of '%s'; the checkpoint was saved with master weights)", mname, p0);
+  CHECK_ERR(ampc_checkpoint_load(cut, b.m, b.amp, b.opt, &back), AMPC_EFORMAT, msg);
+  float *now = params_of(&b);
+  CHECK_MSG(memcmp(fresh, now, np * sizeof *now) == 0, "a refused load changed the parameters");
+  CHECK(back.step == 0 && ampc_optim_step_count(b.opt) == 0);
+  CHECK_OK(ampc_checkpoint_load_weights(cut, b.m, b.amp));
+  CHECK_OK(ampc_checkpoint_load(path, b.m, b.amp, b.opt, &back));
+  CHECK(back.step == 2);
+  free(fresh);
+  free(now);
+  rig_free(&a);
+  rig_free(&b);
+}
+
 /* The mlp with optimizer kind, at O0. */
 static void rig_make_optim(rig *r, ampc_optim_kind kind) {
   ampc_model_opts o = {.batch = 8, .channels = 1, .height = 8, .width = 8, .classes = 4, .seed = 11};
@@ -432,4 +490,4 @@ TEST(refuses_another_optimizer) {
 
 TEST_MAIN(TEST_ENTRY(roundtrip_continues_exactly), TEST_ENTRY(null_run_state_loads_back), TEST_ENTRY(roundtrip_on_the_guarded_backend),
           TEST_ENTRY(refuses_other_model_level_version), TEST_ENTRY(failed_write_keeps_previous_checkpoint),
-          TEST_ENTRY(checks_shapes_and_ranges), TEST_ENTRY(refuses_another_optimizer))
+          TEST_ENTRY(checks_shapes_and_ranges), TEST_ENTRY(refuses_a_missing_master), TEST_ENTRY(refuses_another_optimizer))
