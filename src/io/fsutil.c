@@ -77,7 +77,9 @@ static ampc_status create_temp(const char *path, const char *dir, const char *ba
   if (!tmp) return ampc__error(AMPC_ENOMEM, "%s: out of memory", path);
   for (int attempt = 0; attempt < 100; attempt++) {
     unsigned long k = atomic_fetch_add(&counter, 1);
-    snprintf(tmp, cap, "%s/.%s.tmp.%ld.%lu", dir, base, (long)getpid(), k);
+    /* the name's first 200 bytes at most: a target name near the 255-byte
+     * limit of one name must still leave room for the suffix */
+    snprintf(tmp, cap, "%s/.%.200s.tmp.%ld.%lu", dir, base, (long)getpid(), k);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd >= 0) {
       *tmp_out = tmp;
