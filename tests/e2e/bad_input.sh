@@ -225,6 +225,13 @@ st_edit "$ckpt" "$D/ck_seen.safetensors" 's/\\"seen\\":0,/\\"seen\\":-5,/'
 st_edit "$ckpt" "$D/ck_secs.safetensors" 's/\\"train_seconds\\":[0-9.e+-]*/\\"train_seconds\\":1e308/'
 st_edit "$ckpt" "$D/ck_batch.safetensors" 's/\\"epoch\\":1,/\\"epoch\\":0,/; s/\\"batch\\":0,/\\"batch\\":99,/'
 st_edit "$ckpt" "$D/ck_input.safetensors" 's/"input":"1x28x28"/"input":"1x28x99999999999"/'
+# numbers each in range, but not with each other: a scaler's skipped steps past
+# its steps; an optimizer whose step count is not the run's applied steps
+st_edit "$ckpt" "$D/ck_skipped.safetensors" 's/\\"skipped_steps\\":0,/\\"skipped_steps\\":100,/'
+st_edit "$ckpt" "$D/ck_optstep.safetensors" 's/\\"optimizer_step\\":[0-9]*/\\"optimizer_step\\":0/'
+# a preprocessing record that is no object; another mean than the dataset's
+st_edit "$ckpt" "$D/ck_pre_num.safetensors" 's/\\"preprocessing\\":{[^}]*}/\\"preprocessing\\":5/'
+st_edit "$ckpt" "$D/ck_pre_mean.safetensors" 's/\\"mean\\":\[[0-9.]*\]/\\"mean\\":[0.5]/'
 
 # ---- special files (class 3) -------------------------------------------------
 mkfifo "$D/fifo.safetensors" "$D/fifo.jsonl"

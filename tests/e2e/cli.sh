@@ -111,8 +111,9 @@ done
 
 # --- help, resume of a finished run, --amp-report ---------------------------------------
 if "$ampc" train --help | grep -q -- "--checkpoint-dir DIR.*default for the SIGINT/SIGTERM save: ./checkpoints"; then ok "train --help names the default checkpoint folder"; else bad "default checkpoint folder in --help"; fi
-out=$("$ampc" train "${small[@]}" --epochs 2 --opt-level O2 --resume "$dir/ck" 2>&1); rc=$?
+out=$("$ampc" train "${small[@]}" --epochs 2 --opt-level O2 --resume "$dir/ck" --metrics "$dir/fin.jsonl" 2>&1); rc=$?
 if [ $rc = 0 ] && echo "$out" | grep -q "is finished: it trained all 2 epochs (32 steps); give a larger --epochs to train on"; then ok "resuming a finished run: $(echo "$out" | tail -1)"; else bad "resume of a finished run: rc $rc '$out'"; fi
+if [ ! -e "$dir/fin.jsonl" ]; then ok "... makes no --metrics file for the run that did not train"; else bad "a finished run's resume made $dir/fin.jsonl"; fi
 out=$("$ampc" train "${small[@]}" --epochs 1 --opt-level O2 --amp-report --quiet 2>&1)
 if echo "$out" | grep -q "^epoch 1: .* grad_underflow [0-9.]*% of [0-9]* half values, grad_max_abs [0-9.e+-]*$"; then ok "--amp-report without --metrics prints its figures"; else bad "--amp-report without --metrics: '$out'"; fi
 
@@ -372,6 +373,24 @@ EOF
 if python3 "$dir/acc_check.py" "$dir/acc_cnn.jsonl"; then
   ok "O2 with --grad-accum: the metrics' gradients count the f32 master gradients; step records carry grad_norm"
 else bad "metrics of an O2 run with --grad-accum: $(head -c 600 "$dir/acc_cnn.jsonl")"; fi
+
+# --- a batch larger than the training set: the whole set, planned for no more ----------------
+out=$("$ampc" train --model cnn --train-limit 64 --test-limit 32 --batch-size 65536 --epochs 1 2>&1); rc=$?
+mem=$(echo "$out" | grep -o "activations [0-9.]* MB" | head -1 | grep -o "[0-9.]*")
+if [ $rc = 0 ] && echo "$out" | grep -q "64 train / 32 test images, batch 64," && awk "BEGIN{exit !($mem < 100)}"; then
+  ok "--batch-size 65536 on 64 images: one batch of 64, activations planned for it ($mem MB)"
+else bad "--batch-size past the data: rc $rc '$(echo "$out" | head -5)'"; fi
+
+# --- an output name near the 255-byte limit of a name can still be written ---------------------
+long=$(printf 'a%.0s' $(seq 1 250)).st
+if (cd "$dir" && "$ampc" train --model mlp --train-limit 64 --test-limit 32 --epochs 1 --quiet --save "$long" >/dev/null 2>"$dir/long.err") &&
+   [ -s "$dir/$long" ]; then ok "--save of a 253-byte file name"; else bad "--save of a 253-byte name: $(cat "$dir/long.err")"; fi
+
+# --- eval of weights trained on another dataset's normalisation: a warning ------------------------
+"$ampc" eval --model mlp --test-limit 32 --weights "$dir/$long" --dataset mnist --data "$data" >/dev/null 2>"$dir/ds.err"; rc=$?
+if [ $rc = 0 ] && grep -q "^ampc: warning: eval: .* was trained on fashion-mnist, normalised with its mean and std, and this evaluation normalises with mnist's (--dataset)$" "$dir/ds.err"; then
+  ok "eval with another --dataset than the weights': warned"
+else bad "eval with another --dataset: rc $rc '$(cat "$dir/ds.err")'"; fi
 
 # --- ampc help COMMAND is that command's help -----------------------------------------------
 if "$ampc" help train 2>&1 | grep -q "^usage: ampc train" && "$ampc" help export 2>&1 | grep -q "^usage: ampc export"; then

@@ -5,7 +5,9 @@
 # files of interrupted saves (but not those of a live writer); a fresh run on a
 # folder of another run's checkpoints is refused; --keep counts
 # only complete checkpoints; the SIGTERM save into the default folder takes
-# the lock too.
+# the lock too, and goes to ./checkpoints.N where ./checkpoints is another
+# run's; a resume from an older checkpoint of a folder may not write its
+# branch there; the run's other outputs may not be the folder's own files.
 #
 #   bash tests/e2e/lock.sh <path-to-ampc> <scratch-dir>
 set -u
@@ -99,8 +101,54 @@ t=$!
 sleep 2
 kill -TERM $t; wait $t; rc=$?
 kill $holder 2>/dev/null; wait $holder 2>/dev/null
-[ $rc = 1 ] && ok "SIGTERM save into a folder another run holds: exit 1" || bad "SIGTERM into a held folder: exit status $rc"
-grep -q "is in use by another ampc run (pid 4243" "$dir/t.err" && ok "... naming the holder" || { bad "SIGTERM into a held folder: message"; cat "$dir/t.err"; }
+n1=$(find "$wd/checkpoints.1" -maxdepth 1 -name 'ckpt-step-*.safetensors' 2>/dev/null | wc -l)
+n0=$(find "$wd/checkpoints" -maxdepth 1 -name 'ckpt-step-*.safetensors' | wc -l)
+[ $rc = 0 ] && [ "$n1" = 1 ] && [ "$n0" = 0 ] && grep -q "resume with: ampc train ... --resume checkpoints.1$" "$dir/t.err" &&
+  ok "SIGTERM save where another run holds ./checkpoints: into ./checkpoints.1, and the hint names it" ||
+  { bad "SIGTERM into a held folder: exit status $rc, $n0 in checkpoints, $n1 in checkpoints.1"; cat "$dir/t.err"; }
+
+# ... and where ./checkpoints holds another run's checkpoints: not mixed with
+# them (--resume checkpoints would take the other run's newest)
+wd2="$dir/wd2"
+mkdir -p "$wd2/checkpoints" && cp "$(ls "$ck"/ckpt-step-*.safetensors | tail -n 1)" "$wd2/checkpoints/ckpt-step-99999999.safetensors"
+(cd "$wd2" && exec "$ampc" train "${F[@]}" --epochs 100000) >/dev/null 2>"$dir/t2.err" &
+t=$!
+sleep 2
+kill -TERM $t; wait $t; rc=$?
+n0=$(find "$wd2/checkpoints" -maxdepth 1 -name 'ckpt-step-*.safetensors' | wc -l)
+[ $rc = 0 ] && [ "$n0" = 1 ] && ls "$wd2"/checkpoints.1/ckpt-step-*.safetensors >/dev/null 2>&1 &&
+  ok "SIGTERM save where ./checkpoints holds another run's checkpoints: into ./checkpoints.1" ||
+  { bad "SIGTERM beside another run's checkpoints: exit $rc, $n0 in checkpoints"; cat "$dir/t2.err"; }
+# that run resumed from its folder and stopped again: its own folder once more
+(cd "$wd2" && exec "$ampc" train "${F[@]}" --epochs 100000 --resume checkpoints.1) >/dev/null 2>"$dir/t3.err" &
+t=$!
+sleep 2
+kill -TERM $t; wait $t; rc=$?
+n1=$(find "$wd2/checkpoints.1" -maxdepth 1 -name 'ckpt-step-*.safetensors' | wc -l)
+[ $rc = 0 ] && [ "$n1" = 2 ] && [ ! -e "$wd2/checkpoints.2" ] && ok "... and the resumed run's next SIGTERM save goes to the same folder" ||
+  { bad "resumed SIGTERM save: exit $rc, $n1 in checkpoints.1"; ls "$wd2"; cat "$dir/t3.err"; }
+
+# a resume from an older checkpoint than the folder's latest: its saves there
+# would replace the run's later checkpoints (and --keep delete them)
+br="$dir/branch"
+"$ampc" train "${F[@]}" --train-limit 128 --epochs 2 --checkpoint-dir "$br" --save-every 2 >/dev/null 2>&1
+first=$(ls "$br"/ckpt-step-*.safetensors | head -n 1); last=$(ls "$br"/ckpt-step-*.safetensors | tail -n 1)
+before=$(md5sum "$br"/ckpt-step-*.safetensors)
+"$ampc" train "${F[@]}" --train-limit 128 --epochs 3 --lr 0.01 --resume "$first" --checkpoint-dir "$br" --keep 1 >/dev/null 2>"$dir/b.err"
+rc=$?
+[ $rc = 1 ] && grep -q "^ampc: error: --resume: '$first' is not the latest checkpoint in '$br' ($last is)" "$dir/b.err" &&
+  [ "$(md5sum "$br"/ckpt-step-*.safetensors)" = "$before" ] && ok "a branch from an older checkpoint into its folder: refused, the folder unchanged" ||
+  { bad "branch into the folder: exit $rc"; cat "$dir/b.err"; }
+"$ampc" train "${F[@]}" --train-limit 128 --epochs 3 --resume "$br" --checkpoint-dir "$br" >/dev/null 2>"$dir/b.err" &&
+  ok "... the latest resumes there" || { bad "resume of the latest into its folder failed"; cat "$dir/b.err"; }
+
+# a --checkpoint-dir whose checkpoints' paths would not fit a path: refused
+# before training, not at the first save
+long=$(printf './%.0s' $(seq 1 2030))ckL
+"$ampc" train "${F[@]}" --epochs 1 --checkpoint-dir "$long" >/dev/null 2>"$dir/l.err"
+rc=$?
+[ $rc = 2 ] && [ "$(cat "$dir/l.err")" = "ampc: error: --checkpoint-dir: the path is 4063 bytes long; at most 4000" ] && [ ! -e ckL ] &&
+  ok "a --checkpoint-dir path too long: refused at once" || { bad "long --checkpoint-dir: exit $rc"; head -c 300 "$dir/l.err"; }
 
 # a run that fails before saving anything leaves no trace of the folder it made,
 # and keeps a folder (and lock file) that were there before it

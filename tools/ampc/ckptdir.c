@@ -161,7 +161,9 @@ static int mkdirs(const char *dir, char *top) {
 
 int cli_mkdirs(const char *dir) { return mkdirs(dir, NULL); }
 
-int cli_ckptdir_lock(const char *flag, const char *dir) {
+/* cli_ckptdir_lock; where another run holds the lock and busy_quiet is
+ * set, -2 and no message */
+static int lock_dir(const char *flag, const char *dir, int busy_quiet) {
   made.dir[0] = '\0';
   made.made_lock = 0;
   if (mkdirs(dir, made.made_top) != 0) {
@@ -201,6 +203,7 @@ int cli_ckptdir_lock(const char *flag, const char *dir) {
     ssize_t n = e == EWOULDBLOCK ? pread(fd, buf, sizeof buf - 1, 0) : -1;
     long pid = n > 0 ? strtol(buf, NULL, 10) : 0;
     close(fd);
+    if (e == EWOULDBLOCK && busy_quiet) return -2;
     if (e != EWOULDBLOCK) {
       cli_error("%s: cannot lock %s: %s", flag, path, strerror(e));
       return -1;
@@ -236,6 +239,45 @@ int cli_ckptdir_lock(const char *flag, const char *dir) {
   if (removed) /* even with --quiet: files were deleted */
     fprintf(stderr, "ampc: removed %d unfinished checkpoint file%s left in %s by an interrupted save\n", removed, removed == 1 ? "" : "s", dir);
   return fd; /* held, with the lock, until the process ends */
+}
+
+int cli_ckptdir_lock(const char *flag, const char *dir) { return lock_dir(flag, dir, 0); }
+
+int cli_ckptdir_owns(const char *dir, const char *path) {
+  if (!dir || !path) return 0;
+  const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+  long long step;
+  long pid;
+  static const char probe[] = ".ampc-write-test.";
+  if (!cli_checkpoint_step(base, &step) && strcmp(base, LOCK_NAME) != 0 && !leftover_pid(base, &pid) &&
+      strncmp(base, probe, sizeof probe - 1) != 0)
+    return 0;
+  char parent[4096];
+  int n = !slash ? snprintf(parent, sizeof parent, ".")
+          : slash == path ? snprintf(parent, sizeof parent, "/")
+                          : snprintf(parent, sizeof parent, "%.*s", (int)(slash - path), path);
+  return n > 0 && (size_t)n < sizeof parent && cli_same_file(parent, dir);
+}
+
+int cli_ckptdir_fits(const char *dir, const char *resume, char *latest, size_t len) {
+  if (cli_latest_checkpoint(dir, latest, len) < 0) return 1;
+  return resume && resume[0] && cli_same_file(latest, resume);
+}
+
+int cli_ckptdir_default(const char *resume, char *out, size_t len) {
+  for (int i = 0; i < 100; i++) {
+    if (i) snprintf(out, len, "checkpoints.%d", i);
+    else snprintf(out, len, "checkpoints");
+    struct stat sb;
+    char latest[4096];
+    if (stat(out, &sb) == 0 && !S_ISDIR(sb.st_mode)) continue; /* a file of that name */
+    if (!cli_ckptdir_fits(out, resume, latest, sizeof latest)) continue;
+    int fd = lock_dir("saving a checkpoint", out, 1);
+    if (fd == -2) continue; /* another run's, which has not saved yet */
+    return fd < 0 ? -1 : 0;
+  }
+  cli_error("saving a checkpoint: ./checkpoints and ./checkpoints.1 to .99 are all in use by other runs; give --checkpoint-dir DIR");
+  return -1;
 }
 
 void cli_ckptdir_abandon(void) {

@@ -32,4 +32,22 @@ int cli_latest_checkpoint(const char *dir, char *out, size_t len);
 /* Removes all but the newest `keep` complete checkpoints in dir. */
 void cli_prune_checkpoints(const char *dir, int keep);
 
+/* 1 if path names a file that a run writing checkpoints into dir makes
+ * there itself -- a checkpoint, the temporary file of one, the lock -- so
+ * that another output of the run must not be it. */
+int cli_ckptdir_owns(const char *dir, const char *path);
+
+/* Whether a run that resumed from resume ("" for a new run) may write its
+ * checkpoints into dir: dir holds none, or its newest is resume itself (the
+ * run goes on where it stopped). 0 otherwise, with dir's newest in latest
+ * (len long): the run's saves would mix with another run's, or replace the
+ * later checkpoints of the run it branches from. */
+int cli_ckptdir_fits(const char *dir, const char *resume, char *latest, size_t len);
+
+/* The folder for a SIGINT/SIGTERM save of a run without --checkpoint-dir:
+ * "checkpoints" where cli_ckptdir_fits, else the first of "checkpoints.1",
+ * "checkpoints.2", ... that does; locked as cli_ckptdir_lock does. Its name
+ * goes to out (len long); -1 after one error where none can be had. */
+int cli_ckptdir_default(const char *resume, char *out, size_t len);
+
 #endif

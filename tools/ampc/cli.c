@@ -329,6 +329,10 @@ int cli_amp_config(const cli_common *c, ampc_amp_config *cfg) {
               c->master_weights ? "--master-weights" : "--keep-batchnorm-fp32");
     return -1;
   }
+  if (lvl == AMPC_OPT_O0 && half != AMPC_DTYPE_F16) {
+    cli_error("--half %s: does nothing at O0, whose model is f32 throughout; drop it or choose --opt-level O1, O2 or O3", c->half);
+    return -1;
+  }
   /* the dynamic scale's settings with a static scale would do nothing */
   for (size_t i = 0; !cfg->loss_scale_dynamic && i < sizeof amp_flags / sizeof amp_flags[0]; i++)
     if (values[i] && amp_flags[i].dynamic) {

@@ -52,7 +52,10 @@ static int same_shape(const ampc_st_tensor *a, const ampc_st_tensor *b) {
  * and no other model tensor is: what PyTorch's load_state_dict(strict=True)
  * asks of the export. A file that records no model or no input shape is
  * passed over (nothing to check it against). Prints the error, returns -1. */
-static int check_complete(const char *in, const ampc_st_file *f, const char *model) {
+/* masters: the file holds f32 master copies (or says it was saved with
+ * them), so every parameter must have one: the model copy of one whose
+ * master is missing is not its exact value */
+static int check_complete(const char *in, const ampc_st_file *f, const char *model, int masters) {
   int c, h, w, k;
   ampc_status st = ampc_checkpoint_input(f, &c, &h, &w, &k);
   if (st < 0) {
@@ -80,8 +83,13 @@ static int check_complete(const char *in, const ampc_st_file *f, const char *mod
     const ampc_st_tensor *t = ampc_st_find(f, name);
     int same = t && t->ndim == tv.shape.ndim;
     for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == tv.shape.d[d];
+    char mname[512];
+    snprintf(mname, sizeof mname, "master.%s", name);
     if (!t) {
       cli_error("%s: missing tensor '%s' of model %s (PyTorch's strict load_state_dict would refuse the export)", in, name, model);
+      rc = -1;
+    } else if (masters && i < np && !ampc_st_find(f, mname)) {
+      cli_error("%s: missing tensor '%s' (the f32 master copy of '%s'; the checkpoint holds master weights)", in, mname, name);
       rc = -1;
     } else if (ampc_dtype_is_float(t->dtype) != ampc_dtype_is_float(tv.dtype)) {
       cli_error("%s: tensor '%s' is %s, but model %s's is %s", in, name, ampc_dtype_name(t->dtype), model,
@@ -205,7 +213,10 @@ int cmd_export(int argc, char **argv) {
     model = json_string_value(json_object_get(info, "model"));
   }
   /* the export must load as the model's whole state_dict, and say soundly how its inputs are made */
-  if (cli_file_preprocessing(f, "export", in, &pre) < 0 || check_complete(in, f, model) < 0) {
+  int masters = json_integer_value(json_object_get(json_object_get(info, "amp"), "master_weights")) == 1;
+  for (size_t i = 0; i < ampc_st_count(f); i++)
+    if (strncmp(ampc_st_get(f, i)->name, "master.", 7) == 0) masters = 1;
+  if (cli_file_preprocessing(f, "export", in, &pre) < 0 || check_complete(in, f, model, masters) < 0) {
     json_decref(info);
     json_decref(pre);
     ampc_st_close(f);

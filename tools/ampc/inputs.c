@@ -120,7 +120,7 @@ int cli_file_preprocessing(const ampc_st_file *f, const char *what, const char *
   if (!p && !own) return 0; /* none recorded (a checkpoint's malformed "ampc" object is the library's to refuse) */
   /* checked as the library reads it (a checkpoint's, nested in its "ampc"
    * object, as text again): what a later run or export is told must be sound */
-  char *nested = own ? NULL : json_dumps(p, JSON_COMPACT);
+  char *nested = own ? NULL : json_dumps(p, JSON_COMPACT | JSON_ENCODE_ANY); /* (any value: the parser names what is wrong) */
   ampc_preprocessing pp;
   if (!own && !nested) {
     cli_error("%s: %s: out of memory", what, path);

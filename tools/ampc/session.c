@@ -90,6 +90,18 @@ static int check_resume_run(const char *flag, const char *path, const cli_common
   /* the amp properties the opt level leaves to the user: the run goes on with
    * the numerics it had (the library checks the opt level and half type) */
   json_t *amp = json_object_get(root, "amp");
+  /* the opt level and half type first: the properties below follow from them */
+  const char *lvl = json_string_value(json_object_get(amp, "opt_level")), *hf = json_string_value(json_object_get(amp, "half_type"));
+  const char *lvl_now = ampc_opt_level_name(acfg->opt_level), *hf_now = ampc_dtype_name(acfg->half_type);
+  if (rc == 0 && lvl && strcmp(lvl, lvl_now) != 0) {
+    cli_error("%s: '%s' was trained at --opt-level %s, this run has %s: give the same amp options to resume it", flag, path, lvl,
+              lvl_now);
+    rc = -1;
+  } else if (rc == 0 && hf && strcmp(hf, hf_now) != 0) {
+    cli_error("%s: '%s' was trained with --half %s, this run has %s: give the same amp options to resume it", flag, path, hf,
+              hf_now);
+    rc = -1;
+  }
   static const struct {
     const char *key, *flag;
   } props[] = {{"master_weights", "--master-weights"}, {"keep_batchnorm_fp32", "--keep-batchnorm-fp32"}};
@@ -161,6 +173,11 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
     s->width = shape[2];
     s->classes = shape[3];
   }
+  /* a batch larger than the data never fills: the graph (and the memory
+   * planned for it) takes the most images a batch can hold */
+  size_t most = need_train ? tr.count : 0;
+  if (need_test && te.count > most) most = te.count;
+  if (d && most > 0 && (uint64_t)batch > most) batch = (int64_t)most;
   if (weights && d && cli_check_weights_input(weights_flag, weights, c->model, s->channels, s->height, s->width, s->classes, s->shape_from) < 0) return -1;
   /* weights with an optimizer: a checkpoint to resume the run from */
   if (weights && ocfg && check_resume_run(weights_flag, weights, c, ocfg, &s->amp_cfg) < 0) return -1;

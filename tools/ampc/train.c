@@ -294,12 +294,27 @@ int cmd_train(int argc, char **argv) {
   if (W > 1) cli_dist_error_mode(CLI_ERRORS_HOLD);
   int rc = 1, agreed = 0;
   FILE *mf = NULL;
+  /* a --metrics file this run made, and whether the run got to writing it:
+   * one made for a run that then never trained is removed again */
+  int metrics_made = 0, metrics_began = 0;
   ampc_loader *ld = NULL;
   staging in = {NULL, NULL};
   cli_session s;
   memset(&s, 0, sizeof s);
   int quiet = a.quiet || !root; /* rank 0 alone shows progress */
   char resume_path[4096] = "";
+  /* the checkpoints' paths (the folder, a name of up to 63 bytes) must fit
+   * the 4096 bytes of a path, found out now rather than at the first save */
+  if (a.checkpoint_dir && strlen(a.checkpoint_dir) > 4000) {
+    cli_error("--checkpoint-dir: the path is %zu bytes long; at most 4000", strlen(a.checkpoint_dir));
+    rc = 2;
+    goto done;
+  }
+  if (a.resume && strlen(a.resume) > 4000) {
+    cli_error("--resume: the path is %zu bytes long; at most 4000", strlen(a.resume));
+    rc = 2;
+    goto done;
+  }
   /* one run per checkpoint folder: found out before anything else is done */
   if (root && a.checkpoint_dir && cli_ckptdir_lock("--checkpoint-dir", a.checkpoint_dir) < 0) goto done;
   if (a.resume) {
@@ -326,11 +341,28 @@ int cmd_train(int argc, char **argv) {
     char *slash = strrchr(rdir, '/');
     if (slash) *slash = '\0';
     else snprintf(rdir, sizeof rdir, ".");
-    if (cli_latest_checkpoint(a.checkpoint_dir, other, sizeof other) == 0 && !(resume_path[0] && cli_same_file(rdir, a.checkpoint_dir))) {
-      cli_error("--checkpoint-dir: '%s' holds another run's checkpoints (the latest %s); resume that run with --resume %s, or give "
-                "another folder", a.checkpoint_dir, other, a.checkpoint_dir);
+    if (!cli_ckptdir_fits(a.checkpoint_dir, resume_path, other, sizeof other)) {
+      if (resume_path[0] && cli_same_file(rdir, a.checkpoint_dir))
+        /* a branch from an older checkpoint of the run: its saves would
+         * replace the run's later ones (and --keep delete them) */
+        cli_error("--resume: '%s' is not the latest checkpoint in '%s' (%s is): this run's checkpoints there would replace the "
+                  "later ones; resume the latest (--resume %s), or give this run another --checkpoint-dir",
+                  resume_path, a.checkpoint_dir, other, a.checkpoint_dir);
+      else
+        cli_error("--checkpoint-dir: '%s' holds another run's checkpoints (the latest %s); resume that run with --resume %s, or "
+                  "give another folder", a.checkpoint_dir, other, a.checkpoint_dir);
       goto done;
     }
+  }
+  /* the run's other outputs must not be files it writes into its checkpoint
+   * folder (the SIGINT/SIGTERM save's ./checkpoints where none is given) */
+  const char *cdir = a.checkpoint_dir ? a.checkpoint_dir : "checkpoints";
+  const char *owned = !root ? NULL : cli_ckptdir_owns(cdir, a.save) ? "--save" : cli_ckptdir_owns(cdir, a.metrics) ? "--metrics" : NULL;
+  if (owned) {
+    cli_error("%s: '%s' is a file this run writes into its checkpoint folder '%s' (a checkpoint, or its lock); choose another",
+              owned, !strcmp(owned, "--save") ? a.save : a.metrics, cdir);
+    rc = 2;
+    goto done;
   }
   if (root && a.save) {
     /* find out now, not after training, that the weights cannot be written */
@@ -369,13 +401,21 @@ int cmd_train(int argc, char **argv) {
   /* opened now (so that an unwritable path stops the run before it starts),
    * emptied only once the run is set to train */
   metrics_path = a.metrics;
-  if (root && a.metrics && !(mf = cli_open_output("--metrics", a.metrics, a.resume ? CLI_OUT_APPEND : CLI_OUT_KEEP))) goto done;
+  if (root && a.metrics) {
+    struct stat sb;
+    int existed = stat(a.metrics, &sb) == 0 || errno != ENOENT;
+    if (!(mf = cli_open_output("--metrics", a.metrics, a.resume ? CLI_OUT_APPEND : CLI_OUT_KEEP))) goto done;
+    metrics_made = !existed;
+  }
   /* data-parallel: each rank takes its share of the cores */
   if (W > 1 && a.c.threads == 0 && !getenv("OMP_NUM_THREADS")) a.c.threads = cli_dist_default_threads();
-  const int64_t G = a.c.batch_size * W; /* images per batch over all the ranks */
-  if (cli_session_open(&s, &a.c, 1, 1, NULL, &ocfg, a.c.batch_size, "--resume", resume_path[0] ? resume_path : NULL) < 0 ||
-      cli_check_grad_accum(a.c.grad_accum, ampc_dataset_count(s.train), G) < 0)
+  if (cli_session_open(&s, &a.c, 1, 1, NULL, &ocfg, a.c.batch_size, "--resume", resume_path[0] ? resume_path : NULL) < 0)
     goto done;
+  /* a batch larger than the training set is the whole set, each epoch one
+   * batch (as a DataLoader's without drop_last); the model was made for no more */
+  if ((uint64_t)a.c.batch_size > ampc_dataset_count(s.train)) a.c.batch_size = (int64_t)ampc_dataset_count(s.train);
+  const int64_t G = a.c.batch_size * W; /* images per batch over all the ranks */
+  if (cli_check_grad_accum(a.c.grad_accum, ampc_dataset_count(s.train), G) < 0) goto done;
   /* the samples a rank's batch needs to train on: one, or two where a batch
    * norm would normalise single values (1x1 planes); an empty slice of a
    * short last batch cannot run, so with W ranks such a batch needs W */
@@ -440,7 +480,7 @@ int cmd_train(int argc, char **argv) {
   rc = 0;
   double run_t0 = cli_now(), best_acc = -1.0, last_acc = NAN;
   int best_epoch = 0, epochs_run = 0, interrupted = 0;
-  char last_ckpt[4096] = "";
+  char last_ckpt[4096] = "", dir_buf[64] = ""; /* dir_buf: the SIGINT/SIGTERM save's default folder */
   ampc_train_state ts = {.seed = a.c.seed};
   ampc_dataset_preprocessing(s.train, a.c.normalize, &ts.preprocessing); /* recorded in checkpoints */
   if (resume_path[0]) {
@@ -450,6 +490,26 @@ int cmd_train(int argc, char **argv) {
       rc = 1;
       goto done;
     }
+    /* this program's runs step the optimizer once a step that was not
+     * skipped: Adam's bias correction counts those steps */
+    if (ampc_optim_step_count(s.opt) != ts.step - ts.skipped_total) {
+      cli_error("--resume: %s: its optimizer took %lld steps, but its run took %lld of which %lld were skipped: not a checkpoint of "
+                "this program's run", resume_path, (long long)ampc_optim_step_count(s.opt), (long long)ts.step, (long long)ts.skipped_total);
+      rc = 1;
+      goto done;
+    }
+    /* the inputs normalised as the saved run's were (its dataset and
+     * --normalize were compared before the load; here its mean and std) */
+    ampc_preprocessing now;
+    ampc_dataset_preprocessing(s.train, a.c.normalize, &now);
+    for (int c = 0; now.normalize && ts.preprocessing.normalize && c < now.channels && c < 3; c++)
+      if (ts.preprocessing.mean[c] != now.mean[c] || ts.preprocessing.std[c] != now.std[c]) {
+        cli_error("--resume: %s was trained on inputs normalised with mean %g and std %g (channel %d), this run's are %g and %g: "
+                  "the model's inputs would differ", resume_path, (double)ts.preprocessing.mean[c], (double)ts.preprocessing.std[c], c,
+                  (double)now.mean[c], (double)now.std[c]);
+        rc = 1;
+        goto done;
+      }
     if (ts.global_batch > 0 && ts.global_batch != G && ts.batch > 0) {
       /* another number of ranks (or --batch-size): start at the batch that
        * holds the next image the saved run would have used */
@@ -503,6 +563,7 @@ int cmd_train(int argc, char **argv) {
   }
   /* every rank is ready, or none trains */
   agreed = 1;
+  metrics_began = 1;
   if (!cli_dist_agree(1)) {
     rc = 1;
     goto done;
@@ -756,8 +817,11 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "ampc: %s%s received at epoch %d, batch %lld/%lld: saving a checkpoint at step %lld and stopping\n",
                 (stop_requested ? stop_requested : stop_elsewhere) == SIGINT ? "SIGINT" : "SIGTERM",
                 stop_requested ? "" : " (by another rank)", epoch + 1, (long long)b, (long long)nb, (long long)ts.step);
-      /* the default folder is taken only now: take its lock like --checkpoint-dir's */
-      int locked = !root || a.checkpoint_dir || cli_ckptdir_lock("saving a checkpoint", dir) >= 0;
+      /* the default folder is taken only now, locked like --checkpoint-dir's:
+       * ./checkpoints, or where that holds another run's checkpoints (or the
+       * later ones of the run this one branched from), ./checkpoints.N */
+      int locked = !root || a.checkpoint_dir || cli_ckptdir_default(resume_path, dir_buf, sizeof dir_buf) >= 0;
+      if (root && !a.checkpoint_dir) dir = dir_buf;
       state_to_save(&s, &ts, rec_loss, rec_steps, a.c.amp_report, &kept, stats_whole);
       if (!cli_dist_agree(locked) || save_on_root(&s, dir, a.keep, &ts, 0, last_ckpt, NULL, NULL) < 0)
         rc = 1;
@@ -923,7 +987,7 @@ int cmd_train(int argc, char **argv) {
       fprintf(stderr, "ampc: wrote");
       if (mf) fprintf(stderr, " metrics %s%s", a.metrics, saved || last_ckpt[0] ? "," : "");
       if (saved) fprintf(stderr, " weights %s%s", a.save, last_ckpt[0] ? "," : "");
-      if (last_ckpt[0]) fprintf(stderr, " checkpoints in %s (last %s)", a.checkpoint_dir ? a.checkpoint_dir : "checkpoints", last_ckpt);
+      if (last_ckpt[0]) fprintf(stderr, " checkpoints in %s (last %s)", a.checkpoint_dir ? a.checkpoint_dir : dir_buf, last_ckpt);
       fprintf(stderr, "\n");
     }
   }
@@ -940,5 +1004,6 @@ done:
     if (!metrics_said) cli_error("--metrics: error writing '%s'", a.metrics);
     rc = 1;
   }
+  if (mf && metrics_made && !metrics_began) unlink(a.metrics);
   return rc;
 }

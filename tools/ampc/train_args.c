@@ -98,6 +98,8 @@ int train_args_check(const train_args *a, ampc_optim_config *ocfg, ampc_lr_sched
     unused = a->beta1_given ? "--beta1" : a->beta2_given ? "--beta2" : a->eps_given ? "--eps" : "--amsgrad", why = "Adam's (--optimizer adam or adamw)";
   else if (!sgd && (a->momentum_given || a->dampening_given || a->nesterov))
     unused = a->momentum_given ? "--momentum" : a->dampening_given ? "--dampening" : "--nesterov", why = "SGD's (--optimizer sgd)";
+  else if (sgd && a->dampening_given && !(a->momentum > 0.0f))
+    unused = "--dampening", why = "SGD's momentum (--momentum M, more than 0)";
   else if (lk != AMPC_LR_STEP && (a->step_size_given || a->gamma_given))
     unused = a->step_size_given ? "--step-size" : "--gamma", why = "the step schedule's (--lr-schedule step)";
   else if (lk != AMPC_LR_COSINE && a->eta_min_given)
