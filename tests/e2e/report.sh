@@ -155,14 +155,48 @@ expect 1 "nul.jsonl:3: not text \\(a NUL byte\\)" nul.jsonl
 expect 1 'badtype.jsonl:1: "test_acc" is not a number' badtype.jsonl
 expect 1 "missing.jsonl: cannot open" O2.jsonl missing.jsonl
 expect 1 "no-such-dir/r.html" O2.jsonl -o no-such-dir/r.html
+# the memory breakdown is drawn to scale: every count an integer of at least
+# 0, no type past its category's total, no categories past the record's total
+mem() { # FILE MEMORY: the O2 run's first record with this memory
+  python3 -c 'import json, sys; r = json.loads(open("O2.jsonl").readline()); r["memory"] = json.loads(sys.argv[2])
+open(sys.argv[1], "w").write(json.dumps(r) + "\n")' "$1" "$2"
+}
+mem mem_negative.jsonl '{"parameters":{"f32":-5,"total":5},"total":5}'
+mem mem_real.jsonl '{"parameters":{"f32":2.5,"total":5},"total":5}'
+mem mem_part.jsonl '{"parameters":{"f32":4611686018427387904,"total":1}}'
+mem mem_parts.jsonl '{"parameters":{"f32":6,"f16":6,"total":10},"total":10}'
+mem mem_nototal.jsonl '{"parameters":{"f32":6}}'
+mem mem_grand.jsonl '{"parameters":{"f32":6,"total":6},"gradients":{"f16":6,"total":6},"total":10}'
+mem mem_cat.jsonl '{"parameters":-5,"total":0}'
+expect 1 'mem_negative.jsonl:1: "memory.parameters.f32" is not an integer of at least 0' mem_negative.jsonl
+expect 1 'mem_real.jsonl:1: "memory.parameters.f32" is not an integer of at least 0' mem_real.jsonl
+expect 1 'mem_part.jsonl:1: "memory.parameters.f32" \(4611686018427387904 bytes\) is more than the category.s "total" \(1\)' mem_part.jsonl
+expect 1 'mem_parts.jsonl:1: the types of "memory.parameters" add up to more than its "total" \(10 bytes\)' mem_parts.jsonl
+expect 1 'mem_nototal.jsonl:1: "memory.parameters.total" is not an integer of at least 0' mem_nototal.jsonl
+expect 1 'mem_grand.jsonl:1: the categories of "memory" add up to more than its "total" \(10 bytes\)' mem_grand.jsonl
+expect 1 'mem_cat.jsonl:1: "memory.parameters" is not an object' mem_cat.jsonl
 expect 2 "no metrics file given"
 expect 2 "unknown option '--bogus'" O2.jsonl --bogus
 expect 2 "-o: missing value" O2.jsonl -o
 [ ! -e report.html ] && ok "no page written on errors" || bad "a page was written despite an error"
+# standard output that fails: one line with the reason, exit 1
+if [ -w /dev/full ] && [ -c /dev/full ]; then
+  "$ampc" report O2.jsonl -o - > /dev/full 2> full.txt
+  rc=$?
+  if [ $rc = 1 ] && [ "$(wc -l < full.txt)" = 1 ] && grep -q '^ampc: error: standard output: write error: No space left on device$' full.txt; then
+    ok "report -o - > /dev/full: exit 1, $(cat full.txt)"
+  else bad "report -o - > /dev/full: exit $rc, '$(cat full.txt)'"; fi
+fi
 
 # Names from the file are text on the page, never markup: memory categories
 # and storage types that hold HTML
-head -n 1 O2.jsonl | sed 's|"memory":{|"memory":{"<img src=x onerror=alert(1)>":{"\\"><script>alert(2)</script>":5,"total":5},|' > markup.jsonl
+python3 - <<'PY'
+import json
+r = json.loads(open("O2.jsonl").readline())
+r["memory"] = {"<img src=x onerror=alert(1)>": {"\"><script>alert(2)</script>": 5, "total": 5}, **r["memory"]}
+r["memory"]["total"] += 5  # (the record's total counts the added category)
+open("markup.jsonl", "w").write(json.dumps(r) + "\n")
+PY
 if grep -q '<script>alert' markup.jsonl && "$ampc" report markup.jsonl -o markup.html 2> markup.err; then
   if grep -q '<img src=x\|<script>alert\|"><script' markup.html; then bad "markup from the metrics reached the page"; grep -o '.\{40\}<script>alert.\{20\}\|.\{40\}<img src=x.\{20\}' markup.html | head -3
   else ok "names from the metrics are escaped on the page"; fi
@@ -224,6 +258,15 @@ if "$ampc" report "$dir/huge.jsonl" -o "$dir/huge.html" > /dev/null 2>&1 && ! gr
   grep -q 'points="[0-9]' "$dir/huge.html"; then
   ok "losses of +-1e308 and +-1e300: no NaN coordinates, the drawable points drawn"
 else bad "extreme values: $(grep -o 'points="[^"]*"' "$dir/huge.html" | head -3)"; fi
+
+# values too small for a double to divide by: a single loss of 5e-324 (an
+# axis of no span) and a loss scale of 5e-324 (log2 -1074, whose ticks below
+# it exp2 gives as 0): no coordinate is NaN or infinite
+printf '{"epoch":1,"train_loss":5e-324,"loss_scale":5e-324}\n{"step":3,"loss":5e-324,"loss_scale":5e-324}\n' > "$dir/tiny.jsonl"
+if "$ampc" report "$dir/tiny.jsonl" -o "$dir/tiny.html" > /dev/null 2>&1 && ! grep -qi 'nan\|inf"' "$dir/tiny.html" &&
+  grep -q 'data-series="train_loss"' "$dir/tiny.html" && grep -q 'data-series="step_loss_scale"' "$dir/tiny.html"; then
+  ok "values of 5e-324 on a linear and a log axis: no NaN or infinite coordinates"
+else bad "tiny values: $(grep -o '[a-z0-9]*="[^"]*\(nan\|inf\)[^"]*"' "$dir/tiny.html" | head -3)"; fi
 
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

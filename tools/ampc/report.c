@@ -21,6 +21,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ampc/version.h"
 #include "cli.h"
@@ -238,6 +239,67 @@ static int get_int(json_t *o, const char *key, int64_t *out, int64_t min, int re
   return 0;
 }
 
+/* A byte count of the memory breakdown ("memory.CATEGORY.KEY", or
+ * "memory.KEY" where cat is NULL) into *out; -1 with the error printed when
+ * it is absent or not an integer of at least 0. */
+static int get_bytes(json_t *v, const char *cat, const char *key, int64_t *out, where w) {
+  if (!json_is_integer(v) || json_integer_value(v) < 0) {
+    cli_error("%s:%ld: \"memory.%s%s%s\" is not an integer of at least 0", w.path, w.line, cat ? cat : "", cat ? "." : "", key);
+    return -1;
+  }
+  *out = (int64_t)json_integer_value(v);
+  return 0;
+}
+
+/* The memory breakdown as cli_memory_json() writes it: {category: {dtype:
+ * bytes, ..., "total": bytes}, ..., "total": bytes}, each total the sum of
+ * what it holds. The bars are drawn to scale against the largest category
+ * total, so every count must be an integer of at least 0, each category must
+ * have its "total" and no type more than it, and the categories no more than
+ * the record's "total" where it has one (a negative count made a bar of
+ * negative width, a type past its total one far wider than the chart). */
+static int check_memory(json_t *mem, where w) {
+  int64_t sum = 0, grand;
+  int over = 0; /* the categories' totals add up past INT64_MAX */
+  const char *cat;
+  json_t *c;
+  json_object_foreach(mem, cat, c) {
+    if (strcmp(cat, "total") == 0) continue;
+    if (!json_is_object(c)) {
+      cli_error("%s:%ld: \"memory.%s\" is not an object", w.path, w.line, cat);
+      return -1;
+    }
+    int64_t total, parts = 0, bytes;
+    if (get_bytes(json_object_get(c, "total"), cat, "total", &total, w) < 0) return -1;
+    const char *dt;
+    json_t *v;
+    json_object_foreach(c, dt, v) {
+      if (strcmp(dt, "total") == 0) continue;
+      if (get_bytes(v, cat, dt, &bytes, w) < 0) return -1;
+      if (bytes > total) {
+        cli_error("%s:%ld: \"memory.%s.%s\" (%lld bytes) is more than the category's \"total\" (%lld)", w.path, w.line, cat, dt,
+                  (long long)bytes, (long long)total);
+        return -1;
+      }
+      if (bytes > total - parts) { /* (parts <= total: no overflow) */
+        cli_error("%s:%ld: the types of \"memory.%s\" add up to more than its \"total\" (%lld bytes)", w.path, w.line, cat,
+                  (long long)total);
+        return -1;
+      }
+      parts += bytes;
+    }
+    if (total > INT64_MAX - sum) over = 1;
+    else sum += total;
+  }
+  json_t *g = json_object_get(mem, "total");
+  if (g && get_bytes(g, NULL, "total", &grand, w) < 0) return -1;
+  if (g && (over || sum > grand)) {
+    cli_error("%s:%ld: the categories of \"memory\" add up to more than its \"total\" (%lld bytes)", w.path, w.line, (long long)grand);
+    return -1;
+  }
+  return 0;
+}
+
 static int read_epoch(run_t *r, json_t *o, where w, size_t order) {
   epoch_rec e = {.order = order};
   if (get_int(o, "epoch", &e.epoch, 0, 1, w) < 0 || get_int(o, "steps", &e.steps, 0, 0, w) < 0 ||
@@ -252,6 +314,7 @@ static int read_epoch(run_t *r, json_t *o, where w, size_t order) {
     cli_error("%s:%ld: \"memory\" is not an object", w.path, w.line);
     return -1;
   }
+  if (mem && check_memory(mem, w) < 0) return -1;
   const char *lvl = json_string_value(json_object_get(o, "opt_level")), *half = json_string_value(json_object_get(o, "half"));
   if (lvl) copy_cut(r->opt_level, sizeof r->opt_level, lvl);
   if (half) copy_cut(r->half, sizeof r->half, half);
@@ -439,6 +502,10 @@ static void chart_free(chart *c) {
  * an axis's span (y1 - y0, its 8% margins) stays finite (two values of 1e308
  * and -1e308 made it inf, and the coordinates NaN); y > 0 on a log axis. */
 #define PLOT_MAX 1e300
+/* The least span of a linear y axis: below it a division by the span (the
+ * coordinates, the tick step) loses its precision or gives inf or NaN (a
+ * single value of 5e-324 made an axis from 5e-324 to 5e-324). */
+#define PLOT_MIN_SPAN 1e-300
 static int drawable(const chart *c, double x, double y) {
   return fabs(x) <= PLOT_MAX && fabs(y) <= PLOT_MAX && !(c->logy && y <= 0);
 }
@@ -473,10 +540,9 @@ typedef struct {
 } axes;
 
 static double px(const axes *a, double x) { return ML + (x - a->x0) / (a->x1 - a->x0) * (CW - ML - MR); }
-static double py(const axes *a, double y) {
-  double v = a->logy ? log2(y) : y;
-  return CH - MB - (v - a->y0) / (a->y1 - a->y0) * (CH - MT - MB);
-}
+/* y in the axis's units (log2 of the value on a log axis) */
+static double py_units(const axes *a, double v) { return CH - MB - (v - a->y0) / (a->y1 - a->y0) * (CH - MT - MB); }
+static double py(const axes *a, double y) { return py_units(a, a->logy ? log2(y) : y); }
 
 /* Ticks on an axis, at most: the loops count, so a step too small to move a
  * value of that magnitude cannot make them endless. */
@@ -593,8 +659,8 @@ static void render_chart(sbuf *b, chart *c, const run_t *runs, size_t nruns, jso
     if (a.y1 - a.y0 < 2) a.y1 = a.y0 + 2;
   } else {
     double lo = a.y0, span = a.y1 - a.y0;
-    if (span <= 1e-9 * fabs(a.y1)) { /* one value: centre it */
-      double h = a.y1 != 0 ? fabs(a.y1) * 0.5 : 1.0;
+    if (span <= 1e-9 * fabs(a.y1) || span < PLOT_MIN_SPAN) { /* one value: centre it */
+      double h = fabs(a.y1) * 0.5 >= PLOT_MIN_SPAN ? fabs(a.y1) * 0.5 : 1.0;
       a.y0 -= h;
       a.y1 += h;
     } else {
@@ -626,7 +692,7 @@ static void render_chart(sbuf *b, chart *c, const run_t *runs, size_t nruns, jso
     int step = (int)ceil((a.y1 - a.y0) / 6.0);
     if (step < 1) step = 1;
     for (double e = ceil(a.y0); e <= a.y1 + 1e-9 && e - ceil(a.y0) < MAX_TICKS * step; e += step) {
-      double y = py(&a, exp2(e));
+      double y = py_units(&a, e); /* (not py(exp2(e)): below 2^-1074 exp2 gives 0, whose log2 is -inf) */
       if (e >= -7 && e <= 24) snprintf(lab, sizeof lab, "%.10g", exp2(e)); /* 65536, 0.5 */
       else snprintf(lab, sizeof lab, "2^%.0f", e);
       sb_printf(b, "<line class=\"grid\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>", ML, CW - MR, y, y);
@@ -997,6 +1063,24 @@ static void json_block_dump(sbuf *b, char *js) {
   free(js);
 }
 
+/* The page to standard output, past stdio (report prints nothing else
+ * there): a failure is reported here, with its reason, and leaves stdout's
+ * error flag clear, so that main's check of standard output does not report
+ * it a second time. */
+static int write_stdout(const char *p, size_t n) {
+  while (n > 0) {
+    ssize_t k = write(fileno(stdout), p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      cli_error("standard output: write error: %s", k < 0 ? strerror(errno) : "nothing written");
+      return -1;
+    }
+    p += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
 static ampc_status fill_page(void *ctx, ampc__wfile *w) {
   const sbuf *b = ctx;
   return ampc__wfile_write(w, b->p, b->n);
@@ -1177,10 +1261,7 @@ int cmd_report(int argc, char **argv) {
     cli_error("report: out of memory");
     rc = 1;
   } else if (strcmp(out, "-") == 0) {
-    if (fwrite(b.p, 1, b.n, stdout) != b.n || fflush(stdout) != 0) {
-      cli_error("report: error writing to standard output");
-      rc = 1;
-    }
+    if (write_stdout(b.p, b.n) < 0) rc = 1;
   } else if (ampc__write_file_atomic(out, fill_page, &b) < 0) {
     cli_lib_error("-o");
     rc = 1;
