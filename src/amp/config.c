@@ -185,6 +185,13 @@ static ampc_status set_loss_scale(ampc_amp_config *c, const char *name, const ch
 }
 
 static ampc_status set_init_scale(ampc_amp_config *c, const char *name, const char *v) {
+  /* a static scale the user set is kept (the start value shares its field):
+   * the two are refused together, naming the static one */
+  if (!c->loss_scale_dynamic && (c->user_set & AMPC_AMP_PROP_LOSS_SCALE)) {
+    float f;
+    AMPC_TRY(positive_float(name, v, &f));
+    return ampc__error(AMPC_EINVAL, "amp: init_scale applies to a dynamic loss scale, but loss_scale is static (%g)", (double)c->loss_scale);
+  }
   return positive_float(name, v, &c->loss_scale);
 }
 

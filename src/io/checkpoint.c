@@ -134,12 +134,14 @@ ampc_status ampc_checkpoint_save_weights(const char *path, ampc_model *m, ampc_a
 }
 
 static json_t *amp_json(const ampc_amp_config *c) {
-  return json_pack("{s:s, s:s, s:s, s:b, s:i, s:i, s:b, s:f, s:f, s:f, s:i, s:f, s:f, s:i, s:b, s:i}",
+  /* no ceiling (max_loss_scale none: infinite) is null, JSON having no inf */
+  json_t *max_scale = isfinite(c->max_loss_scale) ? json_real((double)c->max_loss_scale) : json_null();
+  return json_pack("{s:s, s:s, s:s, s:b, s:i, s:i, s:b, s:f, s:f, s:o, s:i, s:f, s:f, s:i, s:b, s:i}",
                    "opt_level", ampc_opt_level_name(c->opt_level), "half_type", ampc_dtype_name(c->half_type),
                    "cast_model_type", ampc_dtype_name(c->cast_model_type), "autocast", c->autocast,
                    "keep_batchnorm_fp32", c->keep_batchnorm_fp32, "master_weights", c->master_weights,
                    "loss_scale_dynamic", c->loss_scale_dynamic, "loss_scale", (double)c->loss_scale,
-                   "min_loss_scale", (double)c->min_loss_scale, "max_loss_scale", (double)c->max_loss_scale,
+                   "min_loss_scale", (double)c->min_loss_scale, "max_loss_scale", max_scale,
                    "scale_window", c->scale_window, "growth_factor", (double)c->growth_factor,
                    "backoff_factor", (double)c->backoff_factor, "hysteresis", c->hysteresis,
                    "consecutive_hysteresis", c->consecutive_hysteresis, "num_losses", c->num_losses);

@@ -281,6 +281,12 @@ TEST(validate_ampc_refusals) {
   c = cfg(AMPC_OPT_O3, AMPC_DTYPE_F16);
   CHECK_OK(ampc_amp_config_set(&c, "init_scale", "1024"));
   CHECK_ERR(ampc_amp_config_validate(&c), AMPC_EINVAL, "init_scale applies to a dynamic loss scale");
+  /* a static scale the user set is not overwritten by a later init_scale
+   * (they share a field): refused there, naming the user's scale */
+  c = cfg(AMPC_OPT_O2, AMPC_DTYPE_F16);
+  CHECK_OK(ampc_amp_config_set(&c, "loss_scale", "128"));
+  CHECK_ERR(ampc_amp_config_set(&c, "init_scale", "1024"), AMPC_EINVAL, "init_scale applies to a dynamic loss scale, but loss_scale is static (128)");
+  CHECK(c.loss_scale == 128.0f && !c.loss_scale_dynamic);
 
   /* Fields written directly, bypassing set(). */
   ampc_amp_config base = cfg(AMPC_OPT_O2, AMPC_DTYPE_F16);

@@ -440,6 +440,36 @@ TEST(refuses_a_missing_master) {
   rig_free(&b);
 }
 
+/* A dynamic scale without a ceiling (max_loss_scale none: infinite, which
+ * JSON cannot hold) saves and loads back (it failed as "out of memory"). */
+TEST(saves_a_scale_without_ceiling) {
+  rig a;
+  ampc_model_opts o = {.batch = 8, .channels = 1, .height = 8, .width = 8, .classes = 4, .seed = 11};
+  CHECK_OK(ampc_model_create(&a.m, "mlp", &o));
+  ampc_graph *g = ampc_model_graph(a.m);
+  CHECK_OK(ampc_graph_set_backend(g, "cpu", NULL));
+  ampc_optim_config oc;
+  ampc_optim_config_default(&oc, AMPC_OPTIM_ADAM);
+  CHECK_OK(ampc_optim_create(&a.opt, &oc, ampc_graph_param_numel(g)));
+  ampc_amp_config ac;
+  CHECK_OK(ampc_amp_config_init(&ac, AMPC_OPT_O2, AMPC_DTYPE_F16));
+  CHECK_OK(ampc_amp_config_set(&ac, "max_loss_scale", "none"));
+  CHECK_OK(ampc_amp_initialize(&a.amp, g, a.opt, &ac));
+  train_steps(&a, 2, 4);
+  char path[512];
+  snprintf(path, sizeof path, "%s", tmp("noceiling.safetensors"));
+  ampc_train_state ts = {.seed = 1, .step = 2};
+  CHECK_OK(ampc_checkpoint_save(path, a.m, a.amp, a.opt, &ts));
+  ampc_st_file *f;
+  CHECK_OK(ampc_st_open_header(&f, path));
+  CHECK(strstr(ampc_st_metadata(f, "ampc"), "\"max_loss_scale\":null") != NULL);
+  ampc_st_close(f);
+  ampc_train_state back = {0};
+  CHECK_OK(ampc_checkpoint_load(path, a.m, a.amp, a.opt, &back));
+  CHECK(back.step == 2);
+  rig_free(&a);
+}
+
 /* The mlp with optimizer kind, at O0. */
 static void rig_make_optim(rig *r, ampc_optim_kind kind) {
   ampc_model_opts o = {.batch = 8, .channels = 1, .height = 8, .width = 8, .classes = 4, .seed = 11};
@@ -490,4 +520,4 @@ TEST(refuses_another_optimizer) {
 
 TEST_MAIN(TEST_ENTRY(roundtrip_continues_exactly), TEST_ENTRY(null_run_state_loads_back), TEST_ENTRY(roundtrip_on_the_guarded_backend),
           TEST_ENTRY(refuses_other_model_level_version), TEST_ENTRY(failed_write_keeps_previous_checkpoint),
-          TEST_ENTRY(checks_shapes_and_ranges), TEST_ENTRY(refuses_a_missing_master), TEST_ENTRY(refuses_another_optimizer))
+          TEST_ENTRY(checks_shapes_and_ranges), TEST_ENTRY(refuses_a_missing_master), TEST_ENTRY(saves_a_scale_without_ceiling), TEST_ENTRY(refuses_another_optimizer))
