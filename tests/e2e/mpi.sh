@@ -293,9 +293,49 @@ D=(--model mlp --epochs 1 --batch-size 16 --threads 1 --test-limit 64 --quiet)
 mpirun --allow-run-as-root --oversubscribe -np 1 "$ampc" train "${D[@]}" : -np 1 "$ampc" train "${D[@]}" --data "$dir/small" \
   > /dev/null 2> "$dir/sz.err"
 rc=$?
-if [ $rc = 1 ] && [ "$(grep -c "^ampc: error: rank [01]: the ranks differ in the training set's image count (300 on one, 60000 on another)" "$dir/sz.err")" = 1 ]; then
-  ok "ranks seeing 60000 and 300 training images: exit 1, one error naming it"
+if [ $rc = 1 ] && [ "$(grep -c -E "^ampc: error: rank (0: the ranks differ in the training set's image count \(60000 on this rank, 300 on another\)|1: the ranks differ in the training set's image count \(300 on this rank, 60000 on another\))" "$dir/sz.err")" = 1 ]; then
+  ok "ranks seeing 60000 and 300 training images: exit 1, one error naming it and which count is whose"
 else bad "ranks with different data: exit $rc, $(head -2 "$dir/sz.err")"; fi
+# ... and of the same size but other labels: compared by a hash of their contents
+mkdir -p "$dir/small2" && cp -P "$dir"/small/* "$dir/small2/"
+python3 -c "
+import sys
+p = sys.argv[1] + '/train-labels-idx1-ubyte'; b = bytearray(open(p, 'rb').read())
+for i in range(8, 58): b[i] = (b[i] + 1) % 10
+open(p, 'wb').write(b)
+" "$dir/small2"
+mpirun --allow-run-as-root --oversubscribe -np 1 "$ampc" train "${D[@]}" --data "$dir/small" : -np 1 "$ampc" train "${D[@]}" --data "$dir/small2" \
+  > /dev/null 2> "$dir/sz2.err"
+rc=$?
+if [ $rc = 1 ] && [ "$(grep -c "^ampc: error: rank [01]: the ranks differ in the training set's images and labels (a hash)" "$dir/sz2.err")" = 1 ]; then
+  ok "ranks whose training sets differ in 50 labels only: exit 1, one error naming the training set"
+else bad "ranks with other labels: exit $rc, $(head -2 "$dir/sz2.err")"; fi
+# ranks resuming different checkpoints of the same step: their models differ
+for k in A B; do
+  lr=0.001; [ $k = B ] && lr=0.01
+  "$ampc" train "${D[@]}" --data "$dir/small" --lr $lr --checkpoint-dir "$dir/ck$k" > /dev/null 2>&1
+done
+mpirun --allow-run-as-root --oversubscribe -np 1 "$ampc" train "${D[@]}" --data "$dir/small" --epochs 2 --resume "$dir/ckA" : \
+  -np 1 "$ampc" train "${D[@]}" --data "$dir/small" --epochs 2 --resume "$dir/ckB" > /dev/null 2> "$dir/ck2.err"
+rc=$?
+if [ $rc = 1 ] && [ "$(grep -c "^ampc: error: rank [01]: the ranks differ in the model's weights and buffers, as made or resumed (a hash)" "$dir/ck2.err")" = 1 ]; then
+  ok "ranks resuming other checkpoints of the same step: exit 1, one error naming the models"
+else bad "ranks resuming other checkpoints: exit $rc, $(head -2 "$dir/ck2.err")"; fi
+# an output given to some ranks only: refused at once (rank 0 alone saving
+# waited forever in its collective while the other rank had finished)
+timeout 120 mpirun --allow-run-as-root --oversubscribe -np 1 "$ampc" train "${C[@]}" --save "$dir/one.st" : -np 1 "$ampc" train "${C[@]}" \
+  > /dev/null 2> "$dir/one.err"
+rc=$?
+if [ $rc = 2 ] && [ "$(grep -c "^ampc: error: --save is given on some ranks and not on others" "$dir/one.err")" = 1 ] && [ ! -e "$dir/one.st" ]; then
+  ok "--save given to rank 0 alone: refused once, exit 2"
+else bad "--save on one rank: exit $rc, $(head -2 "$dir/one.err")"; fi
+# an epoch of one step: the all-reduce not measured alone (not 0)
+"${MPI[@]}" "$ampc" train --model mlp --epochs 1 --batch-size 64 --threads 1 --train-limit 128 --test-limit 64 --metrics "$dir/one_step.jsonl" \
+  > "$dir/one_step.out" 2>&1
+if python3 -c "import json,sys; o=json.loads(open(sys.argv[1]).readline()); sys.exit(0 if o['comm_seconds_per_step'] is None and o['comm_hidden_fraction'] is None else 1)" "$dir/one_step.jsonl" &&
+  grep -q "all-reduce not measured (too few steps in the epoch)" "$dir/one_step.out"; then
+  ok "an epoch of one step: comm_seconds_per_step null, the line says not measured"
+else bad "one-step epoch's all-reduce: $(cat "$dir/one_step.out" | tail -2)"; fi
 # the all-reduce's bytes a step: the mlp's 235146 f32 gradients at O0 (4 x 235146)
 if python3 -c "import json,sys; o=json.loads(open(sys.argv[1]).readline()); sys.exit(0 if o['comm_bytes_per_step']==940584 else 1)" "$dir/two_mlp_O0.jsonl"; then
   ok "comm_bytes_per_step: 940584, the mlp's gradient (the calibration step not counted among the overlapped ones)"

@@ -165,8 +165,12 @@ int cli_dist_same_options(const cli_opt *opts) {
   for (int i = 0; i < n; i++) {
     const cli_opt *o = &opts[i];
     uint64_t h = 14695981039346656037ull;
-    int local = (o->meta && (strstr(o->meta, "FILE") || strstr(o->meta, "DIR"))) || !strcmp(o->name, "--threads") ||
-                !strcmp(o->name, "--quiet");
+    int path = o->meta && (strstr(o->meta, "FILE") || strstr(o->meta, "DIR")),
+        local = path || !strcmp(o->name, "--threads") || !strcmp(o->name, "--quiet");
+    /* a path may differ between hosts, but not be given on some ranks alone:
+     * the ranks would save, resume or log at different points, and the
+     * collectives of one would wait for the others' forever */
+    if (path && o->kind == OPT_STRING && strcmp(o->name, "--data") != 0) h = fnv(h, *(const char *const *)o->dest ? "1" : "0", 1);
     if (!local) switch (o->kind) {
         case OPT_FLAG:
         case OPT_INT:
@@ -188,8 +192,13 @@ int cli_dist_same_options(const cli_opt *opts) {
   }
   for (int i = 0; i < n; i++)
     if (lo[i + 1] != hi[i + 1]) {
-      cli_error("%s is not the same on every rank: start every rank with the same options (only FILE and DIR paths, "
-                "--threads and --quiet may differ)", opts[i].name);
+      const cli_opt *o = &opts[i];
+      if (o->meta && (strstr(o->meta, "FILE") || strstr(o->meta, "DIR")) && o->kind == OPT_STRING)
+        cli_error("%s is given on some ranks and not on others (%s here): give it to every rank or to none (its path may differ "
+                  "between hosts)", o->name, *(const char *const *)o->dest ? "given" : "not given");
+      else
+        cli_error("%s is not the same on every rank: start every rank with the same options (only FILE and DIR paths, "
+                  "--threads and --quiet may differ)", o->name);
       return 0;
     }
   return 1;
@@ -202,8 +211,8 @@ int cli_dist_same_values(const double *v, const char *const *names, int n) {
   if (min_max(v, lo, hi, (size_t)n) < 0) return 0;
   for (int i = 0; i < n; i++)
     if (lo[i] != hi[i]) {
-      cli_error("the ranks differ in %s (%.17g on one, %.17g on another): every rank must see the same data and checkpoint",
-                names[i], lo[i], hi[i]);
+      cli_error("the ranks differ in %s (%.17g on this rank, %.17g on another): every rank must see the same data and checkpoint",
+                names[i], v[i], v[i] == lo[i] ? hi[i] : lo[i]);
       return 0;
     }
   return 1;

@@ -66,25 +66,92 @@ static void epoch_start_state(ampc_train_state *ts, int64_t epoch) {
   ts->has_grad_stats = 0;
 }
 
+/* A 64-bit hash of n bytes, 8 at a time (what the ranks compare: it need
+ * only tell copies apart, quickly) */
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (; n >= 8; n -= 8, b += 8) {
+    uint64_t w;
+    memcpy(&w, b, 8);
+    h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+  }
+  for (; n > 0; n--, b++) h = (h ^ *b) * 0x100000001B3ull;
+  return h;
+}
+
+/* What every rank must hold alike to train as one (beyond the sizes): the
+ * training and test sets' images and labels, and the model's parameters and
+ * buffers as made from --seed or loaded from --resume, as hashes. -1 where
+ * the memory to read the model with is not there. */
+static int rank_contents(cli_session *s, uint64_t h[3]) {
+  const ampc_dataset *sets[2] = {s->train, s->test};
+  for (int k = 0; k < 2; k++) {
+    const ampc_dataset *d = sets[k];
+    size_t n = ampc_dataset_count(d), px = (size_t)ampc_dataset_channels(d) * (size_t)ampc_dataset_height(d) * (size_t)ampc_dataset_width(d);
+    h[k] = hash_bytes(14695981039346656037ull, ampc_dataset_images(d), n * px);
+    h[k] = hash_bytes(h[k], ampc_dataset_labels(d), n * sizeof(int32_t));
+  }
+  ampc_graph *g = s->g;
+  size_t np = ampc_graph_param_count(g), nb = ampc_graph_buffer_count(g), most = 1;
+  for (size_t i = 0; i < np + nb; i++) {
+    ampc_tensor t = ampc_graph_tensor(g, i < np ? ampc_graph_param_at(g, i) : ampc_graph_buffer_at(g, i - np));
+    if ((size_t)ampc_tensor_numel(&t) > most) most = (size_t)ampc_tensor_numel(&t);
+  }
+  unsigned char *buf = malloc(most * 8);
+  if (!buf) return -1;
+  h[2] = 14695981039346656037ull;
+  for (size_t i = 0; i < np + nb; i++) {
+    ampc_value v = i < np ? ampc_graph_param_at(g, i) : ampc_graph_buffer_at(g, i - np);
+    ampc_tensor t = ampc_graph_tensor(g, v);
+    /* (in the tensor's own type, its bits) */
+    if (ampc_graph_read(g, v, buf, t.dtype) < 0) {
+      free(buf);
+      return -1;
+    }
+    h[2] = hash_bytes(h[2], buf, (size_t)ampc_tensor_numel(&t) * ampc_dtype_size(t.dtype));
+  }
+  free(buf);
+  return 0;
+}
+
+/* Data-parallel: a rank's gradient statistics made those of every rank's
+ * gradients (before their all-reduce): the counts summed, the largest
+ * magnitude the largest; every rank calls it at the same point. 0, or -1
+ * where the collective failed. */
+static int reduce_grad_stats(ampc_amp_grad_stats *st) {
+  ampc_comm *comm = cli_dist_comm();
+  if (cli_dist_size() < 2 || !comm) return 0;
+  double sums[2] = {(double)st->values, (double)st->underflow}, most = st->max_abs;
+  if (ampc_comm_allreduce_host(comm, sums, 2, AMPC_COMM_SUM) < 0 || ampc_comm_allreduce_host(comm, &most, 1, AMPC_COMM_MAX) < 0)
+    return -1;
+  st->values = (int64_t)sums[0];
+  st->underflow = (int64_t)sums[1];
+  st->max_abs = (float)most;
+  return 0;
+}
+
 /* What a checkpoint saves beside the counters the loop keeps in ts: the
  * steps since the last step record (rec_loss, rec_steps), and with
  * --amp-report (report) the epoch's gradient statistics so far with kept
  * (those of its steps before a resume), so that the epoch resumed from it
  * reports them whole; whole: they cover the epoch from its first step (else
  * none are saved). */
-static void state_to_save(cli_session *s, ampc_train_state *ts, double rec_loss, int64_t rec_steps, int report,
-                          const ampc_amp_grad_stats *kept, int whole) {
+static int state_to_save(cli_session *s, ampc_train_state *ts, double rec_loss, int64_t rec_steps, int report,
+                         const ampc_amp_grad_stats *kept, int whole) {
   ts->log_loss_sum = rec_loss;
   ts->log_steps = rec_steps;
   ts->has_grad_stats = 0;
-  if (!report || !whole) return;
+  if (!report || !whole) return 0;
   ampc_amp_grad_stats now;
   ampc_amp_get_grad_stats(s->amp, &now, 0);
+  if (reduce_grad_stats(&now) < 0) return -1; /* (every rank saves through here) */
   add_grad_stats(&now, kept);
   ts->has_grad_stats = 1;
   ts->grad_values = now.values;
   ts->grad_underflow = now.underflow;
   ts->grad_max_abs = now.max_abs;
+  return 0;
 }
 
 /* A resumed run's metrics file, cut where its checkpoint is: at the first
@@ -553,10 +620,25 @@ int cmd_train(int argc, char **argv) {
   if (W > 1) cli_dist_error_mode(CLI_ERRORS_HOLD); /* (the agreement printed what it held) */
   {
     static const char *const what[] = {"the training set's image count", "the test set's image count",
-                                        "the resumed checkpoint's step", "the resumed checkpoint's epoch and batch"};
-    double v[4] = {(double)ampc_dataset_count(s.train), (double)(s.test ? ampc_dataset_count(s.test) : 0), (double)ts.step,
-                   (double)ts.epoch * 1e9 + (double)ts.batch};
-    if (!cli_dist_same_values(v, what, 4)) {
+                                        "the resumed checkpoint's step", "the resumed checkpoint's epoch and batch",
+                                        "the training set's images and labels (a hash)", "the training set's images and labels (a hash)",
+                                        "the test set's images and labels (a hash)", "the test set's images and labels (a hash)",
+                                        "the model's weights and buffers, as made or resumed (a hash)",
+                                        "the model's weights and buffers, as made or resumed (a hash)"};
+    double v[10] = {(double)ampc_dataset_count(s.train), (double)(s.test ? ampc_dataset_count(s.test) : 0), (double)ts.step,
+                    (double)ts.epoch * 1e9 + (double)ts.batch};
+    /* (the counts first: sets of other sizes differ in their hashes too) */
+    uint64_t h[3] = {0, 0, 0};
+    if (W > 1 && rank_contents(&s, h) < 0) {
+      cli_lib_error("comparing the ranks' models");
+      rc = 1;
+      goto done;
+    }
+    for (int k = 0; k < 3; k++) {
+      v[4 + 2 * k] = (double)(h[k] >> 32); /* (halves of 32 bits: exact in a double) */
+      v[5 + 2 * k] = (double)(h[k] & 0xffffffffu);
+    }
+    if (!cli_dist_same_values(v, what, 10)) {
       rc = 1;
       goto done;
     }
@@ -793,7 +875,11 @@ int cmd_train(int argc, char **argv) {
       if (rc) break; /* the run stops at this step: its record is written */
       if (a.checkpoint_dir && a.save_every > 0 && ts.step % a.save_every == 0 && b < nb) {
         cli_progress_clear(&pg);
-        state_to_save(&s, &ts, rec_loss, rec_steps, a.c.amp_report, &kept, stats_whole);
+        if (state_to_save(&s, &ts, rec_loss, rec_steps, a.c.amp_report, &kept, stats_whole) < 0) {
+          rank_failed();
+          rc = 1;
+          break;
+        }
         if (save_on_root(&s, a.checkpoint_dir, a.keep, &ts, quiet, last_ckpt, NULL, NULL) < 0) {
           rc = 1;
           break;
@@ -822,7 +908,11 @@ int cmd_train(int argc, char **argv) {
        * later ones of the run this one branched from), ./checkpoints.N */
       int locked = !root || a.checkpoint_dir || cli_ckptdir_default(resume_path, dir_buf, sizeof dir_buf) >= 0;
       if (root && !a.checkpoint_dir) dir = dir_buf;
-      state_to_save(&s, &ts, rec_loss, rec_steps, a.c.amp_report, &kept, stats_whole);
+      if (state_to_save(&s, &ts, rec_loss, rec_steps, a.c.amp_report, &kept, stats_whole) < 0) {
+        rank_failed();
+        rc = 1;
+        break;
+      }
       if (!cli_dist_agree(locked) || save_on_root(&s, dir, a.keep, &ts, 0, last_ckpt, NULL, NULL) < 0)
         rc = 1;
       else if (root)
@@ -858,6 +948,11 @@ int cmd_train(int argc, char **argv) {
     cli_progress_clear(&pg);
     if (a.c.amp_report) {
       ampc_amp_get_grad_stats(s.amp, &st, 1);
+      if (reduce_grad_stats(&st) < 0) {
+        rank_failed();
+        rc = 1;
+        break;
+      }
       add_grad_stats(&st, &kept);
     }
     ampc_amp_comm_stats cs;
@@ -879,6 +974,11 @@ int cmd_train(int argc, char **argv) {
     }
     double comm_hidden = comm_step[0] > 0 ? 1.0 - comm_step[1] / comm_step[0] : 0.0;
     if (comm_hidden < 0) comm_hidden = 0.0;
+    /* an epoch of one step has no step to measure the all-reduce alone
+     * (its second) nor overlapped ones: not measured, not 0 */
+    int comm_measured = comm_alone > 0, overlap_measured = cs.steps > 0;
+    if (!comm_measured) comm_step[0] = comm_hidden = NAN;
+    if (!overlap_measured) comm_step[1] = comm_hidden = NAN;
     double comm_bytes = cs.steps ? cs.bytes / (double)cs.steps : comm_alone_bytes;
     double uf = st.values ? (double)st.underflow / (double)st.values : 0.0;
     if (root) {
@@ -886,9 +986,11 @@ int cmd_train(int argc, char **argv) {
              test_loss, test_acc, ips, secs, ampc_scaler_scale(ampc_amp_scaler(s.amp, 0)), (long long)ts.skipped);
       /* --amp-report's figures, with or without a metrics file */
       if (a.c.amp_report) printf(" grad_underflow %.4f%% of %lld half values, grad_max_abs %.4g", 100.0 * uf, (long long)st.values, st.max_abs);
-      if (W > 1)
+      if (W > 1 && comm_measured && overlap_measured)
         printf(" ranks %d all-reduce %.1f ms/step alone, %.1f ms overlapped (%.0f%% hidden)", W, 1e3 * comm_step[0], 1e3 * comm_step[1],
                100.0 * comm_hidden);
+      else if (W > 1)
+        printf(" ranks %d all-reduce not measured (too few steps in the epoch)", W);
       printf("\n");
       fflush(stdout);
     }
