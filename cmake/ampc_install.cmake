@@ -82,6 +82,7 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/ampc DESTINATION ${CMAKE_INSTALL
 install(FILES ${PROJECT_BINARY_DIR}/include/ampc/config.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ampc)
 install(EXPORT ampcTargets NAMESPACE ampc:: DESTINATION ${AMPC_CMAKE_DIR})
 set(AMPC_OPENMP_LIBRARIES "${OpenMP_C_LIBRARIES}")
+set(AMPC_MPI_C_LIBRARIES "${MPI_C_LIBRARIES}")
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/ampcConfig.cmake.in
   ${PROJECT_BINARY_DIR}/ampcConfig.cmake INSTALL_DESTINATION ${AMPC_CMAKE_DIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/ampcConfigVersion.cmake

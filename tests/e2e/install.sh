@@ -187,6 +187,41 @@ else
   bad "CMake find_package build"; tail -30 "$scratch/cmake.log"
 fi
 
+# a C++ project without C: the package is found (FindMPI's C component
+# needs the C language; the MPI libraries come as the build found them)
+mkdir -p "$scratch/userxx"
+cat >"$scratch/userxx/p.cpp" <<'EOF'
+#include <cstdio>
+#include "ampc/ampc.h"
+int main() {
+  ampc_model *m = nullptr;
+  ampc_model_opts mo = {};
+  mo.batch = 2; mo.channels = 1; mo.height = 28; mo.width = 28; mo.classes = 10;
+  if (ampc_model_create(&m, "mlp", &mo) < 0) { std::printf("%s\n", ampc_last_error()); return 1; }
+  std::printf("%s %lld\n", ampc_model_name(m), (long long)ampc_model_param_count(m));
+  ampc_model_free(m);
+  return 0;
+}
+EOF
+cat >"$scratch/userxx/CMakeLists.txt" <<EOF
+cmake_minimum_required(VERSION 3.18)
+project(ampc_userxx CXX)
+find_package(ampc $version REQUIRED)
+add_executable(pxx p.cpp)
+target_link_libraries(pxx PRIVATE ampc::ampc)
+add_executable(pxx_static p.cpp)
+target_link_libraries(pxx_static PRIVATE ampc::ampc_static)
+EOF
+if command -v g++ >/dev/null 2>&1; then
+  if cmake -S "$scratch/userxx" -B "$scratch/userxx/build" -DCMAKE_PREFIX_PATH="$prefix" >"$scratch/cmakexx.log" 2>&1 &&
+    cmake --build "$scratch/userxx/build" -j 2 >>"$scratch/cmakexx.log" 2>&1 &&
+    [ "$("$scratch/userxx/build/pxx")" = "mlp 235146" ] && [ "$("$scratch/userxx/build/pxx_static")" = "mlp 235146" ]; then
+    ok "CMake: a C++-only project finds the package; ampc::ampc and ampc::ampc_static link and run"
+  else
+    bad "C++-only find_package"; tail -20 "$scratch/cmakexx.log"
+  fi
+fi
+
 # --- DESTDIR: a staged install is complete and its pkg-config file relocates ----
 if DESTDIR="$scratch/stage" cmake --install "$build" --prefix /opt/ampc >"$scratch/stage.log" 2>&1 &&
   spc=$(find "$scratch/stage/opt/ampc" -name ampc.pc | head -1) && [ -n "$spc" ] &&
