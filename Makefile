@@ -44,8 +44,14 @@ install: build
 	@cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX="$(PREFIX)" >/dev/null
 	@DESTDIR="$(DESTDIR)" cmake --install $(BUILD)
 
+# (and then the folders of ampc's own it made, deepest first, where empty:
+# include/ampc, lib/cmake/ampc, share/doc/ampc/...; never a shared one)
 uninstall:
-	@if [ -f $(BUILD)/install_manifest.txt ]; then sed 's|^|$(DESTDIR)|' $(BUILD)/install_manifest.txt | xargs -d '\n' rm -fv; fi
+	@if [ -f $(BUILD)/install_manifest.txt ]; then \
+	  sed 's|^|$(DESTDIR)|' $(BUILD)/install_manifest.txt | xargs -d '\n' rm -fv; \
+	  sed 's|^|$(DESTDIR)|' $(BUILD)/install_manifest.txt | xargs -r -d '\n' -n 1 dirname | grep '/ampc\(/\|$$\)' | sort -ru | \
+	    xargs -r -d '\n' rmdir -v --ignore-fail-on-non-empty; \
+	fi
 
 docs: deps-docs build
 	@cmake --build $(BUILD) --target docs

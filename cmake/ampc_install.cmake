@@ -157,6 +157,9 @@ file(GLOB AMPC_DOCS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/docs/*.md)
 # (the README's links are docs/NAME.md: the layout kept)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(FILES ${AMPC_DOCS} DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)
+# (and its examples/, which it links to too)
+install(FILES ${PROJECT_SOURCE_DIR}/examples/resnet18_cifar10.c ${PROJECT_SOURCE_DIR}/examples/CMakeLists.txt
+        DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
 
 # --- API reference ----------------------------------------------------------
 # `cmake --build build --target docs`: HTML from the public headers' own

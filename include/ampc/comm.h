@@ -9,7 +9,7 @@
  *      started (non-blocking) as soon as backward has written all of its
  *      gradients, so that communication overlaps the rest of backward; in
  *      the gradients' own type (16-bit at O2), or summed in f32
- *      (ampc_amp_set_allreduce_type); with ZeRO-1 reduce-scattered instead
+ *      (ampc_amp_set_allreduce_f32); with ZeRO-1 reduce-scattered instead
  *   2. unscale + finiteness check + sum of squares, each rank over its
  *      1/N share of the flat gradients (the one small read of the step)
  *   3. found_inf (and each loss's overflow flag) all-reduced with MAX, the
@@ -92,7 +92,8 @@ int ampc_comm_local_size(const ampc_comm *c);
 const char *ampc_comm_kind(const ampc_comm *c);
 /* n doubles of every rank reduced (summed, their maximum or minimum) in
  * place; every rank calls it. A program's own agreements (a stop request,
- * a count) ride on it. */
+ * a count) ride on it. A NULL c is one process alone: the values are
+ * already reduced (AMPC_OK). */
 ampc_status ampc_comm_allreduce_host(ampc_comm *c, double *values, size_t n, ampc_comm_op op);
 /* Ends every rank of the job now with exit status code (MPI_Abort): for a
  * program whose rank cannot go on, after it has said why. Returns (doing

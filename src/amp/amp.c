@@ -888,7 +888,7 @@ static ampc_status master_range(const ampc_amp *a, const char *name, size_t n, s
 }
 
 ampc_status ampc_amp_read_master(const ampc_amp *a, const char *name, float *dst, size_t n) {
-  if (!a || !dst) return ampc__error(AMPC_EINVAL, "ampc_amp_read_master: %s is NULL", a ? "dst" : "amp");
+  if (!a || !dst || !name) return ampc__error(AMPC_EINVAL, "ampc_amp_read_master: %s is NULL", !a ? "amp" : !dst ? "dst" : "name");
   size_t off;
   AMPC_TRY(master_range(a, name, n, &off));
   if (!a->zero) return ampc__dev_read(a->dev, dst, AMPC_DTYPE_F32, a->master + off, AMPC_DTYPE_F32, n);
@@ -898,7 +898,7 @@ ampc_status ampc_amp_read_master(const ampc_amp *a, const char *name, float *dst
 }
 
 ampc_status ampc_amp_write_master(ampc_amp *a, const char *name, const float *src, size_t n) {
-  if (!a || !src) return ampc__error(AMPC_EINVAL, "ampc_amp_write_master: %s is NULL", a ? "src" : "amp");
+  if (!a || !src || !name) return ampc__error(AMPC_EINVAL, "ampc_amp_write_master: %s is NULL", !a ? "amp" : !src ? "src" : "name");
   size_t off, x, y;
   AMPC_TRY(master_range(a, name, n, &off));
   if (!a->zero) return ampc__dev_write(a->dev, a->master + off, AMPC_DTYPE_F32, src, AMPC_DTYPE_F32, n);
@@ -914,7 +914,8 @@ static ampc_status state_at(const ampc_amp *a, const char *state, const char *na
 }
 
 ampc_status ampc_amp_read_optim_state(const ampc_amp *a, const char *state, const char *name, float *dst, size_t n) {
-  if (!a || !dst) return ampc__error(AMPC_EINVAL, "ampc_amp_read_optim_state: %s is NULL", a ? "dst" : "amp");
+  if (!a || !dst || !state || !name)
+    return ampc__error(AMPC_EINVAL, "ampc_amp_read_optim_state: %s is NULL", !a ? "amp" : !dst ? "dst" : !state ? "state" : "name");
   size_t k, off;
   AMPC_TRY(state_at(a, state, name, n, &k, &off));
   if (!a->zero) return ampc_optim_state_read(a->opt, k, off, n, dst);
@@ -924,7 +925,8 @@ ampc_status ampc_amp_read_optim_state(const ampc_amp *a, const char *state, cons
 }
 
 ampc_status ampc_amp_write_optim_state(ampc_amp *a, const char *state, const char *name, const float *src, size_t n) {
-  if (!a || !src) return ampc__error(AMPC_EINVAL, "ampc_amp_write_optim_state: %s is NULL", a ? "src" : "amp");
+  if (!a || !src || !state || !name)
+    return ampc__error(AMPC_EINVAL, "ampc_amp_write_optim_state: %s is NULL", !a ? "amp" : !src ? "src" : !state ? "state" : "name");
   size_t k, off, x, y;
   AMPC_TRY(state_at(a, state, name, n, &k, &off));
   if (!a->zero) return ampc_optim_state_write(a->opt, k, off, n, src);

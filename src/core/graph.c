@@ -80,7 +80,7 @@ ampc_status ampc__graph_null(const char *fn) { return ampc__error(AMPC_EINVAL, "
 
 ampc_status ampc_graph_status(const ampc_graph *g) {
   if (!g) return ampc__graph_null(__func__);
-  return g->err;
+  return ampc__graph_err(g);
 }
 
 /* Records the first error and returns NONE. */
@@ -93,10 +93,20 @@ static ampc_value fail(ampc_graph *g, ampc_status code, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    g->err = ampc__error(code, "graph: %s", msg);
+    snprintf(g->err_msg, sizeof g->err_msg, "graph: %s", msg);
+    g->err = ampc__error(code, "%s", g->err_msg);
   }
   return AMPC_VALUE_NONE;
 }
+
+void ampc__graph_fail(ampc_graph *g, ampc_status code, const char *msg) {
+  if (g->err == 0) {
+    snprintf(g->err_msg, sizeof g->err_msg, "%s", msg);
+    g->err = ampc__error(code, "%s", g->err_msg);
+  }
+}
+
+ampc_status ampc__graph_err(const ampc_graph *g) { return g->err ? ampc__error(g->err, "%s", g->err_msg) : AMPC_OK; }
 
 int ampc__graph_valid(const ampc_graph *g, ampc_value v) { return g && v >= 0 && (size_t)v < g->nv; }
 static int valid(const ampc_graph *g, ampc_value v) { return ampc__graph_valid(g, v); }
@@ -436,7 +446,7 @@ ampc_value ampc_graph_cast(ampc_graph *g, ampc_value x, ampc_dtype to) {
 
 ampc_status ampc_graph_keep(ampc_graph *g, ampc_value v) {
   if (!g) return ampc__graph_null(__func__);
-  if (g->err) return g->err; /* keep the first error's message: v is NONE because of it */
+  if (g->err) return ampc__graph_err(g); /* the first error's message: v is NONE because of it */
   if (g->compiled) return ampc__error(AMPC_ESTATE, "graph: values to keep must be chosen before compile");
   if (!valid(g, v)) return ampc__error(AMPC_EINVAL, "graph: keep of an invalid value %d", (int)v);
   g->v[v].keep = 1;

@@ -143,7 +143,7 @@ static ampc_status write_initial_values(ampc_graph *g) {
 
 ampc_status ampc_graph_compile(ampc_graph *g) {
   if (!g) return ampc__graph_null(__func__);
-  if (g->err) return g->err;
+  if (g->err) return ampc__graph_err(g);
   if (g->compiled) return AMPC_OK;
   if (g->nv == 0 || g->max_batch < 1) return ampc__error(AMPC_ESTATE, "graph: nothing to compile (no input)");
   AMPC_TRY(ampc__graph_need_device(g));

@@ -64,6 +64,7 @@ struct ampc_graph {
   ampc__value *v;
   size_t nv, cap;
   ampc_status err;
+  char err_msg[480]; /* err's message: said again by every call that returns err */
   int compiled;
   ampc_graph_precision prec;
   ampc_value *order;     /* execution order of op values */
@@ -96,6 +97,12 @@ struct ampc_graph {
 int ampc__graph_valid(const ampc_graph *g, ampc_value v);
 /* The error of a public function given a NULL graph (fn: its name). */
 ampc_status ampc__graph_null(const char *fn);
+/* The graph's first recording error, its message set again on this thread
+ * (the recording may have been on another, or other calls failed since). */
+ampc_status ampc__graph_err(const ampc_graph *g);
+/* Records msg as the graph's first error (a builder's misuse: ampc_nn's),
+ * where it has none yet. */
+void ampc__graph_fail(ampc_graph *g, ampc_status code, const char *msg);
 ampc_value ampc__graph_root(const ampc_graph *g, ampc_value x);
 size_t ampc__value_bytes(const ampc__value *v);
 static inline size_t ampc__align64(size_t n) { return (n + 63) & ~(size_t)63; }

@@ -108,5 +108,5 @@ ampc_status ampc__graph_assign_types(ampc_graph *g, size_t n_recorded) {
   }
   free(cache);
   g->compiled = 0;
-  return g->err;
+  return ampc__graph_err(g);
 }

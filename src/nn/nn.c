@@ -44,7 +44,9 @@ ampc_graph *ampc_nn_graph(ampc_nn *b) { return b ? b->g : NULL; }
 /* A misuse of the builder fails its graph, as a bad layer would: the first
  * error is kept and every later layer records nothing. */
 static void nn_fail(ampc_nn *b, const char *what) {
-  if (b->g->err == 0) b->g->err = ampc__error(AMPC_EINVAL, "nn: %s", what);
+  char m[400];
+  snprintf(m, sizeof m, "nn: %s", what);
+  ampc__graph_fail(b->g, AMPC_EINVAL, m);
 }
 
 void ampc_nn_push(ampc_nn *b, const char *scope) {

@@ -273,7 +273,7 @@ size_t ampc_optim_state_count(const ampc_optim *o) { return o ? o->nstate : 0; }
 const char *ampc_optim_state_name(const ampc_optim *o, size_t i) { return o && i < o->nstate ? o->names[i] : NULL; }
 
 ampc_status ampc_optim_state_index(const ampc_optim *o, const char *name, size_t *i) {
-  if (!o || !i) return ampc__error(AMPC_EINVAL, "ampc_optim_state_index: %s is NULL", o ? "index" : "optimizer");
+  if (!o || !i || !name) return ampc__error(AMPC_EINVAL, "ampc_optim_state_index: %s is NULL", !o ? "optimizer" : !i ? "index" : "name");
   for (size_t k = 0; k < o->nstate; k++)
     if (name && strcmp(name, o->names[k]) == 0) {
       *i = k;

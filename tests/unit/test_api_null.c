@@ -124,6 +124,7 @@ TEST(optim_null_and_step_bound) {
   CHECK_FAILS(ampc_optim_state_read(o, 0, 0, 4, NULL));
   size_t k;
   CHECK_FAILS(ampc_optim_state_index(o, "exp_avg", NULL));
+  CHECK_ERR(ampc_optim_state_index(o, NULL, &k), AMPC_EINVAL, "ampc_optim_state_index: name is NULL");
   CHECK_OK(ampc_optim_state_index(o, "exp_avg", &k));
   /* INT64_MAX used to be accepted and the next step overflowed */
   CHECK_ERR(ampc_optim_set_step_count(o, INT64_MAX), AMPC_ERANGE, "step count");
@@ -206,6 +207,34 @@ TEST(data_null_and_bounds) {
   CHECK_ERR(ampc_loader_create(&l, d, &o), AMPC_EINVAL, "batch_size");
   CHECK(l == NULL);
   ampc_dataset_free(d);
+}
+
+/* A NULL name is an argument error naming the call (it was "no parameter
+ * named ''", ENOTFOUND) */
+TEST(null_names) {
+  ampc_model *m = (ampc_model *)1;
+  ampc_model_opts mo = {.batch = 2, .channels = 1, .height = 8, .width = 8, .classes = 4, .seed = 1};
+  CHECK_ERR(ampc_model_create(&m, NULL, &mo), AMPC_EINVAL, "ampc_model_create: name is NULL");
+  CHECK(m == NULL);
+  CHECK_OK(ampc_model_create(&m, "mlp", &mo));
+  ampc_graph *g = ampc_model_graph(m);
+  CHECK_OK(ampc_graph_set_backend(g, "cpu", NULL));
+  ampc_optim_config oc;
+  ampc_optim_config_default(&oc, AMPC_OPTIM_ADAM);
+  ampc_optim *o = NULL;
+  CHECK_OK(ampc_optim_create(&o, &oc, ampc_graph_param_numel(g)));
+  ampc_amp_config c;
+  CHECK_OK(ampc_amp_config_init(&c, AMPC_OPT_O2, AMPC_DTYPE_F16));
+  ampc_amp *a = NULL;
+  CHECK_OK(ampc_amp_initialize(&a, g, o, &c));
+  float buf[4] = {0};
+  CHECK_ERR(ampc_amp_read_master(a, NULL, buf, 4), AMPC_EINVAL, "ampc_amp_read_master: name is NULL");
+  CHECK_ERR(ampc_amp_write_master(a, NULL, buf, 4), AMPC_EINVAL, "ampc_amp_write_master: name is NULL");
+  CHECK_ERR(ampc_amp_read_optim_state(a, NULL, "1.weight", buf, 4), AMPC_EINVAL, "ampc_amp_read_optim_state: state is NULL");
+  CHECK_ERR(ampc_amp_write_optim_state(a, "exp_avg", NULL, buf, 4), AMPC_EINVAL, "ampc_amp_write_optim_state: name is NULL");
+  ampc_amp_free(a);
+  ampc_optim_free(o);
+  ampc_model_free(m);
 }
 
 TEST(nn_and_models_null) {
@@ -338,7 +367,7 @@ TEST(more_null_and_bounds) {
   ampc_dataset_free(d);
 }
 
-TEST_MAIN(TEST_ENTRY(amp_null_handle), TEST_ENTRY(amp_initialize_null), TEST_ENTRY(amp_config),
+TEST_MAIN(TEST_ENTRY(null_names), TEST_ENTRY(amp_null_handle), TEST_ENTRY(amp_initialize_null), TEST_ENTRY(amp_config),
           TEST_ENTRY(scaler_null), TEST_ENTRY(optim_null_and_step_bound), TEST_ENTRY(safetensors_null),
           TEST_ENTRY(data_null_and_bounds), TEST_ENTRY(nn_and_models_null), TEST_ENTRY(checkpoint_null),
           TEST_ENTRY(more_null_and_bounds))

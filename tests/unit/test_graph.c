@@ -6,6 +6,8 @@
  * backend (conversions, errors, no host pointer where memory is not host
  * memory).
  */
+#include <pthread.h>
+
 #include "op_harness.h"
 
 /* A graph built for batch n+1 and run at effective batch n equals a graph
@@ -367,6 +369,39 @@ TEST(recording_errors) {
   CHECK_OK(record_and_compile(-1));
 }
 
+/* A graph recorded with an error on one thread */
+static void *record_bad(void *arg) {
+  ampc_graph *g = arg;
+  ampc_value x = ampc_graph_input(g, "x", ampc_shape4(2, 3, 8, 8));
+  ampc_graph_maxpool2d(g, x, 0, 1, 0);
+  return NULL;
+}
+
+/* compile (and what compiles: forward) says the first recording error's
+ * message, whatever failed since on this thread and wherever it was
+ * recorded (it returned the code with another call's message, or none) */
+TEST(recording_error_message_kept) {
+  for (int other_thread = 0; other_thread < 2; other_thread++) {
+    ampc_graph *g;
+    CHECK_OK(ampc_graph_create(&g));
+    if (other_thread) {
+      pthread_t t;
+      CHECK(pthread_create(&t, NULL, record_bad, g) == 0);
+      pthread_join(t, NULL);
+    } else {
+      record_bad(g);
+    }
+    ampc_dtype dt;
+    CHECK(ampc_dtype_parse("f8", &dt) < 0); /* another call fails since */
+    CHECK_ERR(ampc_graph_compile(g), AMPC_EINVAL, "graph: maxpool2d: kernel 0");
+    ampc_clear_error();
+    CHECK_ERR(ampc_graph_forward(g, 1), AMPC_EINVAL, "graph: maxpool2d: kernel 0");
+    ampc_clear_error();
+    CHECK_ERR(ampc_graph_status(g), AMPC_EINVAL, "graph: maxpool2d: kernel 0");
+    ampc_graph_free(g);
+  }
+}
+
 TEST(backward_errors) {
   net t;
   ctx_case = "backward_errors";
@@ -525,6 +560,6 @@ TEST(op_names_and_policies) {
 TEST_MAIN(TEST_ENTRY(set_batch_matches_smaller_graph), TEST_ENTRY(set_batch_range), TEST_ENTRY(value_used_twice),
           TEST_ENTRY(shared_weight_and_accumulate), TEST_ENTRY(backward_seed_scales_gradients),
           TEST_ENTRY(batchnorm_running_stats), TEST_ENTRY(batchnorm_needs_two_values),
-          TEST_ENTRY(cross_entropy_label_out_of_range), TEST_ENTRY(cross_entropy_values), TEST_ENTRY(recording_errors),
+          TEST_ENTRY(cross_entropy_label_out_of_range), TEST_ENTRY(cross_entropy_values), TEST_ENTRY(recording_errors), TEST_ENTRY(recording_error_message_kept),
           TEST_ENTRY(backward_errors), TEST_ENTRY(keep_stops_relu_fusion), TEST_ENTRY(cast_of_param),
           TEST_ENTRY(op_names_and_policies), TEST_ENTRY(api_misuse))

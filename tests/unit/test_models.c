@@ -294,7 +294,7 @@ TEST(model_errors) {
   CHECK_ERR(ampc_model_create(&m, "vgg16", &ok), AMPC_EINVAL, "unknown model 'vgg16'");
   CHECK(m == NULL);
   CHECK(strstr(ampc_last_error(), "mlp") && strstr(ampc_last_error(), "cnn") && strstr(ampc_last_error(), "resnet18"));
-  CHECK_ERR(ampc_model_create(&m, NULL, &ok), AMPC_EINVAL, "unknown model");
+  CHECK_ERR(ampc_model_create(&m, NULL, &ok), AMPC_EINVAL, "ampc_model_create: name is NULL");
   CHECK_ERR(ampc_model_create(&m, "", &ok), AMPC_EINVAL, "unknown model");
   CHECK_ERR(ampc_model_create(&m, "ResNet18", &ok), AMPC_EINVAL, "unknown model");
   const ampc_model_opts bad[] = {

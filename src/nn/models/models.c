@@ -72,6 +72,7 @@ int ampc_model_known(const char *name) {
 ampc_status ampc_model_create(ampc_model **out, const char *name, const ampc_model_opts *o) {
   if (!out) return ampc__error(AMPC_EINVAL, "ampc_model_create: out is NULL");
   *out = NULL;
+  if (!name) return ampc__error(AMPC_EINVAL, "ampc_model_create: name is NULL");
   size_t which = sizeof model_table / sizeof model_table[0];
   for (size_t i = 0; i < sizeof model_table / sizeof model_table[0]; i++)
     if (name && strcmp(name, model_table[i].name) == 0) which = i;
