@@ -154,6 +154,9 @@ st "$D/batch_nan.safetensors" \
 
 # ---- inputs that disagree with each other (class 1 of issue 11) -------------
 # test sets whose images differ from the training set's 28x28
+# images too small for the cnn's two pools, in both sets
+mkdir -p "$D/sh_3x3"
+for f in train t10k; do idx_images "$D/sh_3x3/$f-images-idx3-ubyte" 4 3 3; idx_labels "$D/sh_3x3/$f-labels-idx1-ubyte" 4; done
 for t in 32x32 1000x1000 28x29; do
   mkdir -p "$D/sh_$t"
   idx_images "$D/sh_$t/train-images-idx3-ubyte" 16 28 28

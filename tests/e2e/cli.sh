@@ -224,6 +224,12 @@ if "$ampc" bench --model mlp --steps 1 --opt-level O0 | head -1 | grep -q "O0 (f
    "$ampc" bench --model mlp --steps 1 --opt-level O2 --half bf16 | head -1 | grep -q "O2 (bf16)"; then
   ok "bench labels O0 f32 and O2 bf16"
 else bad "bench's precision label"; fi
+# --profile off: the ops are not timed, so no time share (it printed 0% for each kind but the optimizer)
+if ! "$ampc" bench --model mlp --steps 1 --sgemm-size 64 --profile off | grep -q "time share" &&
+   "$ampc" bench --model mlp --steps 1 --sgemm-size 64 --profile off --json | python3 -c "import json,sys; sys.exit('time_share' in json.load(sys.stdin))" &&
+   "$ampc" bench --model mlp --steps 1 --sgemm-size 64 | grep -q "^time share: conv_forward"; then
+  ok "bench --profile off prints no time share (text or JSON); on, it does"
+else bad "bench's time share with --profile off"; fi
 s=$("$ampc" summary --model resnet18)
 if echo "$s" | grep -q "^layer1.0.relu1 .*ReLU" && echo "$s" | grep -q "^layer1.0.add .*Add" && echo "$s" | grep -q "^avgpool " &&
    [ "$("$ampc" summary --model cnn | grep -c ReLU)" = 3 ]; then

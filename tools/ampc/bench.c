@@ -356,10 +356,13 @@ int cmd_bench(int argc, char **argv) {
       json_object_set_new(o, "device_memory_peak_bytes", json_integer(bs.mem_reserved_peak));
       json_object_set_new(o, "device_memory_in_use_peak_bytes", json_integer(bs.mem_in_use_peak));
     }
-    json_t *sh = json_object();
-    for (size_t i = 0; i < nshare; i++) json_object_set_new(sh, share[i].name, json_real(total > 0 ? share[i].t / total : 0));
-    json_object_set_new(sh, "other", json_real(total > 0 ? (total - accounted) / total : 0));
-    json_object_set_new(o, "time_share", sh);
+    /* (with --profile off the ops are not timed: no share to give) */
+    if (profile) {
+      json_t *sh = json_object();
+      for (size_t i = 0; i < nshare; i++) json_object_set_new(sh, share[i].name, json_real(total > 0 ? share[i].t / total : 0));
+      json_object_set_new(sh, "other", json_real(total > 0 ? (total - accounted) / total : 0));
+      json_object_set_new(o, "time_share", sh);
+    }
     if (notes[0]) json_object_set_new(o, "backend_notes", json_string(notes));
     json_object_set_new(o, "memory", cli_memory_json(&mem));
     json_object_set_new(o, "world_size", json_integer(W));
@@ -385,7 +388,7 @@ int cmd_bench(int argc, char **argv) {
       printf("model %s, batch %lld, %s (%s), device %s, %d thread%s, %d step%s after %d warm-up\n", c.model, (long long)c.batch_size,
              ampc_opt_level_name(s.amp_cfg.opt_level), precision, ampc_graph_backend_name(s.g), threads, threads == 1 ? "" : "s", steps,
              steps == 1 ? "" : "s", warmup);
-    printf("%.4g s/step, %.1f images/s, %.2f GFLOP/image, %.1f GFLOP/s = %.2f of this machine's sgemm (%.1f GFLOP/s at %d^3)\n",
+    printf("%.4g s/step, %.1f images/s, %.3g GFLOP/image, %.1f GFLOP/s = %.2f of this machine's sgemm (%.1f GFLOP/s at %d^3)\n",
            per_step, ips, flops / (double)c.batch_size / 1e9, gflops, sgemm > 0 ? gflops / sgemm : 0.0, sgemm, sgemm_n);
     printf("%.1f GFLOP/s = %.2f of this machine's peak (%.1f GFLOP/s: a register-only loop of %s on %d thread%s)\n",
            gflops, peak > 0 ? gflops / peak : 0.0, peak, kind_words[peak_kind], threads, threads == 1 ? "" : "s");
@@ -396,9 +399,11 @@ int cmd_bench(int argc, char **argv) {
       printf("note: OpenBLAS runs its %s kernels (OPENBLAS_CORETYPE=%s), without vector instructions this CPU has; its %s "
              "kernels use them (unset OPENBLAS_CORETYPE and kernels that fit are chosen)\n",
              ampc_blas_core(), ct ? ct : "not set", better);
-    printf("time share:");
-    for (size_t i = 0; i < nshare; i++) printf(" %s %.1f%%", share[i].name, total > 0 ? 100.0 * share[i].t / total : 0.0);
-    printf(" other %.1f%%\n", total > 0 ? 100.0 * (total - accounted) / total : 0.0);
+    if (profile) {
+      printf("time share:");
+      for (size_t i = 0; i < nshare; i++) printf(" %s %.1f%%", share[i].name, total > 0 ? 100.0 * share[i].t / total : 0.0);
+      printf(" other %.1f%%\n", total > 0 ? 100.0 * (total - accounted) / total : 0.0);
+    }
     if (W > 1)
       printf("gradient all-reduce: %d bucket%s, %.1f MB a step per rank; alone (after backward) %.1f ms, overlapped with backward "
              "%.1f ms of the rank's time (window %.1f ms): overlap hid %.0f%%\n",

@@ -172,6 +172,7 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
     s->height = shape[1];
     s->width = shape[2];
     s->classes = shape[3];
+    snprintf(s->shape_from, sizeof s->shape_from, "the --batch file's x"); /* (the caller's only shape: grad's) */
   }
   /* a batch larger than the data never fills: the graph (and the memory
    * planned for it) takes the most images a batch can hold */
@@ -184,7 +185,11 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
   ampc_model_opts mo = {.batch = batch, .channels = s->channels, .height = s->height, .width = s->width,
                         .classes = s->classes, .seed = c->seed, .label_smoothing = c->label_smoothing};
   if (ampc_model_create(&s->model, c->model, &mo) < 0) {
-    cli_lib_error("--model");
+    /* an input the model cannot take: say where its shape came from */
+    if (strstr(ampc_last_error(), " input ") && s->shape_from[0])
+      cli_error("--model: %s; the input is that of %s", ampc_last_error(), s->shape_from);
+    else
+      cli_lib_error("--model");
     return -1;
   }
   s->g = ampc_model_graph(s->model);
