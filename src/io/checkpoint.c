@@ -758,7 +758,9 @@ ampc_status ampc_checkpoint_load(const char *path, ampc_model *m, ampc_amp *amp,
   const ampc_amp_config *c = ampc_amp_get_config(amp);
   json_t *aj = json_object_get(root, "amp");
   const char *lvl = json_string_value(json_object_get(aj, "opt_level")), *half = json_string_value(json_object_get(aj, "half_type"));
-  if (!lvl || strcmp(lvl, ampc_opt_level_name(c->opt_level)) != 0 || !half || strcmp(half, ampc_dtype_name(c->half_type)) != 0) {
+  /* (at O0 nothing is half: a half type recorded there is none of the run's) */
+  if (!lvl || strcmp(lvl, ampc_opt_level_name(c->opt_level)) != 0 || !half ||
+      (c->opt_level != AMPC_OPT_O0 && strcmp(half, ampc_dtype_name(c->half_type)) != 0)) {
     s = ampc__error(AMPC_EINVAL, "checkpoint: %s: saved at opt level %s with half %s, the run uses %s with %s", path,
                     lvl ? lvl : "?", half ? half : "?", ampc_opt_level_name(c->opt_level), ampc_dtype_name(c->half_type));
     goto done;

@@ -140,6 +140,30 @@ TEST(refuses_other_model_level_version) {
   meta[3] = "01";
   CHECK_OK(ampc_st_write(tmp("v01.safetensors"), &t, 1, meta));
   CHECK_ERR(ampc_checkpoint_load(tmp("v01.safetensors"), a.m, a.amp, a.opt, &ts), AMPC_EUNSUPPORTED, "format version 01");
+  /* the half type matters where something is half: an O2 f16 checkpoint is
+   * refused at O2 bf16; at O0 (all f32) the half type recorded is no one's */
+  rig d, e;
+  memset(&d, 0, sizeof d);
+  ampc_model_opts o = {.batch = 8, .channels = 1, .height = 8, .width = 8, .classes = 4, .seed = 11};
+  CHECK_OK(ampc_model_create(&d.m, "cnn", &o));
+  CHECK_OK(ampc_graph_set_backend(ampc_model_graph(d.m), "cpu", NULL));
+  ampc_optim_config oc;
+  ampc_optim_config_default(&oc, AMPC_OPTIM_ADAM);
+  CHECK_OK(ampc_optim_create(&d.opt, &oc, ampc_graph_param_numel(ampc_model_graph(d.m))));
+  ampc_amp_config ac;
+  CHECK_OK(ampc_amp_config_init(&ac, AMPC_OPT_O2, AMPC_DTYPE_BF16));
+  CHECK_OK(ampc_amp_initialize(&d.amp, ampc_model_graph(d.m), d.opt, &ac));
+  CHECK_ERR(ampc_checkpoint_load(tmp("cnn.safetensors"), d.m, d.amp, d.opt, &ts), AMPC_EINVAL, "saved at opt level O2 with half f16, the run uses O2 with bf16");
+  rig_free(&d);
+  memset(&e, 0, sizeof e);
+  CHECK_OK(ampc_model_create(&e.m, "cnn", &o));
+  CHECK_OK(ampc_graph_set_backend(ampc_model_graph(e.m), "cpu", NULL));
+  CHECK_OK(ampc_optim_create(&e.opt, &oc, ampc_graph_param_numel(ampc_model_graph(e.m))));
+  CHECK_OK(ampc_amp_config_init(&ac, AMPC_OPT_O0, AMPC_DTYPE_BF16));
+  CHECK_OK(ampc_amp_initialize(&e.amp, ampc_model_graph(e.m), e.opt, &ac));
+  CHECK_OK(ampc_checkpoint_save(tmp("o0_bf16.safetensors"), e.m, e.amp, e.opt, &ts));
+  CHECK_OK(ampc_checkpoint_load(tmp("o0_bf16.safetensors"), c.m, c.amp, c.opt, &ts));
+  rig_free(&e);
   rig_free(&a);
   rig_free(&b);
   rig_free(&c);

@@ -97,7 +97,7 @@ static int check_resume_run(const char *flag, const char *path, const cli_common
     cli_error("%s: '%s' was trained at --opt-level %s, this run has %s: give the same amp options to resume it", flag, path, lvl,
               lvl_now);
     rc = -1;
-  } else if (rc == 0 && hf && strcmp(hf, hf_now) != 0) {
+  } else if (rc == 0 && hf && strcmp(hf, hf_now) != 0 && acfg->opt_level != AMPC_OPT_O0) { /* (nothing is half at O0) */
     cli_error("%s: '%s' was trained with --half %s, this run has %s: give the same amp options to resume it", flag, path, hf,
               hf_now);
     rc = -1;
