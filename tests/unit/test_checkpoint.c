@@ -17,7 +17,7 @@ typedef struct {
   ampc_amp *amp;
 } rig;
 
-static void rig_make_on(rig *r, const char *model, ampc_opt_level lvl, const char *backend) {
+static void rig_make_half(rig *r, const char *model, ampc_opt_level lvl, const char *backend, ampc_dtype half) {
   ampc_model_opts o = {.batch = 8, .channels = 1, .height = 8, .width = 8, .classes = 4, .seed = 11};
   CHECK_OK(ampc_model_create(&r->m, model, &o));
   ampc_graph *g = ampc_model_graph(r->m);
@@ -26,10 +26,13 @@ static void rig_make_on(rig *r, const char *model, ampc_opt_level lvl, const cha
   ampc_optim_config_default(&oc, AMPC_OPTIM_ADAM);
   CHECK_OK(ampc_optim_create(&r->opt, &oc, ampc_graph_param_numel(g)));
   ampc_amp_config ac;
-  CHECK_OK(ampc_amp_config_init(&ac, lvl, AMPC_DTYPE_F16));
+  CHECK_OK(ampc_amp_config_init(&ac, lvl, half));
   CHECK_OK(ampc_amp_initialize(&r->amp, g, r->opt, &ac));
 }
 
+static void rig_make_on(rig *r, const char *model, ampc_opt_level lvl, const char *backend) {
+  rig_make_half(r, model, lvl, backend, AMPC_DTYPE_F16);
+}
 static void rig_make(rig *r, const char *model, ampc_opt_level lvl) { rig_make_on(r, model, lvl, "cpu"); }
 
 static void rig_free(rig *r) {
@@ -143,24 +146,10 @@ TEST(refuses_other_model_level_version) {
   /* the half type matters where something is half: an O2 f16 checkpoint is
    * refused at O2 bf16; at O0 (all f32) the half type recorded is no one's */
   rig d, e;
-  memset(&d, 0, sizeof d);
-  ampc_model_opts o = {.batch = 8, .channels = 1, .height = 8, .width = 8, .classes = 4, .seed = 11};
-  CHECK_OK(ampc_model_create(&d.m, "cnn", &o));
-  CHECK_OK(ampc_graph_set_backend(ampc_model_graph(d.m), "cpu", NULL));
-  ampc_optim_config oc;
-  ampc_optim_config_default(&oc, AMPC_OPTIM_ADAM);
-  CHECK_OK(ampc_optim_create(&d.opt, &oc, ampc_graph_param_numel(ampc_model_graph(d.m))));
-  ampc_amp_config ac;
-  CHECK_OK(ampc_amp_config_init(&ac, AMPC_OPT_O2, AMPC_DTYPE_BF16));
-  CHECK_OK(ampc_amp_initialize(&d.amp, ampc_model_graph(d.m), d.opt, &ac));
+  rig_make_half(&d, "cnn", AMPC_OPT_O2, "cpu", AMPC_DTYPE_BF16);
   CHECK_ERR(ampc_checkpoint_load(tmp("cnn.safetensors"), d.m, d.amp, d.opt, &ts), AMPC_EINVAL, "saved at opt level O2 with half f16, the run uses O2 with bf16");
   rig_free(&d);
-  memset(&e, 0, sizeof e);
-  CHECK_OK(ampc_model_create(&e.m, "cnn", &o));
-  CHECK_OK(ampc_graph_set_backend(ampc_model_graph(e.m), "cpu", NULL));
-  CHECK_OK(ampc_optim_create(&e.opt, &oc, ampc_graph_param_numel(ampc_model_graph(e.m))));
-  CHECK_OK(ampc_amp_config_init(&ac, AMPC_OPT_O0, AMPC_DTYPE_BF16));
-  CHECK_OK(ampc_amp_initialize(&e.amp, ampc_model_graph(e.m), e.opt, &ac));
+  rig_make_half(&e, "cnn", AMPC_OPT_O0, "cpu", AMPC_DTYPE_BF16);
   CHECK_OK(ampc_checkpoint_save(tmp("o0_bf16.safetensors"), e.m, e.amp, e.opt, &ts));
   CHECK_OK(ampc_checkpoint_load(tmp("o0_bf16.safetensors"), c.m, c.amp, c.opt, &ts));
   rig_free(&e);
