@@ -14,6 +14,14 @@
 set -euo pipefail
 
 build_pkgs=(cmake make gcc pkg-config libopenblas-openmp-dev zlib1g-dev libjansson-dev openmpi-bin libopenmpi-dev dataset-fashion-mnist)
+if [ $# -gt 1 ]; then
+  echo "ampc: scripts/deps.sh: expected one of build, docs or test, got $# arguments" >&2
+  exit 2
+fi
+if ! command -v dpkg-query >/dev/null; then
+  echo "ampc: scripts/deps.sh: no dpkg-query: this checks Debian's packages; elsewhere install the equivalents of: cmake make gcc pkg-config OpenBLAS (OpenMP) zlib jansson Open MPI" >&2
+  exit 1
+fi
 case "${1:-test}" in
   build) pkgs=("${build_pkgs[@]}") ;;
   docs) pkgs=("${build_pkgs[@]}" doxygen python3) ;;
@@ -25,7 +33,8 @@ case "${1:-test}" in
 esac
 missing=()
 for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  # (the status's last word: "install ok installed", or "hold ok installed" for a held package)
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q " ok installed$" || missing+=("$p")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
@@ -35,7 +44,11 @@ elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
   sudo="sudo"
 else
   echo "ampc: missing packages: ${missing[*]}" >&2
-  echo "ampc: install them with: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+  if command -v sudo >/dev/null; then
+    echo "ampc: install them with: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+  else
+    echo "ampc: install them as root with: su -c 'apt-get update && apt-get install -y ${missing[*]}'" >&2
+  fi
   exit 1
 fi
 echo "ampc: installing ${missing[*]}" >&2

@@ -268,5 +268,16 @@ if "$ampc" report "$dir/tiny.jsonl" -o "$dir/tiny.html" > /dev/null 2>&1 && ! gr
   ok "values of 5e-324 on a linear and a log axis: no NaN or infinite coordinates"
 else bad "tiny values: $(grep -o '[a-z0-9]*="[^"]*\(nan\|inf\)[^"]*"' "$dir/tiny.html" | head -3)"; fi
 
+# losses that were not finite (null in the file): the table says so, and the
+# loss charts say how many they left out (they vanished without a trace)
+printf '%s\n' '{"epoch":1,"train_loss":2.3,"test_loss":2.2,"test_acc":0.1,"steps":4}' \
+  '{"epoch":2,"train_loss":null,"test_loss":null,"test_acc":0.1,"steps":8}' \
+  '{"step":3,"loss":null,"skipped":true,"loss_scale":1024}' '{"step":4,"loss":2.0,"loss_scale":1024}' > "$dir/nonfinite.jsonl"
+if "$ampc" report "$dir/nonfinite.jsonl" -o "$dir/nonfinite.html" > /dev/null 2>&1 && grep -q '>not finite / not finite<' "$dir/nonfinite.html" &&
+  grep -q '1 epoch with a loss that was not finite, not drawn' "$dir/nonfinite.html" &&
+  grep -q '1 step with a loss that was not finite, not drawn' "$dir/nonfinite.html"; then
+  ok "losses that were not finite: 'not finite' in the table, counted in the loss charts' notes"
+else bad "non-finite losses: $(grep -o 'not finite[^<]*' "$dir/nonfinite.html" | head -3)"; fi
+
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

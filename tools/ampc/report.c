@@ -186,6 +186,7 @@ static int dv_push(dvec *d, double x) {
 typedef struct {
   int64_t epoch, steps, skipped; /* steps, skipped: -1 when absent */
   double train_loss, test_loss, test_acc, ips, seconds, lr, loss_scale, underflow;
+  int train_nonfinite, test_nonfinite; /* the loss is there, null: not finite (a NaN or inf the file could not hold) */
   size_t order; /* position in the file: the later of two records of an epoch wins */
   json_t *memory;
 } epoch_rec;
@@ -193,7 +194,7 @@ typedef struct {
 typedef struct {
   int64_t step;
   double loss, loss_scale, lr, grad_norm;
-  int skipped;
+  int skipped, loss_nonfinite;
   size_t order;
 } step_rec;
 
@@ -315,6 +316,8 @@ static int read_epoch(run_t *r, json_t *o, where w, size_t order) {
     return -1;
   }
   if (mem && check_memory(mem, w) < 0) return -1;
+  e.train_nonfinite = json_is_null(json_object_get(o, "train_loss"));
+  e.test_nonfinite = json_is_null(json_object_get(o, "test_loss"));
   const char *lvl = json_string_value(json_object_get(o, "opt_level")), *half = json_string_value(json_object_get(o, "half"));
   if (lvl) copy_cut(r->opt_level, sizeof r->opt_level, lvl);
   if (half) copy_cut(r->half, sizeof r->half, half);
@@ -338,6 +341,7 @@ static int read_step(run_t *r, json_t *o, where w, size_t order) {
     return -1;
   }
   s.skipped = json_is_true(sk) || (json_is_integer(sk) && json_integer_value(sk) != 0);
+  s.loss_nonfinite = json_is_null(json_object_get(o, "loss"));
   step_rec *st = realloc(r->st, (r->nst + 1) * sizeof *st);
   if (!st) return -1;
   r->st = st;
@@ -949,10 +953,12 @@ static void summary_table(sbuf *b, const run_t *runs, size_t nruns) {
     else sb_puts(b, "<td>-</td>");
     if (best_ep >= 0) sb_printf(b, "<td class=\"num\">%.4f (epoch %lld)</td>", best, (long long)best_ep);
     else sb_puts(b, "<td>-</td>");
-    if (last && (isfinite(last->train_loss) || isfinite(last->test_loss))) {
+    if (last && (isfinite(last->train_loss) || isfinite(last->test_loss) || last->train_nonfinite || last->test_nonfinite)) {
       char tr[32] = "-", te[32] = "-";
       if (isfinite(last->train_loss)) snprintf(tr, sizeof tr, "%.4f", last->train_loss);
+      else if (last->train_nonfinite) snprintf(tr, sizeof tr, "not finite");
       if (isfinite(last->test_loss)) snprintf(te, sizeof te, "%.4f", last->test_loss);
+      else if (last->test_nonfinite) snprintf(te, sizeof te, "not finite");
       sb_printf(b, "<td class=\"num\">%s / %s</td>", tr, te);
     } else {
       sb_puts(b, "<td>-</td>");
@@ -1188,6 +1194,24 @@ int cmd_report(int argc, char **argv) {
       {.id = "grad_norm", .title = "Gradient norm per step", .xlabel = "step", .ylabel = "global gradient norm", .xinteger = 1},
   };
   size_t ncharts = 8;
+  /* losses that were not finite (null) have no point: the loss charts say
+   * how many, rather than drawing a line over them as if nothing happened */
+  size_t bad_ep = 0, bad_st = 0;
+  for (size_t r = 0; r < nfiles; r++) {
+    for (size_t i = 0; i < runs[r].nep; i++) bad_ep += runs[r].ep[i].train_nonfinite || runs[r].ep[i].test_nonfinite;
+    for (size_t i = 0; i < runs[r].nst; i++) bad_st += runs[r].st[i].loss_nonfinite;
+  }
+  char note_ep[160], note_st[160];
+  if (bad_ep) {
+    snprintf(note_ep, sizeof note_ep, "(train solid, test dashed; %zu epoch%s with a loss that was not finite, not drawn: the line joins its neighbours)",
+             bad_ep, bad_ep == 1 ? "" : "s");
+    charts[0].note = note_ep;
+  }
+  if (bad_st) {
+    snprintf(note_st, sizeof note_st, "(x: skipped steps; %zu step%s with a loss that was not finite, not drawn: the loss scale chart marks the skipped ones)",
+             bad_st, bad_st == 1 ? "" : "s");
+    charts[6].note = note_st;
+  }
   fill_epoch_series(&charts[0], runs, nfiles, E_TRAIN_LOSS, "train_loss", "train loss", 0);
   fill_epoch_series(&charts[0], runs, nfiles, E_TEST_LOSS, "test_loss", "test loss", 1);
   fill_epoch_series(&charts[1], runs, nfiles, E_TEST_ACC, "test_acc", "test accuracy", 0);

@@ -982,8 +982,10 @@ int cmd_train(int argc, char **argv) {
     double comm_bytes = cs.steps ? cs.bytes / (double)cs.steps : comm_alone_bytes;
     double uf = st.values ? (double)st.underflow / (double)st.values : 0.0;
     if (root) {
-      printf("epoch %d: train_loss %.4f test_loss %.4f test_acc %.4f %.1f img/s %.1fs loss_scale %g skipped %lld", epoch + 1, train_loss,
-             test_loss, test_acc, ips, secs, ampc_scaler_scale(ampc_amp_scaler(s.amp, 0)), (long long)ts.skipped);
+      /* (a NaN as "nan", whatever its sign bit: printf may say "-nan") */
+      printf("epoch %d: train_loss %.4f test_loss %.4f test_acc %.4f %.1f img/s %.1fs loss_scale %g skipped %lld", epoch + 1,
+             isnan(train_loss) ? NAN : train_loss, isnan(test_loss) ? NAN : test_loss, test_acc, ips, secs,
+             ampc_scaler_scale(ampc_amp_scaler(s.amp, 0)), (long long)ts.skipped);
       /* --amp-report's figures, with or without a metrics file */
       if (a.c.amp_report) printf(" grad_underflow %.4f%% of %lld half values, grad_max_abs %.4g", 100.0 * uf, (long long)st.values, st.max_abs);
       if (W > 1 && comm_measured && overlap_measured)
