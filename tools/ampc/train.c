@@ -329,6 +329,28 @@ static int test_hook_at(const char *var, long long *step) {
   return v && sscanf(v, "%d:%lld", &r, step) == 2 && r == cli_dist_rank();
 }
 
+/* What a step record says of its step (--log-every) */
+typedef struct {
+  int64_t step;
+  double progress, scale;
+  int applied;
+  double lr, grad_norm;
+} step_fields;
+
+/* A step record of f's step: the loss the mean over the rec_steps steps since the previous record */
+static void write_step_record(FILE *mf, const step_fields *f, double rec_loss, int64_t rec_steps, int W) {
+  json_t *o = json_object();
+  json_object_set_new(o, "step", json_integer(f->step));
+  json_object_set_new(o, "epoch_progress", json_num(f->progress));
+  json_object_set_new(o, "loss", json_num(rec_loss / (double)rec_steps));
+  json_object_set_new(o, "loss_scale", json_num(f->scale));
+  json_object_set_new(o, "skipped", json_boolean(!f->applied));
+  json_object_set_new(o, "lr", json_num(f->lr));
+  if (isfinite(f->grad_norm)) json_object_set_new(o, "grad_norm", json_num(f->grad_norm)); /* (not on an overflow) */
+  if (W > 1) json_object_set_new(o, "world_size", json_integer(W));
+  write_record(mf, o);
+}
+
 /* With several ranks, a failure of this rank alone: it says why and the
  * whole job ends (the others would wait for it forever). */
 static void rank_failed(void) {
@@ -682,6 +704,7 @@ int cmd_train(int argc, char **argv) {
   int is_static = !s.amp_cfg.loss_scale_dynamic;
   double rec_loss = ts.log_loss_sum; /* the steps since the last step record (a resumed run: the checkpoint's) */
   int64_t rec_steps = ts.log_steps;
+  step_fields last_fields = {0}; /* the last step's, for the record of the step the run stops at */
   long long inf_step = -1, diverge_step = -1, fail_step = -1;
   int inf_hook = test_hook_at("AMPC_TEST_INF_AT", &inf_step), diverge_hook = test_hook_at("AMPC_TEST_DIVERGE_AT", &diverge_step);
   int fail_hook = test_hook_at("AMPC_TEST_FAIL_AT", &fail_step);
@@ -858,17 +881,9 @@ int cmd_train(int argc, char **argv) {
       ts.train_seconds = prior_seconds + (cli_now() - t0);
       rec_loss += step_loss;
       rec_steps++;
-      if (mf && a.log_every > 0 && (ts.step % a.log_every == 0 || !info.applied)) {
-        json_t *o = json_object();
-        json_object_set_new(o, "step", json_integer(ts.step));
-        json_object_set_new(o, "epoch_progress", json_num((double)epoch + (double)b / (double)nb));
-        json_object_set_new(o, "loss", json_num(rec_loss / (double)rec_steps));
-        json_object_set_new(o, "loss_scale", json_num(info.scale));
-        json_object_set_new(o, "skipped", json_boolean(!info.applied));
-        json_object_set_new(o, "lr", json_num(lr));
-        if (isfinite(info.grad_norm)) json_object_set_new(o, "grad_norm", json_num(info.grad_norm)); /* (not on an overflow) */
-        if (W > 1) json_object_set_new(o, "world_size", json_integer(W));
-        write_record(mf, o);
+      last_fields = (step_fields){ts.step, (double)epoch + (double)b / (double)nb, info.scale, info.applied, lr, info.grad_norm};
+      if (mf && a.log_every > 0 && (ts.step % a.log_every == 0 || !info.applied || rc)) {
+        write_step_record(mf, &last_fields, rec_loss, rec_steps, W);
         rec_loss = 0.0;
         rec_steps = 0;
       }
@@ -908,6 +923,7 @@ int cmd_train(int argc, char **argv) {
        * later ones of the run this one branched from), ./checkpoints.N */
       int locked = !root || a.checkpoint_dir || cli_ckptdir_default(resume_path, dir_buf, sizeof dir_buf) >= 0;
       if (root && !a.checkpoint_dir) dir = dir_buf;
+
       if (state_to_save(&s, &ts, rec_loss, rec_steps, a.c.amp_report, &kept, stats_whole) < 0) {
         rank_failed();
         rc = 1;
@@ -919,6 +935,12 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "ampc: resume with: ampc train ... --resume %s\n", dir);
       interrupted = 1;
       break;
+    }
+    /* the run's last step has its record, whatever its number */
+    if (epoch == a.epochs - 1 && mf && a.log_every > 0 && rec_steps > 0) {
+      write_step_record(mf, &last_fields, rec_loss, rec_steps, W);
+      rec_loss = 0.0;
+      rec_steps = 0;
     }
     if (skip_repeats) {
       cli_progress_clear(&pg);

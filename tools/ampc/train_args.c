@@ -34,7 +34,7 @@ int train_args_opts(train_args *a, cli_opt *opts) {
   opts[n++] = (cli_opt){"--warmup-start", OPT_FLOAT, &a->warmup_start, "X", "warm-up start factor (default 0.1)", 0, &a->warmup_start_given};
   opts[n++] = (cli_opt){"--augment", OPT_ONOFF, &a->augment, "on|off", "random crop (pad 4) and flip (default: on for CIFAR)", 0, &a->augment_given};
   opts[n++] = (cli_opt){"--metrics", OPT_STRING, &a->metrics, "FILE", "write one JSON object per epoch to FILE", 0, NULL};
-  opts[n++] = (cli_opt){"--log-every", OPT_I64, &a->log_every, "N", "also a step record (step, epoch_progress, loss, loss_scale, skipped, lr, grad_norm where finite) in --metrics every N optimizer steps, at every skipped step and at the step a run stops at", 1, NULL};
+  opts[n++] = (cli_opt){"--log-every", OPT_I64, &a->log_every, "N", "also a step record (step, epoch_progress, loss, loss_scale, skipped, lr, grad_norm where finite) in --metrics every N optimizer steps, at every skipped step, at the step a run fails at and at its last (a SIGINT/SIGTERM stop leaves its steps since the last record to the resumed run's next)", 1, NULL};
   opts[n++] = (cli_opt){"--save", OPT_STRING, &a->save, "FILE", "save the trained weights (safetensors) when the run completes", 0, NULL};
   opts[n++] = (cli_opt){"--save-on-interrupt", OPT_FLAG, &a->save_on_interrupt, NULL, "write --save also when SIGINT/SIGTERM stops the run mid-epoch", 0, NULL};
   opts[n++] = (cli_opt){"--checkpoint-dir", OPT_STRING, &a->checkpoint_dir, "DIR", "save a checkpoint at each epoch end (and on SIGINT/SIGTERM) in DIR (default for the SIGINT/SIGTERM save: ./checkpoints); one run per DIR (it locks DIR/.lock)", 0, NULL};
