@@ -387,6 +387,33 @@ got=$(python3 -c "import json,sys; print(' '.join(str(o['step']) for o in map(js
 if [ "$got" = "5 10 12" ]; then ok "--log-every 5 over 12 steps: records at steps 5, 10 and the last, 12"
 else bad "--log-every 5 over 12 steps: records at '$got'"; fi
 
+# --- the environment: closed streams, pipes, file-size limits, OMP_NUM_THREADS, a metrics file in use --------
+E=(--model mlp --train-limit 256 --test-limit 64 --epochs 1 --threads 1)
+rm -f "$dir/cs.jsonl"; "$ampc" train "${E[@]}" --metrics "$dir/cs.jsonl" >&- 2>"$dir/cs.err"; rc=$?
+if [ $rc = 1 ] && head -c 1 "$dir/cs.jsonl" | grep -q '{' && grep -q "^ampc: error: standard output: write error: Bad file descriptor" "$dir/cs.err"; then
+  ok "stdout closed: the metrics file holds records only (the epoch lines went into it), and the run says stdout was closed"
+else bad "stdout closed: exit $rc, metrics '$(head -c 40 "$dir/cs.jsonl")'"; fi
+rm -f "$dir/pipe.st"; "$ampc" train "${E[@]}" --epochs 3 --save "$dir/pipe.st" 2>"$dir/pipe.err" | head -1 > /dev/null; rc=${PIPESTATUS[0]}
+if [ $rc = 1 ] && [ -s "$dir/pipe.st" ] && grep -q "^ampc: error: standard output: write error: Broken pipe" "$dir/pipe.err"; then
+  ok "stdout a pipe closed early: the run goes on and writes --save, then says so (it died of SIGPIPE)"
+else bad "closed pipe: exit $rc, $(tail -1 "$dir/pipe.err")"; fi
+(ulimit -f 500; "$ampc" train "${E[@]}" --save "$dir/big.st" > /dev/null 2>"$dir/fsz.err"); rc=$?
+if [ $rc = 1 ] && [ "$(grep -c "^ampc: error: .*File too large" "$dir/fsz.err")" = 1 ] && ! ls -a "$dir" | grep -q '\.big\.st\.tmp'; then
+  ok "a file past ulimit -f: one error line, no temporary file left (it died of SIGXFSZ)"
+else bad "ulimit -f: exit $rc, $(tail -1 "$dir/fsz.err")"; fi
+OMP_NUM_THREADS=100000 "$ampc" train "${E[@]}" > /dev/null 2>"$dir/omp.err"; rc=$?
+if [ $rc = 2 ] && grep -q "^ampc: error: OMP_NUM_THREADS: '100000' is more than the" "$dir/omp.err"; then ok "OMP_NUM_THREADS=100000: refused (libgomp crashed making the threads)"
+else bad "OMP_NUM_THREADS=100000: exit $rc, $(tail -1 "$dir/omp.err")"; fi
+rm -f "$dir/two.jsonl"
+"$ampc" train --model mlp --train-limit 4096 --test-limit 64 --epochs 1000 --threads 1 --metrics "$dir/two.jsonl" --checkpoint-dir "$dir/two_ck" > /dev/null 2>&1 &
+first=$!
+for _ in $(seq 1 100); do [ -s "$dir/two.jsonl" ] && break; sleep 0.1; done
+"$ampc" train "${E[@]}" --metrics "$dir/two.jsonl" > /dev/null 2>"$dir/two.err"; rc=$?
+kill -TERM $first; wait $first
+if [ $rc = 1 ] && grep -q "^ampc: error: --metrics: '$dir/two.jsonl' is being written by another run" "$dir/two.err"; then
+  ok "a second run on a metrics file another run writes: refused (their lines interleaved)"
+else bad "two runs on one metrics file: exit $rc, $(tail -1 "$dir/two.err")"; fi
+
 # --- a batch larger than the training set: the whole set, planned for no more ----------------
 out=$("$ampc" train --model cnn --train-limit 64 --test-limit 32 --batch-size 65536 --epochs 1 2>&1); rc=$?
 mem=$(echo "$out" | grep -o "activations [0-9.]* MB" | head -1 | grep -o "[0-9.]*")

@@ -1,5 +1,7 @@
 /* ampc: train, evaluate and inspect mixed-precision models. */
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <omp.h>
 #include <sched.h>
 #include <stdio.h>
@@ -101,16 +103,67 @@ static void reexec_settings(char **argv) {
 
 /* What was printed to standard output must have reached it: a full disk or
  * a closed pipe is an error, not a silent exit 0. */
+/* standard output was closed when the program started (it is /dev/null now) */
+static int stdout_was_closed;
+
 static int stdout_done(int rc) {
+  if (stdout_was_closed) {
+    cli_error("standard output: write error: %s", strerror(EBADF));
+    return rc ? rc : 1;
+  }
   if (fflush(stdout) != 0 || ferror(stdout)) {
-    cli_error("standard output: write error: %s", errno ? strerror(errno) : "unknown");
+    /* the failed write's errno is long gone (other calls came since): one
+     * more byte written straight says why (a full disk, a closed pipe) */
+    errno = 0;
+    int e = write(STDOUT_FILENO, "\n", 1) < 0 ? errno : 0;
+    cli_error("standard output: write error: %s", e ? strerror(e) : "unknown");
     return rc ? rc : 1;
   }
   return rc;
 }
 
+/* Standard streams that are closed get /dev/null, so that no file the
+ * program opens takes their number (the metrics file, a lock, would get
+ * what is printed); closed standard output is still an error at the end. */
+static void reserve_std_streams(void) {
+  for (int fd = 0; fd <= 2; fd++) {
+    if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    int n = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (n >= 0 && n != fd) {
+      dup2(n, fd);
+      close(n);
+    }
+    if (fd == 1) stdout_was_closed = 1;
+  }
+}
+
+/* OMP_NUM_THREADS sizes every thread's buffers as --threads does: the same
+ * range (libgomp took 100000 and crashed creating them); 0 where it is
+ * within it or not a number libgomp takes */
+static int check_omp_threads(void) {
+  const char *v = getenv("OMP_NUM_THREADS");
+  if (!v || !*v) return 0;
+  char *end;
+  errno = 0;
+  long long n = strtoll(v, &end, 10);
+  if (end == v || errno == ERANGE) return errno == ERANGE ? -1 : 0;
+  if (n > cli_max_threads()) return -1;
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  /* write errors are errors, not signals: a closed pipe (EPIPE) or a file
+   * past ulimit -f (EFBIG) is reported, temporary files removed, and a run
+   * still writes its other outputs */
+  signal(SIGPIPE, SIG_IGN);
+  signal(SIGXFSZ, SIG_IGN);
+  if (check_omp_threads() < 0) {
+    cli_error("OMP_NUM_THREADS: '%s' is more than the %d threads this machine takes (as --threads: %d a CPU, at most %d)",
+              getenv("OMP_NUM_THREADS"), cli_max_threads(), CLI_THREADS_PER_CPU, CLI_MAX_THREADS);
+    return 2;
+  }
   reexec_settings(argv);
+  reserve_std_streams(); /* (after the re-run, if any: that process is the one to know) */
   /* whole thread teams, whatever OMP_DYNAMIC says, and no more threads than
    * OMP_THREAD_LIMIT allows: OpenBLAS's threaded sgemm (bench's baseline;
    * the library guards its own calls the same way) waits for every thread

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -495,6 +496,14 @@ int cmd_train(int argc, char **argv) {
     int existed = stat(a.metrics, &sb) == 0 || errno != ENOENT;
     if (!(mf = cli_open_output("--metrics", a.metrics, a.resume ? CLI_OUT_APPEND : CLI_OUT_KEEP))) goto done;
     metrics_made = !existed;
+    /* one run writes a metrics file at a time (two interleaved their lines):
+     * a lock for the run's life, dropped however it ends */
+    struct stat ms;
+    if (fstat(fileno(mf), &ms) == 0 && S_ISREG(ms.st_mode) && flock(fileno(mf), LOCK_EX | LOCK_NB) != 0) {
+      cli_error("--metrics: '%s' is being written by another run (it holds a lock on it); choose another file", a.metrics);
+      metrics_made = 0; /* (the other run's) */
+      goto done;
+    }
   }
   /* data-parallel: each rank takes its share of the cores */
   if (W > 1 && a.c.threads == 0 && !getenv("OMP_NUM_THREADS")) a.c.threads = cli_dist_default_threads();
