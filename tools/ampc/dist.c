@@ -149,9 +149,15 @@ int cli_dist_parse_agree(int pr) {
   return -1;
 }
 
-/* FNV-1a, folded to 52 bits (a double holds it exactly) */
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-  for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
+uint64_t cli_hash_bytes(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (; n >= 8; n -= 8, b += 8) {
+    uint64_t w;
+    memcpy(&w, b, 8);
+    h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+  }
+  for (; n > 0; n--, b++) h = (h ^ *b) * 1099511628211ull; /* (FNV-1a's prime) */
   return h;
 }
 
@@ -164,22 +170,22 @@ int cli_dist_same_options(const cli_opt *opts) {
   v[0] = n; /* (another build's table) */
   for (int i = 0; i < n; i++) {
     const cli_opt *o = &opts[i];
-    uint64_t h = 14695981039346656037ull;
+    uint64_t h = CLI_HASH_START;
     int path = o->meta && (strstr(o->meta, "FILE") || strstr(o->meta, "DIR")),
         local = path || !strcmp(o->name, "--threads") || !strcmp(o->name, "--quiet");
     /* a path may differ between hosts, but not be given on some ranks alone:
      * the ranks would save, resume or log at different points, and the
      * collectives of one would wait for the others' forever */
-    if (path && o->kind == OPT_STRING && strcmp(o->name, "--data") != 0) h = fnv(h, *(const char *const *)o->dest ? "1" : "0", 1);
+    if (path && o->kind == OPT_STRING && strcmp(o->name, "--data") != 0) h = cli_hash_bytes(h, *(const char *const *)o->dest ? "1" : "0", 1);
     if (!local) switch (o->kind) {
         case OPT_FLAG:
         case OPT_INT:
-        case OPT_ONOFF: h = fnv(h, o->dest, sizeof(int)); break;
-        case OPT_I64: h = fnv(h, o->dest, sizeof(int64_t)); break;
-        case OPT_FLOAT: h = fnv(h, o->dest, sizeof(float)); break;
+        case OPT_ONOFF: h = cli_hash_bytes(h, o->dest, sizeof(int)); break;
+        case OPT_I64: h = cli_hash_bytes(h, o->dest, sizeof(int64_t)); break;
+        case OPT_FLOAT: h = cli_hash_bytes(h, o->dest, sizeof(float)); break;
         case OPT_STRING: {
           const char *s = *(const char *const *)o->dest;
-          h = s ? fnv(h, s, strlen(s) + 1) : fnv(h, "", 0) + 1;
+          h = s ? cli_hash_bytes(h, s, strlen(s) + 1) : cli_hash_bytes(h, "", 0) + 1;
           break;
         }
       }

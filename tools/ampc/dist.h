@@ -61,5 +61,10 @@ int cli_dist_same_options(const cli_opt *opts);
  * naming the first that differs (names[i]) with its smallest and largest
  * value over the ranks. */
 int cli_dist_same_values(const double *v, const char *const *names, int n);
+/* A 64-bit hash of n bytes into h (start from CLI_HASH_START), 8 at a time:
+ * what the ranks compare of their options, data and models -- it need only
+ * tell copies apart, quickly */
+#define CLI_HASH_START 14695981039346656037ull
+uint64_t cli_hash_bytes(uint64_t h, const void *p, size_t n);
 
 #endif

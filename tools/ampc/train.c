@@ -67,20 +67,6 @@ static void epoch_start_state(ampc_train_state *ts, int64_t epoch) {
   ts->has_grad_stats = 0;
 }
 
-/* A 64-bit hash of n bytes, 8 at a time (what the ranks compare: it need
- * only tell copies apart, quickly) */
-static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
-  const unsigned char *b = p;
-  for (; n >= 8; n -= 8, b += 8) {
-    uint64_t w;
-    memcpy(&w, b, 8);
-    h = (h ^ w) * 0x9E3779B97F4A7C15ull;
-    h ^= h >> 29;
-  }
-  for (; n > 0; n--, b++) h = (h ^ *b) * 0x100000001B3ull;
-  return h;
-}
-
 /* What every rank must hold alike to train as one (beyond the sizes): the
  * training and test sets' images and labels, and the model's parameters and
  * buffers as made from --seed or loaded from --resume, as hashes. -1 where
@@ -90,8 +76,8 @@ static int rank_contents(cli_session *s, uint64_t h[3]) {
   for (int k = 0; k < 2; k++) {
     const ampc_dataset *d = sets[k];
     size_t n = ampc_dataset_count(d), px = (size_t)ampc_dataset_channels(d) * (size_t)ampc_dataset_height(d) * (size_t)ampc_dataset_width(d);
-    h[k] = hash_bytes(14695981039346656037ull, ampc_dataset_images(d), n * px);
-    h[k] = hash_bytes(h[k], ampc_dataset_labels(d), n * sizeof(int32_t));
+    h[k] = cli_hash_bytes(CLI_HASH_START, ampc_dataset_images(d), n * px);
+    h[k] = cli_hash_bytes(h[k], ampc_dataset_labels(d), n * sizeof(int32_t));
   }
   ampc_graph *g = s->g;
   size_t np = ampc_graph_param_count(g), nb = ampc_graph_buffer_count(g), most = 1;
@@ -101,7 +87,7 @@ static int rank_contents(cli_session *s, uint64_t h[3]) {
   }
   unsigned char *buf = malloc(most * 8);
   if (!buf) return -1;
-  h[2] = 14695981039346656037ull;
+  h[2] = CLI_HASH_START;
   for (size_t i = 0; i < np + nb; i++) {
     ampc_value v = i < np ? ampc_graph_param_at(g, i) : ampc_graph_buffer_at(g, i - np);
     ampc_tensor t = ampc_graph_tensor(g, v);
@@ -110,7 +96,7 @@ static int rank_contents(cli_session *s, uint64_t h[3]) {
       free(buf);
       return -1;
     }
-    h[2] = hash_bytes(h[2], buf, (size_t)ampc_tensor_numel(&t) * ampc_dtype_size(t.dtype));
+    h[2] = cli_hash_bytes(h[2], buf, (size_t)ampc_tensor_numel(&t) * ampc_dtype_size(t.dtype));
   }
   free(buf);
   return 0;
