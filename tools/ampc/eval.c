@@ -51,8 +51,7 @@ int cmd_eval(int argc, char **argv) {
   if (rec >= 0 && rec != (s.normalize != 0))
     fprintf(stderr, "ampc: warning: eval: %s was trained %s per-channel normalisation%s%s, and this evaluation runs with --normalize %s\n",
             weights, rec ? "with" : "without", ds[0] ? " of " : "", ds, s.normalize ? "on" : "off");
-  ampc_dataset_kind dk;
-  const char *here = ampc_dataset_kind_parse(c.dataset, &dk) == 0 ? ampc_dataset_kind_name(dk) : c.dataset;
+  const char *here = cli_dataset_name(&c);
   if (rec == 1 && s.normalize && ds[0] && strcmp(ds, here) != 0)
     /* each dataset is normalised with its own mean and std */
     fprintf(stderr, "ampc: warning: eval: %s was trained on %s, normalised with its mean and std, and this evaluation normalises "

@@ -16,6 +16,11 @@ static int dataset_kind(const cli_common *c, ampc_dataset_kind *kind, const char
   return 0;
 }
 
+const char *cli_dataset_name(const cli_common *c) {
+  ampc_dataset_kind dk;
+  return ampc_dataset_kind_parse(c->dataset, &dk) == 0 ? ampc_dataset_kind_name(dk) : c->dataset;
+}
+
 int cli_output_is_data(const cli_common *c, const char *out, const char **name) {
   ampc_dataset_kind kind;
   const char *dir;
@@ -88,7 +93,8 @@ static int check_resume_run(const char *flag, const char *path, const cli_common
     rc = -1;
   }
   /* the amp properties the opt level leaves to the user: the run goes on with
-   * the numerics it had (the library checks the opt level and half type) */
+   * the numerics it had (the library checks the opt level and half type
+   * again at load, for callers of the API) */
   json_t *amp = json_object_get(root, "amp");
   /* the opt level and half type first: the properties below follow from them */
   const char *lvl = json_string_value(json_object_get(amp, "opt_level")), *hf = json_string_value(json_object_get(amp, "half_type"));
@@ -117,8 +123,7 @@ static int check_resume_run(const char *flag, const char *path, const cli_common
   }
   json_t *nz = json_object_get(pre, "normalize");
   const char *ds = json_string_value(json_object_get(pre, "dataset"));
-  ampc_dataset_kind dk;
-  const char *here = ampc_dataset_kind_parse(c->dataset, &dk) == 0 ? ampc_dataset_kind_name(dk) : c->dataset;
+  const char *here = cli_dataset_name(c);
   if (rc == 0 && json_is_boolean(nz) && json_is_true(nz) != (c->normalize != 0)) {
     cli_error("%s: '%s' was trained with --normalize %s, not %s (the model's inputs would differ)", flag, path,
               json_is_true(nz) ? "on" : "off", c->normalize ? "on" : "off");

@@ -65,6 +65,8 @@ int cli_check_grad_accum(int accum, size_t images, int64_t batch);
 /* Whether output path out is one of the files the run's dataset may be read
  * from (either split): 1 with *name its file name, else 0. */
 int cli_output_is_data(const cli_common *c, const char *out, const char **name);
+/* --dataset's canonical name ("fashion-mnist" for "fmnist"), as preprocessing records name it; the value as given where it is none */
+const char *cli_dataset_name(const cli_common *c);
 /* A resumed run state against this run: its epoch within --epochs' range and
  * its batch within the `batches` of an epoch here; names the checkpoint. */
 int cli_check_resume(const char *path, const ampc_train_state *ts, int64_t batches);
