@@ -442,5 +442,20 @@ if [ $rc = 2 ] && head -1 "$dir/none.txt" | grep -q "^ampc: error: no command gi
   ok "ampc alone: exit 2, an error line, then the usage"
 else bad "ampc alone: exit $rc, '$(head -2 "$dir/none.txt")'"; fi
 
+# a file name with a newline and a terminal escape in it: the lines that say
+# what was written keep to one line and print no escape, as error lines do
+odd="$dir/w"$'\n'"x"$'\e'"[31m.safetensors"
+"$ampc" train --model mlp --train-limit 64 --test-limit 32 --batch-size 32 --epochs 1 --threads 1 --save "$odd" > /dev/null 2> "$dir/odd.txt"
+rc=$?
+"$ampc" export "$odd" -o "$odd.f16" --dtype f16 2>> "$dir/odd.txt"
+rc2=$?
+if [ $rc = 0 ] && [ $rc2 = 0 ] && [ -f "$odd" ] && [ -f "$odd.f16" ] && ! grep -q $'\e' "$dir/odd.txt" &&
+   grep -q "^ampc: wrote weights $dir/w?x?\[31m.safetensors$" "$dir/odd.txt" &&
+   grep -q "^ampc: wrote $dir/w?x?\[31m.safetensors.f16: " "$dir/odd.txt"; then
+  ok "a file name with control characters: written, and shown with '?' for them"
+else
+  bad "a file name with control characters (exit $rc, $rc2)"; cat -v "$dir/odd.txt" | tail -4
+fi
+
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -237,7 +237,7 @@ static int lock_dir(const char *flag, const char *dir, int busy_quiet) {
   made.made_lock = fresh;
   int removed = remove_leftovers(dir);
   if (removed) /* even with --quiet: files were deleted */
-    fprintf(stderr, "ampc: removed %d unfinished checkpoint file%s left in %s by an interrupted save\n", removed, removed == 1 ? "" : "s", dir);
+    fprintf(stderr, "ampc: removed %d unfinished checkpoint file%s left in %s by an interrupted save\n", removed, removed == 1 ? "" : "s", cli_shown(dir));
   return fd; /* held, with the lock, until the process ends */
 }
 

@@ -56,6 +56,21 @@ void cli_lib_error(const char *context) {
   error_line(line);
 }
 
+const char *cli_shown(const char *name) {
+  static char buf[4][4096];
+  static unsigned next;
+  char *b = buf[next++ % 4];
+  snprintf(b, sizeof buf[0], "%s", name ? name : "");
+  ampc__one_line(b);
+  return b;
+}
+
+int cli_not_stdout(const char *flag, const char *path) {
+  if (!path || strcmp(path, "-") != 0) return 0;
+  cli_error("%s: '-': this writes a file, not standard output; write ./- for a file named '-'", flag);
+  return -1;
+}
+
 double cli_now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);

@@ -28,6 +28,14 @@ int cli_parse(const char *cmd, const char *usage, const cli_opt *opts, int argc,
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Prints "ampc: error: <ampc_last_error()>" with an optional context prefix. */
 void cli_lib_error(const char *context);
+/* A file name as an informational line shows it: each control character '?',
+ * as in error lines, so that no name breaks the line or drives the terminal.
+ * The result stays valid for the next three calls (one line's names). */
+const char *cli_shown(const char *name);
+/* An output file option given "-": these write files, not standard output
+ * (report's -o alone takes "-" for it). Prints the error and returns -1;
+ * 0 for any other name (./- names a file called "-"). */
+int cli_not_stdout(const char *flag, const char *path);
 double cli_now(void);
 int cli_is_tty(void);
 

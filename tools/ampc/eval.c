@@ -50,12 +50,12 @@ int cmd_eval(int argc, char **argv) {
   if (rec == -2) rc = 1;
   if (rec >= 0 && rec != (s.normalize != 0))
     fprintf(stderr, "ampc: warning: eval: %s was trained %s per-channel normalisation%s%s, and this evaluation runs with --normalize %s\n",
-            weights, rec ? "with" : "without", ds[0] ? " of " : "", ds, s.normalize ? "on" : "off");
+            cli_shown(weights), rec ? "with" : "without", ds[0] ? " of " : "", cli_shown(ds), s.normalize ? "on" : "off");
   const char *here = cli_dataset_name(&c);
   if (rec == 1 && s.normalize && ds[0] && strcmp(ds, here) != 0)
     /* each dataset is normalised with its own mean and std */
     fprintf(stderr, "ampc: warning: eval: %s was trained on %s, normalised with its mean and std, and this evaluation normalises "
-                    "with %s's (--dataset)\n", weights, ds, here);
+                    "with %s's (--dataset)\n", cli_shown(weights), cli_shown(ds), here);
   if (!rc) rc = cli_evaluate(&s, s.test, &loss, &acc) < 0;
   if (!rc) printf("test_loss %.4f test_acc %.4f images %zu\n", loss, acc, ampc_dataset_count(s.test));
   cli_session_close(&s);

@@ -172,6 +172,7 @@ int cmd_export(int argc, char **argv) {
     cli_error("--dtype: expected f32, f16 or bf16, got '%s'", dtype_name);
     return 2;
   }
+  if (cli_not_stdout("-o", out) < 0) return 2;
   if (cli_same_file(in, out)) {
     cli_error("-o: '%s' is the input file; write the export to another file", out);
     return 2;
@@ -335,8 +336,8 @@ int cmd_export(int argc, char **argv) {
       cli_lib_error("-o");
       rc = 1;
     } else {
-      fprintf(stderr, "ampc: wrote %s: %zu tensors (%lld values) of %s as %s, %s; %s\n", out, nout, (long long)values,
-              model ? model : "the model", ampc_dtype_name(dt),
+      fprintf(stderr, "ampc: wrote %s: %zu tensors (%lld values) of %s as %s, %s; %s\n", cli_shown(out), nout, (long long)values,
+              model ? cli_shown(model) : "the model", ampc_dtype_name(dt),
               from_master ? "parameters from the f32 master weights" : "from the model's own tensors",
               pre_js ? "preprocessing recorded in the metadata" : "no preprocessing recorded in the input");
     }

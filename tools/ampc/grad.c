@@ -45,6 +45,7 @@ int cmd_grad(int argc, char **argv) {
     cli_error("grad: --weights, --batch and --out are required");
     return 2;
   }
+  if (cli_not_stdout("--out", out) < 0) return 2;
   if (cli_same_file(out, weights) || cli_same_file(out, batch)) {
     cli_error("--out: '%s' is the %s file it reads; choose another output", out, cli_same_file(out, weights) ? "--weights" : "--batch");
     return 2;

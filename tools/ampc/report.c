@@ -1290,7 +1290,7 @@ int cmd_report(int argc, char **argv) {
     cli_lib_error("-o");
     rc = 1;
   } else {
-    fprintf(stderr, "ampc: wrote %s (%zu run%s, %zu charts)\n", out, nfiles, nfiles == 1 ? "" : "s", drawn);
+    fprintf(stderr, "ampc: wrote %s (%zu run%s, %zu charts)\n", cli_shown(out), nfiles, nfiles == 1 ? "" : "s", drawn);
   }
   free(b.p);
   for (size_t r = 0; r < nfiles; r++) free_run(&runs[r]);

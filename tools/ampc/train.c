@@ -44,7 +44,7 @@ static int save_checkpoint(cli_session *s, const char *dir, int keep, const ampc
     cli_lib_error("saving checkpoint");
     return -1;
   }
-  if (!quiet) fprintf(stderr, "ampc: saved %s\n", path);
+  if (!quiet) fprintf(stderr, "ampc: saved %s\n", cli_shown(path));
   snprintf(saved, 4096, "%s", path);
   if (keep > 0) cli_prune_checkpoints(dir, keep);
   return 0;
@@ -175,7 +175,7 @@ static int metrics_rewind(FILE *mf, const char *path, const ampc_train_state *ts
   if (fstat(fileno(mf), &ws) != 0 || !S_ISREG(ws.st_mode)) return 0; /* a pipe or a device: nothing to cut */
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) { /* (a file this run may write but not read) */
-    fprintf(stderr, "ampc: --metrics: cannot read '%s' to cut it at the checkpoint (%s): appending to it as it is\n", path, strerror(errno));
+    fprintf(stderr, "ampc: --metrics: cannot read '%s' to cut it at the checkpoint (%s): appending to it as it is\n", cli_shown(path), strerror(errno));
     return 0;
   }
   FILE *in = NULL;
@@ -600,7 +600,7 @@ int cmd_train(int argc, char **argv) {
       int64_t image = ts.batch * ts.global_batch;
       if (!quiet)
         fprintf(stderr, "ampc: %s counted batches of %lld images (%lld rank%s), this run %lld (%d): resuming at image %lld of the epoch, batch %lld%s\n",
-                resume_path, (long long)ts.global_batch, (long long)ts.world_size, ts.world_size == 1 ? "" : "s", (long long)G, W,
+                cli_shown(resume_path), (long long)ts.global_batch, (long long)ts.world_size, ts.world_size == 1 ? "" : "s", (long long)G, W,
                 (long long)image, (long long)(image / G), image % G ? " (the images before it in that batch are seen again)" : "");
       ts.batch = image / G;
     }
@@ -622,7 +622,7 @@ int cmd_train(int argc, char **argv) {
                a.save ? " not written: nothing was trained; ampc export CHECKPOINT -o FILE writes its weights)" : "");
       goto done;
     }
-    if (!quiet) fprintf(stderr, "ampc: resumed from %s at epoch %lld, batch %lld, step %lld\n", resume_path, (long long)ts.epoch + 1, (long long)ts.batch, (long long)ts.step);
+    if (!quiet) fprintf(stderr, "ampc: resumed from %s at epoch %lld, batch %lld, step %lld\n", cli_shown(resume_path), (long long)ts.epoch + 1, (long long)ts.batch, (long long)ts.step);
   }
   ts.world_size = W;
   ts.global_batch = G;
@@ -682,9 +682,9 @@ int cmd_train(int argc, char **argv) {
     if (metrics_rewind(mf, a.metrics, &ts, &mc) < 0) metrics_ok = 0;
     else if (mc.dropped > 0 && mc.past) /* (said with --quiet too: lines of the user's file went) */
       fprintf(stderr, "ampc: --metrics: %s: dropped %lld line%s from the first record past the checkpoint (step %lld) on, which this run writes again\n",
-              a.metrics, mc.dropped, mc.dropped == 1 ? "" : "s", (long long)ts.step);
+              cli_shown(a.metrics), mc.dropped, mc.dropped == 1 ? "" : "s", (long long)ts.step);
     else if (mc.dropped > 0)
-      fprintf(stderr, "ampc: --metrics: %s: dropped its last line, cut short (a write the run before did not finish)\n", a.metrics);
+      fprintf(stderr, "ampc: --metrics: %s: dropped its last line, cut short (a write the run before did not finish)\n", cli_shown(a.metrics));
   }
   if (!cli_dist_agree(metrics_ok)) {
     rc = 1;
@@ -927,7 +927,7 @@ int cmd_train(int argc, char **argv) {
       if (!cli_dist_agree(locked) || save_on_root(&s, dir, a.keep, &ts, 0, last_ckpt, NULL, NULL) < 0)
         rc = 1;
       else if (root)
-        fprintf(stderr, "ampc: resume with: ampc train ... --resume %s\n", dir);
+        fprintf(stderr, "ampc: resume with: ampc train ... --resume %s\n", cli_shown(dir));
       interrupted = 1;
       break;
     }
@@ -1083,7 +1083,7 @@ int cmd_train(int argc, char **argv) {
   int saved = 0;
   if (rc == 0 && a.save && epochs_run + interrupted > 0) {
     if (interrupted && !a.save_on_interrupt) {
-      if (root) fprintf(stderr, "ampc: --save %s not written: the run stopped mid-epoch (--save-on-interrupt writes it anyway)\n", a.save);
+      if (root) fprintf(stderr, "ampc: --save %s not written: the run stopped mid-epoch (--save-on-interrupt writes it anyway)\n", cli_shown(a.save));
     } else {
       /* the preprocessing goes with the weights, as in checkpoints and exports */
       char *pre = ts.preprocessing.dataset[0] ? ampc_preprocessing_json(&ts.preprocessing) : NULL;
@@ -1106,9 +1106,9 @@ int cmd_train(int argc, char **argv) {
             peak_rss_mb(), (double)acc_bytes / 1e6, W > 1 ? " on rank 0" : "");
     if (mf || saved || last_ckpt[0]) {
       fprintf(stderr, "ampc: wrote");
-      if (mf) fprintf(stderr, " metrics %s%s", a.metrics, saved || last_ckpt[0] ? "," : "");
-      if (saved) fprintf(stderr, " weights %s%s", a.save, last_ckpt[0] ? "," : "");
-      if (last_ckpt[0]) fprintf(stderr, " checkpoints in %s (last %s)", a.checkpoint_dir ? a.checkpoint_dir : dir_buf, last_ckpt);
+      if (mf) fprintf(stderr, " metrics %s%s", cli_shown(a.metrics), saved || last_ckpt[0] ? "," : "");
+      if (saved) fprintf(stderr, " weights %s%s", cli_shown(a.save), last_ckpt[0] ? "," : "");
+      if (last_ckpt[0]) fprintf(stderr, " checkpoints in %s (last %s)", cli_shown(a.checkpoint_dir ? a.checkpoint_dir : dir_buf), cli_shown(last_ckpt));
       fprintf(stderr, "\n");
     }
   }

@@ -120,6 +120,7 @@ int train_args_check(const train_args *a, ampc_optim_config *ocfg, ampc_lr_sched
               a->save_every > 0 ? "--save-every" : "--keep");
     return -1;
   }
+  if (cli_not_stdout("--save", a->save) < 0 || cli_not_stdout("--metrics", a->metrics) < 0) return -1;
   if (a->save_on_interrupt && !a->save) {
     cli_error("--save-on-interrupt: it writes the --save file: give --save FILE too");
     return -1;
