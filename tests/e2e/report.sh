@@ -279,5 +279,30 @@ if "$ampc" report "$dir/nonfinite.jsonl" -o "$dir/nonfinite.html" > /dev/null 2>
   ok "losses that were not finite: 'not finite' in the table, counted in the loss charts' notes"
 else bad "non-finite losses: $(grep -o 'not finite[^<]*' "$dir/nonfinite.html" | head -3)"; fi
 
+# ... and the line breaks there rather than joining its neighbours: the
+# polyline keeps the values (not stroked), a path draws the pieces
+printf '%s\n' '{"epoch":1,"train_loss":2.3,"steps":4}' '{"epoch":2,"train_loss":2.1,"steps":8}' '{"epoch":3,"train_loss":null,"steps":12}' \
+  '{"epoch":4,"train_loss":1.9,"steps":16}' '{"epoch":5,"train_loss":null,"steps":20}' '{"epoch":6,"train_loss":1.7,"steps":24}' > "$dir/broken.jsonl"
+if "$ampc" report "$dir/broken.jsonl" -o "$dir/broken.html" > /dev/null 2>&1 &&
+  python3 - "$dir/broken.html" <<'EOF'
+import re, sys
+page = open(sys.argv[1]).read()
+poly = re.search(r'<polyline [^>]*data-series="train_loss"[^>]*>', page).group(0)
+assert 'stroke="none"' in poly and 'data-x="1,2,4,6"' in poly and 'data-breaks="4,6"' in poly, poly
+d = re.search(r'<path class="line-drawn"[^>]*d="([^"]*)"', page).group(1)
+# epochs 1-2 a line, 4 a dot alone, 6 a dot alone
+assert re.fullmatch(r'M[-0-9. ]+ L[-0-9. ]+ M[-0-9. ]+ l0 0 M[-0-9. ]+ l0 0', d), d
+assert re.search(r'"breaks_before_x": ?\[4(\.0)?, ?6(\.0)?\]', page)
+EOF
+then ok "a loss that was not finite breaks the line there (the polyline keeps the values, data-breaks the x it starts again at)"
+else bad "the line over a non-finite loss: $(grep -o '<path class="line-drawn"[^>]*>' "$dir/broken.html" | head -1)"; fi
+
+# more runs than the ten colours: each its own
+for i in $(seq 1 13); do printf '{"epoch":1,"train_loss":%s}\n' "$i" > "$dir/many$i.jsonl"; done
+if "$ampc" report "$dir"/many{1..13}.jsonl -o "$dir/many.html" > /dev/null 2>&1 &&
+  [ "$(grep -o 'class="swatch" style="background:[^"]*"' "$dir/many.html" | sort -u | wc -l)" = 13 ]; then
+  ok "13 runs: 13 colours"
+else bad "13 runs: $(grep -o 'class="swatch" style="background:[^"]*"' "$dir/many.html" | sort -u | wc -l) colours"; fi
+
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

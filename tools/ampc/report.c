@@ -455,7 +455,16 @@ static void free_run(run_t *r) {
 static const char *const run_colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                                           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 #define N_COLOURS (sizeof run_colours / sizeof run_colours[0])
-static const char *colour(size_t run) { return run_colours[run % N_COLOURS]; }
+/* Runs past the ten: hues a golden angle apart (no two alike however many),
+ * at a lightness of 30-54% that reads on white. */
+static const char *colour(size_t run) {
+  if (run < N_COLOURS) return run_colours[run];
+  static char more[64][32];
+  static size_t which;
+  char *c = more[which++ % 64];
+  snprintf(c, sizeof more[0], "hsl(%.0f,70%%,%d%%)", fmod(17.0 + 137.508 * (double)(run - N_COLOURS), 360.0), 30 + (int)(run % 4) * 8);
+  return c;
+}
 
 typedef struct {
   size_t run;
@@ -464,6 +473,8 @@ typedef struct {
   int dashed;
   dvec x, y;
   dvec mx, my, mcount; /* marked points (skipped steps) and how many each stands for */
+  dvec breaks;         /* the line breaks before the first point at each of these x: a value was not finite there */
+  int gap;             /* a value that was not finite since the last point */
 } series;
 
 typedef enum { FMT_PLAIN, FMT_PERCENT } tick_fmt;
@@ -498,6 +509,7 @@ static void chart_free(chart *c) {
     free(c->s[i].mx.v);
     free(c->s[i].my.v);
     free(c->s[i].mcount.v);
+    free(c->s[i].breaks.v);
   }
   free(c->s);
 }
@@ -517,9 +529,17 @@ static int drawable(const chart *c, double x, double y) {
 /* Adds a point unless y is missing (or, on a log axis, not positive). */
 static int point(chart *c, series *s, double x, double y) {
   if (!s || !drawable(c, x, y)) return 0;
+  if (s->gap && s->x.n && dv_push(&s->breaks, x) < 0) return -1;
+  s->gap = 0;
   if (dv_push(&s->x, x) < 0) return -1;
   if (dv_push(&s->y, y) < 0) return s->x.n--, -1; /* (x and y stay as long as each other) */
   return 0;
+}
+
+/* A value that was not finite (null in the file): the line stops before it
+ * and starts again at the next point, rather than joining over it. */
+static void gap(series *s) {
+  if (s) s->gap = 1;
 }
 
 static int mark(chart *c, series *s, double x, double y, double count) {
@@ -742,13 +762,31 @@ static void render_chart(sbuf *b, chart *c, const run_t *runs, size_t nruns, jso
     if (s->x.n) {
       /* earlier runs drawn wider, so a run that lies on another still shows */
       double width = 2.0 + 1.5 * (double)(nruns - 1 - s->run);
-      sb_printf(b, "<polyline class=\"line\" fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\"%s data-run=\"%zu\" data-series=\"%s\"", col,
-                width > 6.5 ? 6.5 : width, s->dashed ? " stroke-dasharray=\"7 4\"" : "", s->run, s->key);
+      char stroke[96];
+      snprintf(stroke, sizeof stroke, "stroke=\"%s\" stroke-width=\"%.1f\"%s", col, width > 6.5 ? 6.5 : width,
+               s->dashed ? " stroke-dasharray=\"7 4\"" : "");
+      /* the polyline carries the values (docs/formats.md); where the line
+       * breaks it is not stroked itself and a path beside it draws it */
+      sb_printf(b, "<polyline class=\"line\" fill=\"none\" %s data-run=\"%zu\" data-series=\"%s\"", s->breaks.n ? "stroke=\"none\"" : stroke,
+                s->run, s->key);
       attr_values(b, "data-x", &s->x);
       attr_values(b, "data-y", &s->y);
+      if (s->breaks.n) attr_values(b, "data-breaks", &s->breaks);
       sb_puts(b, " points=\"");
       for (size_t k = 0; k < s->x.n; k++) sb_printf(b, "%s%.2f,%.2f", k ? " " : "", px(&a, s->x.v[k]), py(&a, s->y.v[k]));
       sb_puts(b, "\"/>\n");
+      /* the broken line: moved (M) rather than drawn (L) over each break; a
+       * point alone between two of them a dot (a round cap on a zero-length
+       * line) */
+      if (s->breaks.n) sb_printf(b, "<path class=\"line-drawn\" fill=\"none\" %s stroke-linecap=\"round\" d=\"", stroke);
+      for (size_t k = 0, nb = 0; s->breaks.n && k < s->x.n; k++) {
+        int brk = 0;
+        while (nb < s->breaks.n && s->breaks.v[nb] <= s->x.v[k]) brk = 1, nb++;
+        int start = k == 0 || brk, next_starts = k + 1 == s->x.n || (nb < s->breaks.n && s->breaks.v[nb] <= s->x.v[k + 1]);
+        sb_printf(b, "%s%.2f %.2f%s", start ? (k ? " M" : "M") : " L", px(&a, s->x.v[k]), py(&a, s->y.v[k]),
+                  start && next_starts ? " l0 0" : "");
+      }
+      if (s->breaks.n) sb_puts(b, "\"/>\n");
       if (s->x.n <= 60) /* dots where the points are few enough to tell apart */
         for (size_t k = 0; k < s->x.n; k++) {
           char tx[40], ty[40];
@@ -774,6 +812,7 @@ static void render_chart(sbuf *b, chart *c, const run_t *runs, size_t nruns, jso
     sb_puts(b, "</g>\n");
     json_t *o = json_pack("{s:I, s:s, s:s, s:o, s:o}", "run", (json_int_t)s->run, "name", s->key, "label", s->label, "x", dv_json(&s->x), "y",
                           dv_json(&s->y));
+    if (s->breaks.n) json_object_set_new(o, "breaks_before_x", dv_json(&s->breaks));
     if (s->mx.n) {
       json_object_set_new(o, "skipped_x", dv_json(&s->mx));
       json_object_set_new(o, "skipped_count", dv_json(&s->mcount));
@@ -842,7 +881,8 @@ static void render_memory(sbuf *b, const run_t *runs, size_t nruns) {
   const double row = 20, gap = 12, left = 150, width = 1040, barw = width - left - 110;
   double height = 30 + (double)ncat * ((double)nruns * row + gap);
   sb_puts(b, "<section id=\"memory\"><h2>Memory by category and type</h2>\n<p class=\"note\">Bytes the library accounts for, as "
-             "`ampc train` reported them (the last epoch record that has them); bar colour: storage type, bar label: the run.</p>\n");
+             "`ampc train` reported them (the last epoch record that has them); a bar's colour: the storage type; the mark at its left: "
+             "the run's colour, as in the table of runs; its label: the category's total.</p>\n");
   sb_printf(b, "<svg class=\"memory\" viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" height=\"%.0f\" role=\"img\" aria-label=\"memory breakdown\">\n", width,
             height, width, height);
   /* legend of the types */
@@ -909,6 +949,7 @@ static const char *page_css =
     ".note{color:#666;font-size:12px;font-weight:normal}"
     "table{border-collapse:collapse;margin:8px 0}td,th{border-bottom:1px solid #ddd;padding:4px 10px;text-align:left}"
     "td.num{text-align:right;font-variant-numeric:tabular-nums}"
+    "td.path{max-width:28em;overflow-wrap:anywhere}tr.run td:first-child{white-space:nowrap}"
     ".swatch{display:inline-block;width:12px;height:12px;margin-right:6px;vertical-align:-1px;border-radius:2px}"
     ".grid-charts{display:flex;flex-wrap:wrap;gap:14px}"
     "figure.chart{margin:0;border:1px solid #e4e4e4;border-radius:4px;padding:6px 6px 0;width:540px}"
@@ -941,7 +982,8 @@ static void summary_table(sbuf *b, const run_t *runs, size_t nruns) {
     if (!u->nep)
       for (size_t i = 0; i < u->nst; i++) skipped += u->st[i].skipped;
     const epoch_rec *last = u->nep ? &u->ep[u->nep - 1] : NULL;
-    sb_printf(b, "<tr class=\"run\" data-run=\"%zu\"><td><span class=\"swatch\" style=\"background:%s\"></span>%zu</td><td>", r, colour(r), r + 1);
+    sb_printf(b, "<tr class=\"run\" data-run=\"%zu\"><td><span class=\"swatch\" style=\"background:%s\"></span>%zu</td><td class=\"path\">", r,
+              colour(r), r + 1);
     sb_esc(b, u->path);
     sb_puts(b, "</td><td>");
     sb_esc(b, u->opt_level[0] ? u->opt_level : "?");
@@ -1032,7 +1074,11 @@ static double epoch_value(const epoch_rec *e, epoch_quantity q) {
 static void fill_epoch_series(chart *c, const run_t *runs, size_t nruns, epoch_quantity q, const char *key, const char *label, int dashed) {
   for (size_t r = 0; r < nruns; r++) {
     series *s = chart_add(c, r, key, label, dashed);
-    for (size_t i = 0; i < runs[r].nep; i++) point(c, s, (double)runs[r].ep[i].epoch, epoch_value(&runs[r].ep[i], q));
+    for (size_t i = 0; i < runs[r].nep; i++) {
+      const epoch_rec *e = &runs[r].ep[i];
+      if ((q == E_TRAIN_LOSS && e->train_nonfinite) || (q == E_TEST_LOSS && e->test_nonfinite)) gap(s);
+      point(c, s, (double)e->epoch, epoch_value(e, q));
+    }
   }
 }
 
@@ -1044,6 +1090,7 @@ static void fill_step_series(chart *c, const run_t *runs, size_t nruns, step_ser
     series *s = chart_add(c, r, key, label, 0);
     for (size_t i = 0; i < runs[r].nst; i++) {
       const step_rec *t = &runs[r].st[i];
+      if (q == S_LOSS && t->loss_nonfinite) gap(s);
       point(c, s, (double)t->step, q == S_LOSS ? t->loss : t->grad_norm);
       if (q == S_LOSS && t->skipped) mark(c, s, (double)t->step, t->loss, 1);
     }
@@ -1203,7 +1250,7 @@ int cmd_report(int argc, char **argv) {
   }
   char note_ep[160], note_st[160];
   if (bad_ep) {
-    snprintf(note_ep, sizeof note_ep, "(train solid, test dashed; %zu epoch%s with a loss that was not finite, not drawn: the line joins its neighbours)",
+    snprintf(note_ep, sizeof note_ep, "(train solid, test dashed; %zu epoch%s with a loss that was not finite, not drawn: the line breaks there)",
              bad_ep, bad_ep == 1 ? "" : "s");
     charts[0].note = note_ep;
   }
