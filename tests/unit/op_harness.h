@@ -205,6 +205,13 @@ static const op_case CASES[] = {
     /* im2col's groups of samples evened out over 2 threads: 16 a group by
        its column target, 3 groups, made 4 of 10 */
     {.name = "conv3x3_s2_groups", .k = K_CONV, .n = 40, .c = 4, .h = 8, .w = 8, .o = 4, .ks = 3, .stride = 2, .pad = 1, .no_fd = 1},
+    /* strided, with kernel columns that only ever land on the right padding
+       (k >= W + pad + 1): im2col/col2im once read the next row for them */
+    {.name = "conv3x3_s2_1x1", .k = K_CONV, .n = 2, .c = 3, .h = 1, .w = 1, .o = 5, .ks = 3, .stride = 2, .pad = 1, .bias = 1},
+    {.name = "conv3x3_s3_1x1", .k = K_CONV, .n = 2, .c = 2, .h = 1, .w = 1, .o = 3, .ks = 3, .stride = 3, .pad = 1},
+    {.name = "conv5x5_s2_2x2_p2", .k = K_CONV, .n = 3, .c = 2, .h = 2, .w = 2, .o = 3, .ks = 5, .stride = 2, .pad = 2},
+    {.name = "conv7x7_s2_9x5_p1", .k = K_CONV, .n = 2, .c = 2, .h = 9, .w = 5, .o = 2, .ks = 7, .stride = 2, .pad = 1},
+    {.name = "conv5x5_s3_w3_p1", .k = K_CONV, .n = 2, .c = 2, .h = 7, .w = 3, .o = 2, .ks = 5, .stride = 3, .pad = 1},
     {.name = "bn_train", .k = K_BN_TRAIN, .n = 3, .c = 3, .h = 5, .w = 5},
     {.name = "bn_train_odd", .k = K_BN_TRAIN, .n = 2, .c = 4, .h = 3, .w = 7},
     {.name = "bn_eval", .k = K_BN_EVAL, .n = 2, .c = 3, .h = 5, .w = 6},

@@ -196,9 +196,12 @@ CPU_VECTOR static void im2col(const conv_geom *g, const float *x, float *cols, i
       for (int64_t kx = 0; kx < g->k; kx++) {
         float *dst = cols + (((ch - c0) * g->k + ky) * g->k + kx) * ld + col0;
         const float *plane = x + ch * g->H * g->W;
-        /* output columns whose input column is inside the image */
+        /* output columns whose input column is inside the image (none where
+         * the tap lies past the right edge for every column: the numerator
+         * is negative there, and C's division rounds it up to 0) */
         int64_t lo = g->p - kx > 0 ? (g->p - kx + g->s - 1) / g->s : 0;
-        int64_t hi = (g->W - 1 + g->p - kx) / g->s + 1;
+        int64_t right = g->W - 1 + g->p - kx;
+        int64_t hi = right < 0 ? 0 : right / g->s + 1;
         if (hi > g->OW) hi = g->OW;
         if (lo > hi) lo = hi;
         for (int64_t oy = oy0; oy < oy1; oy++) {
@@ -228,7 +231,8 @@ CPU_VECTOR static void col2im(const conv_geom *g, const float *cols, int64_t ld,
         const float *src = cols + ((ch * g->k + ky) * g->k + kx) * ld + col0;
         float *plane = dx + ch * g->H * g->W;
         int64_t lo = g->p - kx > 0 ? (g->p - kx + g->s - 1) / g->s : 0;
-        int64_t hi = (g->W - 1 + g->p - kx) / g->s + 1;
+        int64_t right = g->W - 1 + g->p - kx; /* (as in im2col) */
+        int64_t hi = right < 0 ? 0 : right / g->s + 1;
         if (hi > g->OW) hi = g->OW;
         for (int64_t oy = oy0; oy < oy1; oy++) {
           int64_t iy = oy * g->s - g->p + ky;
