@@ -8,11 +8,15 @@
  * AVX-512 kernels ("SkylakeX"). The environment variable OPENBLAS_CORETYPE
  * overrides the choice, but only if it is set before the library is loaded:
  * the ampc program re-executes itself with it (tools/ampc/main.c). */
+#include <pthread.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 
 #include "ampc/version.h"
 #include "core/dtype_internal.h"
+#include "core/status_internal.h"
 
 /* OpenBLAS's own queries (its cblas.h declares them). */
 char *openblas_get_corename(void);
@@ -51,16 +55,42 @@ const char *ampc_blas_better_core(void) {
   return ampc__blas_better_core(ampc_blas_core(), ampc__cpu_has_avx2_f16c(), ampc__cpu_has_avx512());
 }
 
-const char *ampc_blas_name(void) {
-  /* "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...": its first two words */
-  static _Thread_local char buf[64];
+/* "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...": its first two words, made
+ * once (a static string, as version.h says: the same pointer on every
+ * thread, valid for the life of the process) */
+static char blas_name[64] = "OpenBLAS";
+static pthread_once_t blas_name_once = PTHREAD_ONCE_INIT;
+static void blas_name_make(void) {
   const char *cfg = openblas_get_config();
-  if (!cfg) return "OpenBLAS";
+  if (!cfg) return;
   const char *sp = strchr(cfg, ' ');
   if (sp) sp = strchr(sp + 1, ' ');
   size_t n = sp ? (size_t)(sp - cfg) : strlen(cfg);
-  if (n >= sizeof buf) n = sizeof buf - 1;
-  memcpy(buf, cfg, n);
-  buf[n] = '\0';
-  return buf;
+  if (n >= sizeof blas_name) n = sizeof blas_name - 1;
+  memcpy(blas_name, cfg, n);
+  blas_name[n] = '\0';
+}
+
+const char *ampc_blas_name(void) {
+  pthread_once(&blas_name_once, blas_name_make);
+  return blas_name;
+}
+
+ampc_status ampc__blas_room(int buffers, const char *what) {
+  if (buffers <= 0) return AMPC_OK;
+  struct rlimit as, ds;
+  int has_as = getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY;
+  int has_ds = getrlimit(RLIMIT_DATA, &ds) == 0 && ds.rlim_cur != RLIM_INFINITY;
+  if (!has_as && !has_ds) return AMPC_OK;
+  size_t need = (size_t)buffers * AMPC__BLAS_BUFFER;
+  void *p = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p != MAP_FAILED) {
+    munmap(p, need);
+    return AMPC_OK;
+  }
+  return ampc__error(AMPC_ENOMEM,
+                     "out of memory: the process's %s limit (%s, %.0f MB) leaves too little for OpenBLAS's buffers, "
+                     "%.0f MB more for %s: raise the limit or use fewer threads",
+                     has_as ? "address-space" : "data", has_as ? "ulimit -v" : "ulimit -d",
+                     (double)(has_as ? as.rlim_cur : ds.rlim_cur) / 1e6, (double)need / 1e6, what);
 }

@@ -128,6 +128,16 @@ int ampc__cpu_has_avx512(void);
  * an AVX-512 CPU), or NULL: the rule behind ampc_blas_better_core(), separate
  * for the tests. */
 const char *ampc__blas_better_core(const char *core, int avx2_fma, int avx512);
+/* OpenBLAS takes a buffer of 128 MiB and two pages for each thread of its own
+ * (openblas_set_num_threads) and for each thread that runs one of its
+ * products, the first time; where the allocation fails -- under a limit on
+ * the address space or the data segment (ulimit -v or -d, a batch system's
+ * h_vmem) -- it retries for ever, and the process hangs. AMPC_OK where
+ * `buffers` more of them fit under the process's limits (a mapping of their
+ * size, never touched) or there are no limits; AMPC_ENOMEM with the error
+ * set, naming the limit, `what` the buffers are for, where they do not. */
+#define AMPC__BLAS_BUFFER ((size_t)(128 << 20) + (64 << 10))
+ampc_status ampc__blas_room(int buffers, const char *what);
 
 #if AMPC__DTYPE_X86
 /* F16C/AVX2 bulk conversions (dtype_avx2.c, compiled for those features by

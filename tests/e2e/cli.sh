@@ -457,5 +457,47 @@ else
   bad "a file name with control characters (exit $rc, $rc2)"; cat -v "$dir/odd.txt" | tail -4
 fi
 
+# under an address-space limit (ulimit -v, a batch system's h_vmem) too low
+# for OpenBLAS's buffers, 128 MB a thread: an error naming the limit, not a
+# process that hangs in its first product (OpenBLAS retries the allocation
+# for ever). The least limit the program starts under at all is found first
+# (below it OpenBLAS's own start-up, before main, hangs the same way).
+least=$(python3 - "$ampc" <<'EOF'
+import resource, subprocess, sys
+def starts(kb):
+    lim = kb * 1024
+    try:
+        return subprocess.run([sys.argv[1], "--version"], capture_output=True, timeout=5,
+                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (lim, lim))).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+lo, hi = 1 << 16, 1 << 24  # kB: 64 MB .. 16 GB
+if not starts(hi):
+    print(0)
+    sys.exit()
+while hi - lo > 16384:
+    mid = (lo + hi) // 2
+    if starts(mid):
+        hi = mid
+    else:
+        lo = mid
+print(hi)
+EOF
+)
+if [ "${least:-0}" -gt 0 ]; then
+  (ulimit -v $((least + 200 * 1024)); timeout -s KILL 60 "$ampc" train --model mlp --train-limit 64 --test-limit 32 --batch-size 32 --epochs 1 --threads 8 --quiet > "$dir/vlim.txt" 2>&1)
+  rc=$?
+  (ulimit -v $((least + 8 * 140 * 1024 + 1024 * 1024)); timeout -s KILL 60 "$ampc" train --model mlp --train-limit 64 --test-limit 32 --batch-size 32 --epochs 1 --threads 8 --quiet > "$dir/vlim2.txt" 2>&1)
+  rc2=$?
+  if [ $rc = 1 ] && grep -q "^ampc: error: .*address-space limit (ulimit -v, [0-9]* MB) leaves too little for OpenBLAS's buffers, [0-9]* MB more for " "$dir/vlim.txt" &&
+     [ $rc2 = 0 ]; then
+    ok "ulimit -v too low for OpenBLAS's buffers: an error naming the limit (exit 1), not a hang; with room for them the run trains"
+  else
+    bad "ulimit -v: exit $rc (137: killed after hanging), with room $rc2: $(head -2 "$dir/vlim.txt") $(head -2 "$dir/vlim2.txt")"
+  fi
+else
+  ok "ulimit -v: skipped (the program does not start under a limit of 16 GB here)"
+fi
+
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

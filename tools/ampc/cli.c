@@ -3,6 +3,7 @@
 #include "ampc/backend.h"
 #include "ampc/config.h"
 #include "core/cgroup_internal.h"
+#include "core/dtype_internal.h"
 #include "core/status_internal.h"
 #include "io/fsutil_internal.h"
 #include "dist.h"
@@ -24,6 +25,7 @@
 #include <cblas.h>
 
 void openblas_set_num_threads(int num_threads);
+int openblas_get_num_threads(void);
 
 /* One error line; with several ranks it names the rank, or waits for the
  * ranks to agree which one reports (dist.h). A flag's value or a file's
@@ -567,10 +569,19 @@ int cli_check_output_folder(const char *flag, const char *path) {
   return 0;
 }
 
-void cli_set_threads(int threads) {
-  if (threads <= 0) return;
+int cli_set_threads(int threads) {
+  if (threads <= 0) return 0;
+  /* OpenBLAS takes a buffer for each thread of its own more than it had,
+   * and hangs where the process's memory limits leave no room for one */
+  char what[64];
+  snprintf(what, sizeof what, "--threads %d", threads);
+  if (ampc__blas_room(threads - openblas_get_num_threads(), what) < 0) {
+    cli_lib_error("--threads");
+    return -1;
+  }
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
+  return 0;
 }
 
 json_t *cli_memory_json(const ampc_mem_report *r) {

@@ -101,8 +101,9 @@ int cli_common_check(const cli_common *c, ampc_amp_config *cfg);
 /* Builds the amp configuration from the options (the part of
  * cli_common_check that fuzzing and the session use). */
 int cli_amp_config(const cli_common *c, ampc_amp_config *cfg);
-/* Sets the thread count for ampc and OpenBLAS. */
-void cli_set_threads(int threads);
+/* Sets the thread count for ampc and OpenBLAS; -1 with the error printed
+ * where the process's memory limits leave no room for OpenBLAS's buffers. */
+int cli_set_threads(int threads);
 
 /* Ranges of the counts given on the command line, checked at parse time and
  * listed in --help: --threads at most CLI_THREADS_PER_CPU times the online

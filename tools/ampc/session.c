@@ -142,7 +142,7 @@ int cli_session_open(cli_session *s, const cli_common *c, int need_train, int ne
                      const ampc_optim_config *ocfg, int64_t batch, const char *weights_flag, const char *weights) {
   memset(s, 0, sizeof *s);
   s->normalize = c->normalize;
-  cli_set_threads(c->threads);
+  if (cli_set_threads(c->threads) < 0) return -1;
   /* everything that can be checked without the data is checked before it is read */
   if (cli_amp_config(c, &s->amp_cfg) < 0) return -1;
   if (ampc_backend_check(c->device) < 0) {

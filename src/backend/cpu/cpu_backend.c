@@ -1,12 +1,16 @@
 /* The cpu backend: host memory, the kernel table, workspace sizing, and the
  * device calls every backend has. */
+#include <cblas.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "backend/cpu/cpu_internal.h"
 #include "core/cgroup_internal.h"
+#include "core/dtype_internal.h"
 
 /* ---- memory ---- */
 
@@ -129,10 +133,53 @@ static uint64_t cpu_capacity(ampc__device *d) {
 
 /* ---- the device ---- */
 
+/* OpenBLAS's buffers (ampc__blas_room): where the process's address space
+ * or data segment is limited, a device first makes sure that one for each of
+ * its threads fits, then has OpenBLAS take them -- one product of 128 x 128
+ * (past its small-matrix path, which takes none) on each thread -- before
+ * the plan's memory is asked for: a limit too low is then an error, not a
+ * hang in the first product, and one the plan does not fit the plan's own
+ * "out of memory". OpenBLAS keeps the buffers for later products: the
+ * process's devices count how many threads have had theirs, and only more
+ * threads than that ask for more. */
+enum { CPU_BLAS_WARM = 128 };
+static int cpu_blas_warmed;
+
+static ampc_status cpu_blas_buffers(int threads) {
+  struct rlimit as, ds;
+  int limited = (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) ||
+                (getrlimit(RLIMIT_DATA, &ds) == 0 && ds.rlim_cur != RLIM_INFINITY);
+  int warmed = __atomic_load_n(&cpu_blas_warmed, __ATOMIC_ACQUIRE);
+  if (!limited || threads <= warmed) return AMPC_OK;
+  char what[64];
+  snprintf(what, sizeof what, "the products on %d thread%s", threads, threads == 1 ? "" : "s");
+  ampc_status s = ampc__blas_room(threads - warmed, what);
+  if (s < 0) return s;
+  /* the operands from this thread (a thread's first allocation would make
+   * it an arena of its own, 64 MB more of the address space) */
+  enum { W = CPU_BLAS_WARM };
+  float *m = calloc((2 + (size_t)threads) * W * W, sizeof *m);
+  if (!m) return ampc__error(AMPC_ENOMEM, "out of memory");
+#pragma omp parallel num_threads(threads)
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, W, W, W, 1.0f, m, W, m + W * W, W, 0.0f,
+              m + (2 + (size_t)omp_get_thread_num()) * W * W, W);
+  free(m);
+  /* (the most any device has warmed; two at once may both warm) */
+  while (warmed < threads && !__atomic_compare_exchange_n(&cpu_blas_warmed, &warmed, threads, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+  }
+  return AMPC_OK;
+}
+
 static ampc_status cpu_create(ampc__device *d) {
   ampc__cpu_dev *cd = calloc(1, sizeof *cd);
   if (!cd) return ampc__error(AMPC_ENOMEM, "out of memory");
   if (d->opts.threads <= 0) d->opts.threads = omp_get_max_threads();
+  int most = omp_get_max_threads() > d->opts.threads ? omp_get_max_threads() : d->opts.threads;
+  ampc_status bs = cpu_blas_buffers(most);
+  if (bs < 0) {
+    free(cd);
+    return bs;
+  }
   cd->mem_limit = ampc__cgroup_memory(); /* read once: capacity and the blocks' check */
   cd->ctx.nthreads = d->opts.threads;
   cd->ctx.conv_algo = d->opts.conv;
