@@ -1,4 +1,5 @@
 /* The backend registry and device objects. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,14 +34,19 @@ ampc_status ampc__backend_find(const char *name, const ampc__backend **out) {
   return ampc__error(AMPC_EINVAL, "unknown backend '%s' (backends built: %s)", name, ampc_backend_names());
 }
 
+/* made once, whichever thread asks first (two threads' errors naming the
+ * list at once raced on a half-written one) */
+static char backend_names[128];
+static pthread_once_t backend_names_once = PTHREAD_ONCE_INIT;
+static void backend_names_make(void) {
+  size_t o = 0;
+  for (const ampc__backend *const *b = backends; *b && o < sizeof backend_names; b++)
+    o += (size_t)snprintf(backend_names + o, sizeof backend_names - o, "%s%s", b == backends ? "" : ", ", (*b)->name);
+}
+
 const char *ampc_backend_names(void) {
-  static char names[128];
-  if (!names[0]) {
-    size_t o = 0;
-    for (const ampc__backend *const *b = backends; *b && o < sizeof names; b++)
-      o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", b == backends ? "" : ", ", (*b)->name);
-  }
-  return names;
+  pthread_once(&backend_names_once, backend_names_make);
+  return backend_names;
 }
 
 void ampc_backend_opts_default(ampc_backend_opts *o) {

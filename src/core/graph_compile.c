@@ -267,7 +267,7 @@ ampc_status ampc_graph_compile(ampc_graph *g) {
   g->bw_written = calloc(g->nv, 1);
   g->bw_pending = calloc(g->nv, sizeof *g->bw_pending);
   if (!g->bw_reach || !g->bw_written || !g->bw_pending) return ampc__error(AMPC_ENOMEM, "graph: out of memory");
-  g->batch = g->max_batch;
+  /* (the batch stays as recorded or as set_batch set it before compile) */
   g->compiled = 1;
   return AMPC_OK;
 }

@@ -187,6 +187,15 @@ else
   bad "CMake find_package build"; tail -30 "$scratch/cmake.log"
 fi
 
+# the installed examples folder builds on its own, as its CMakeLists.txt says
+docdir=$(find "$prefix" -type d -path '*/doc/ampc/examples' | head -1)
+if [ -n "$docdir" ] && cmake -S "$docdir" -B "$scratch/exbuild" -DCMAKE_PREFIX_PATH="$prefix" >"$scratch/exbuild.log" 2>&1 &&
+  cmake --build "$scratch/exbuild" -j 2 >>"$scratch/exbuild.log" 2>&1 && [ -x "$scratch/exbuild/examples/resnet18_cifar10" ]; then
+  ok "the installed examples folder builds on its own (cmake -S share/doc/ampc/examples -DCMAKE_PREFIX_PATH=prefix)"
+else
+  bad "the installed examples folder on its own ($docdir)"; tail -20 "$scratch/exbuild.log"
+fi
+
 # a C++ project without C: the package is found (FindMPI's C component
 # needs the C language; the MPI libraries come as the build found them)
 mkdir -p "$scratch/userxx"

@@ -55,6 +55,27 @@ TEST(set_batch_range) {
   tmp_free_all();
 }
 
+/* set_batch before compile: the first forward runs that batch, as graph.h
+ * says (compile once reset it to the built batch) */
+TEST(set_batch_before_compile) {
+  ampc_graph *g;
+  CHECK_OK(ampc_graph_create(&g));
+  const float w0[6] = {1, 2, 3, 4, 5, 6};
+  ampc_value x = ampc_graph_input(g, "x", ampc_shape2(8, 3));
+  ampc_value w = ampc_graph_param(g, "w", ampc_shape2(2, 3), 0, w0);
+  ampc_value y = ampc_graph_linear(g, x, w, AMPC_VALUE_NONE);
+  CHECK_OK(ampc_graph_keep(g, y));
+  CHECK_OK(ampc_graph_set_batch(g, 3));
+  CHECK(ampc_graph_batch(g) == 3);
+  CHECK_OK(ampc_graph_compile(g));
+  CHECK(ampc_graph_batch(g) == 3);
+  CHECK(ampc_graph_max_batch(g) == 8);
+  CHECK_OK(ampc_graph_forward(g, 0));
+  CHECK(ampc_graph_batch(g) == 3);
+  CHECK(ampc_graph_tensor(g, y).shape.d[0] == 3);
+  ampc_graph_free(g);
+}
+
 /* ---------------- several consumers, accumulation, seeds ---------------- */
 
 /* y = add(h, h): h gets both gradients (2 dy); y = add(relu(h), h) (a
@@ -557,7 +578,7 @@ TEST(op_names_and_policies) {
   CHECK(ampc_amp_cast_policy(AMPC_OP_RELU) == AMPC_CAST_POLICY_KEEP);
 }
 
-TEST_MAIN(TEST_ENTRY(set_batch_matches_smaller_graph), TEST_ENTRY(set_batch_range), TEST_ENTRY(value_used_twice),
+TEST_MAIN(TEST_ENTRY(set_batch_matches_smaller_graph), TEST_ENTRY(set_batch_range), TEST_ENTRY(set_batch_before_compile), TEST_ENTRY(value_used_twice),
           TEST_ENTRY(shared_weight_and_accumulate), TEST_ENTRY(backward_seed_scales_gradients),
           TEST_ENTRY(batchnorm_running_stats), TEST_ENTRY(batchnorm_needs_two_values),
           TEST_ENTRY(cross_entropy_label_out_of_range), TEST_ENTRY(cross_entropy_values), TEST_ENTRY(recording_errors), TEST_ENTRY(recording_error_message_kept),
