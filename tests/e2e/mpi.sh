@@ -92,6 +92,26 @@ if python3 -c "import json,sys; o=json.loads(open(sys.argv[1]).readline()); sys.
 else
   bad "metrics: $(head -c 300 "$dir/two_cnn_O2.jsonl")"
 fi
+# the step records' loss under --grad-accum with a partial last micro-batch
+# (500 = 10 x 48 + 20): 2 ranks record what one process does, the mean of
+# the step's micro-batch losses (they recorded the images' mean, which
+# weighs the short one less than the step's gradient does)
+G=(--model mlp --epochs 1 --train-limit 500 --test-limit 64 --quiet --optimizer sgd --lr 0.01 --grad-accum 3 --threads 1 --log-every 1)
+"$ampc" train "${G[@]}" --batch-size 48 --metrics "$dir/acc1.jsonl" > /dev/null 2>&1 || bad "grad-accum: 1 rank"
+"${MPI[@]}" "$ampc" train "${G[@]}" --batch-size 24 --metrics "$dir/acc2.jsonl" > /dev/null 2>&1 || bad "grad-accum: 2 ranks"
+if python3 - "$dir/acc1.jsonl" "$dir/acc2.jsonl" <<'EOF'
+import json, sys
+def steps(p):
+    return {o["step"]: o["loss"] for o in map(json.loads, open(p)) if "step" in o and "epoch" not in o}
+a, b = steps(sys.argv[1]), steps(sys.argv[2])
+assert sorted(a) == sorted(b) == [1, 2, 3, 4], (sorted(a), sorted(b))
+worst = max(abs(a[k] - b[k]) / abs(a[k]) for k in a)
+print("largest relative difference", worst)
+sys.exit(0 if worst <= 1e-5 else 1)
+EOF
+then ok "--grad-accum 3 with a partial last micro-batch: 2 ranks' step losses are one process's"
+else bad "--grad-accum step losses: 2 ranks against 1 process differ"; fi
+
 # TCP only: the same reductions over another transport
 for t in mlp_O0 cnn_O2; do
   X=(--model "${t%_*}" --opt-level "${t#*_}"); [ "$t" = cnn_O2 ] && X+=(--loss-scale 1024 --sync-bn)

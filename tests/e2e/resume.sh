@@ -116,6 +116,30 @@ kill -TERM $pid; wait $pid; rc=$?
 grep -q "^ampc: SIGTERM received at epoch [0-9]*, batch [0-9]*/16: saving a checkpoint at step" "$dir/term.err" &&
   ok "SIGTERM: says where it stopped" || { bad "SIGTERM: no message"; cat "$dir/term.err"; }
 ls "$dir/term"/ckpt-step-*.safetensors >/dev/null 2>&1 && ok "SIGTERM saved a checkpoint" || bad "SIGTERM saved nothing"
+# a stop on an epoch's last step, resumed at another global batch: the run
+# goes on at that epoch's end (it resumed at image 530 of 530, batch 10 of
+# 11, and trained the epoch's last 30 images again; with more ranks than
+# before, at a batch past the epoch, refused). One step an epoch: every stop
+# lands on an epoch's last step.
+E=(--model mlp --train-limit 530 --test-limit 32 --optimizer sgd --lr 0.01 --threads 1 --quiet)
+"$ampc" train "${E[@]}" --batch-size 530 --epochs 100000 --checkpoint-dir "$dir/eend" >/dev/null 2>"$dir/eend.err" &
+pid=$!
+sleep 2
+kill -TERM $pid; wait $pid
+ep=$(sed -n 's/^ampc: SIGTERM received at epoch \([0-9]*\), batch 1\/1: saving a checkpoint at step \([0-9]*\).*/\1/p' "$dir/eend.err")
+st=$(sed -n 's/^ampc: SIGTERM received at epoch \([0-9]*\), batch 1\/1: saving a checkpoint at step \([0-9]*\).*/\2/p' "$dir/eend.err")
+if [ -n "$ep" ] && [ -n "$st" ]; then
+  "$ampc" train "${E[@]}" --batch-size 50 --epochs $((ep + 1)) --resume "$dir/eend" > /dev/null 2> "$dir/eend2.err"
+  rc=$?
+  # 530 / 50: 11 steps in the next epoch, none in the finished one
+  if [ $rc = 0 ] && grep -q "^ampc: done in [0-9.]*s: [0-9]* epochs*, $((st + 11)) steps" "$dir/eend2.err"; then
+    ok "a stop at an epoch's end, resumed at another --batch-size: the next epoch's 11 steps, none more"
+  else
+    bad "a stop at an epoch's end resumed at another --batch-size (step $st): exit $rc: $(grep -v '^epoch' "$dir/eend2.err" | tail -2)"
+  fi
+else
+  bad "a stop at an epoch's end: $(cat "$dir/eend.err")"
+fi
 # --keep 2 keeps the two newest
 "$ampc" train --model cnn --epochs 1 --train-limit 1280 --test-limit 128 --quiet --checkpoint-dir "$dir/keep" --save-every 2 --keep 2 >/dev/null 2>&1
 n=$(ls "$dir/keep" | wc -l)

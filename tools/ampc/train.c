@@ -597,12 +597,20 @@ int cmd_train(int argc, char **argv) {
     if (ts.global_batch > 0 && ts.global_batch != G && ts.batch > 0) {
       /* another number of ranks (or --batch-size): start at the batch that
        * holds the next image the saved run would have used */
-      int64_t image = ts.batch * ts.global_batch;
-      if (!quiet)
+      int64_t image = ts.batch * ts.global_batch, nb_here = ampc_loader_batches_per_epoch(ld);
+      /* a run saved at its epoch's end (a stop on the last step) is past the
+       * epoch's last image: this one goes on at the end of that epoch too,
+       * not at a batch that is past it or trains its last images again */
+      int at_end = image >= (int64_t)ampc_dataset_count(s.train);
+      if (!quiet && at_end)
+        fprintf(stderr, "ampc: %s counted batches of %lld images (%lld rank%s), this run %lld (%d): it had finished epoch %lld's batches; resuming at its end\n",
+                cli_shown(resume_path), (long long)ts.global_batch, (long long)ts.world_size, ts.world_size == 1 ? "" : "s", (long long)G, W,
+                (long long)ts.epoch + 1);
+      else if (!quiet)
         fprintf(stderr, "ampc: %s counted batches of %lld images (%lld rank%s), this run %lld (%d): resuming at image %lld of the epoch, batch %lld%s\n",
                 cli_shown(resume_path), (long long)ts.global_batch, (long long)ts.world_size, ts.world_size == 1 ? "" : "s", (long long)G, W,
                 (long long)image, (long long)(image / G), image % G ? " (the images before it in that batch are seen again)" : "");
-      ts.batch = image / G;
+      ts.batch = at_end ? nb_here : image / G;
     }
     if (cli_check_resume(resume_path, &ts, ampc_loader_batches_per_epoch(ld)) < 0) {
       rc = 1;
@@ -722,6 +730,7 @@ int cmd_train(int argc, char **argv) {
     int64_t steps_here = 0;
     ampc_amp_comm_stats comm_kept = {0};              /* the overlapped steps' before that */
     double step_loss_sum = 0.0;        /* this step's micro-batch losses */
+    double step_share_sum = 0.0;       /* data-parallel: each micro-batch's loss times this rank's share of its images */
     double step_lsum = 0.0, step_n = 0.0; /* ... times their images, and the images (data-parallel: this rank's) */
     ampc_amp_grad_stats st;
     ampc_amp_get_grad_stats(s.amp, &st, 1);
@@ -784,6 +793,7 @@ int cmd_train(int argc, char **argv) {
         step_lsum += (double)l * got;
         step_n += got;
         step_loss_sum += (double)l;
+        step_share_sum += (double)l * got / (double)(gn > 0 ? gn : 1);
         micro++;
         if (!last_micro) continue;
         if (calibrate) {
@@ -810,8 +820,8 @@ int cmd_train(int argc, char **argv) {
       if (W > 1) {
         /* the step's loss and images over the ranks, and whether a rank was
          * asked to stop: every rank stops after the same step */
-        double v[4] = {step_lsum, step_n, stop_requested == SIGINT ? 1.0 : 0.0, stop_requested == SIGTERM ? 1.0 : 0.0};
-        if (ampc_comm_allreduce_host(comm, v, 4, AMPC_COMM_SUM) < 0) {
+        double v[5] = {step_lsum, step_n, stop_requested == SIGINT ? 1.0 : 0.0, stop_requested == SIGTERM ? 1.0 : 0.0, step_share_sum};
+        if (ampc_comm_allreduce_host(comm, v, 5, AMPC_COMM_SUM) < 0) {
           rank_failed();
           rc = 1;
           break;
@@ -819,14 +829,17 @@ int cmd_train(int argc, char **argv) {
         ts.loss_sum += v[0];
         ts.seen += (int64_t)v[1];
         seen_here += (int64_t)v[1];
-        step_loss = v[0] / (v[1] > 0 ? v[1] : 1.0);
+        /* the mean of the micro-batches' losses over all their images, as one
+         * process records it (each micro-batch weighs the same in the step:
+         * its gradient is scaled by 1/accum whatever its size) */
+        step_loss = micro > 0 ? v[4] / (double)micro : 0.0;
         stop_now = v[2] > 0 || v[3] > 0;
         /* the signal another rank received, named on this one */
         if (stop_now && !stop_requested) stop_elsewhere = v[2] > 0 ? SIGINT : SIGTERM;
       } else {
         stop_now = stop_requested != 0;
       }
-      step_loss_sum = step_lsum = step_n = 0.0;
+      step_loss_sum = step_share_sum = step_lsum = step_n = 0.0;
       micro = 0;
       ampc_amp_step_info info;
       if (ampc_amp_step(s.amp, lr, &info) < 0) {
