@@ -139,16 +139,23 @@ static int parse_value(const cli_opt *o, const char *v) {
     }
     case OPT_FLOAT: {
       double x = strtod(v, &end);
-      if (!*v || *end || errno || !isfinite(x)) {
+      int range = errno == ERANGE; /* past a double's range, or below it (then 0 or subnormal) */
+      if (!*v || *end || (errno && !range)) {
         cli_error("%s: expected a number, got '%s'", o->name, v);
+        return -1;
+      }
+      if (isnan(x) || (isinf(x) && !range)) { /* "inf", "nan" */
+        cli_error("%s: must be a finite number, got '%s'", o->name, v);
         return -1;
       }
       if (fabs(x) > FLT_MAX) {
         cli_error("%s: %s is too large for a 32-bit float", o->name, v);
         return -1;
       }
-      if (x != 0.0 && fabs(x) < FLT_MIN) {
-        cli_error("%s: %s is too small for a 32-bit float (the smallest is %g; it would be 0)", o->name, v, (double)FLT_MIN);
+      /* a value that is 0 as a 32-bit float (its subnormal ones are kept,
+       * as PyTorch takes them) */
+      if ((x == 0.0 && range) || (x != 0.0 && (float)x == 0.0f)) {
+        cli_error("%s: %s is too small for a 32-bit float (the smallest is %g; it would be 0)", o->name, v, (double)FLT_TRUE_MIN);
         return -1;
       }
       if (x < o->min) {

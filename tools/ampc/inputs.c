@@ -88,8 +88,8 @@ int cli_check_batch(const char *path, const ampc_st_tensor *x, const ampc_st_ten
 int cli_check_grad_accum(int accum, size_t images, int64_t batch) {
   int64_t batches = (int64_t)((images + (size_t)batch - 1) / (size_t)batch);
   if (accum > batches) {
-    cli_error("--grad-accum: %d is more than the %lld batches of an epoch (%zu training images in batches of %lld): no optimizer step would run in a whole epoch",
-              accum, (long long)batches, images, (long long)batch);
+    cli_error("--grad-accum: %d is more than the %lld batches of an epoch (%zu training images in batches of %lld): each epoch's one step would sum only %lld micro-batches: give at most %lld",
+              accum, (long long)batches, images, (long long)batch, (long long)batches, (long long)batches);
     return -1;
   }
   return 0;

@@ -60,6 +60,15 @@ int train_args_check(const train_args *a, ampc_optim_config *ocfg, ampc_lr_sched
   ocfg->nesterov = a->nesterov;
   ocfg->amsgrad = a->amsgrad;
   if (a->wd_given) ocfg->weight_decay = a->weight_decay;
+  /* below 1, but 1 as a 32-bit float: say so rather than "1" */
+  for (int i = 0; i < 2; i++) {
+    float b = i ? a->beta2 : a->beta1;
+    if ((i ? a->beta2_given : a->beta1_given) && b == 1.0f) {
+      cli_error("--beta%d: must be less than 1 as a 32-bit float, which holds none between 0.99999994 and 1: a value past 0.99999997 "
+                "is 1", i + 1);
+      return -1;
+    }
+  }
   if (a->beta1_given) ocfg->beta1 = a->beta1;
   if (a->beta2_given) ocfg->beta2 = a->beta2;
   if (a->eps_given) ocfg->eps = a->eps;
