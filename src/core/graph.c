@@ -291,7 +291,10 @@ static int is_float_value(const ampc_graph *g, ampc_value v) {
     if (!(cond)) return fail(g, AMPC_EINVAL, __VA_ARGS__); \
   } while (0)
 
-static int64_t pool_out(int64_t n, int k, int s, int p) { return (n + 2 * p - k) / s + 1; }
+/* Output positions of a window of k at stride s over n padded by p each
+ * side; 0 where the window is larger than the padded input (C's division
+ * would round the negative span up to 0, one output: torch refuses them) */
+static int64_t pool_out(int64_t n, int k, int s, int p) { return n + 2 * p < k ? 0 : (n + 2 * p - k) / s + 1; }
 
 ampc_value ampc_graph_conv2d(ampc_graph *g, ampc_value x, ampc_value w, ampc_value b, int stride, int pad) {
   if (!g) return ((void)ampc__graph_null(__func__), AMPC_VALUE_NONE);

@@ -251,9 +251,12 @@ static char *run_json(ampc_model *m, ampc_amp *amp, ampc_optim *opt, const ampc_
   }
   json_t *root = json_pack("{s:s, s:o, s:o, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:f}", "model", ampc_model_name(m),
                            "amp", amp_json(c), "scalers", scalers, "seed", (json_int_t)ts->seed, "epoch", (json_int_t)ts->epoch,
-                           "batch", (json_int_t)ts->batch, "step", (json_int_t)ts->step, "loss_sum", ts->loss_sum,
+                           "batch", (json_int_t)ts->batch, "step", (json_int_t)ts->step, "loss_sum", isfinite(ts->loss_sum) ? ts->loss_sum : 0.0,
                            "seen", (json_int_t)ts->seen, "skipped", (json_int_t)ts->skipped,
                            "skipped_total", (json_int_t)ts->skipped_total, "train_seconds", ts->train_seconds);
+  /* an epoch with a step whose loss was not finite (an overflow): its sum
+   * is not either, and its mean loss will be null */
+  if (root && !isfinite(ts->loss_sum)) json_object_set_new(root, "loss_sum", json_null());
   if (root && ts->preprocessing.dataset[0]) json_object_set_new(root, "preprocessing", preprocessing_json(&ts->preprocessing));
   /* (0: not recorded; anything else written, so that saving's read-back sees a negative one) */
   if (root && ts->world_size != 0) json_object_set_new(root, "world_size", json_integer((json_int_t)ts->world_size));
@@ -290,9 +293,9 @@ ampc_status ampc_checkpoint_save(const char *path, ampc_model *m, ampc_amp *amp,
   if (!path || !m || !amp)
     return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save: %s is NULL", !path ? "path" : !m ? "model" : "amp");
   /* (JSON has no non-finite numbers: named here, not failed as out of memory) */
-  if (ts && (!isfinite(ts->loss_sum) || !isfinite(ts->train_seconds) || (ts->has_grad_stats && !isfinite(ts->grad_max_abs))))
+  if (ts && (!isfinite(ts->train_seconds) || (ts->has_grad_stats && !isfinite(ts->grad_max_abs))))
     return ampc__error(AMPC_EINVAL, "ampc_checkpoint_save: the run state's '%s' is not finite",
-                       !isfinite(ts->loss_sum) ? "loss_sum" : !isfinite(ts->train_seconds) ? "train_seconds" : "grad_max_abs");
+                       !isfinite(ts->train_seconds) ? "train_seconds" : "grad_max_abs");
   /* a NULL ts: a run state of zeros but its step, the optimizer's steps (a
    * step count below those would not load back) */
   ampc_train_state no_state;
@@ -597,7 +600,10 @@ static ampc_status read_train_state(const char *path, json_t *root, ampc_train_s
   AMPC_TRY(jint_in(path, root, "", "seen", 0, MAX_IMAGES, &ts->seen));
   AMPC_TRY(jint_in(path, root, "", "skipped_total", 0, ts->step, &ts->skipped_total));
   AMPC_TRY(jint_in(path, root, "", "skipped", 0, ts->skipped_total, &ts->skipped));
-  AMPC_TRY(jnum_nonneg(path, root, "loss_sum", &ts->loss_sum));
+  if (json_is_null(json_object_get(root, "loss_sum")))
+    ts->loss_sum = NAN; /* the epoch had a step whose loss was not finite */
+  else
+    AMPC_TRY(jnum_nonneg(path, root, "loss_sum", &ts->loss_sum));
   /* the epoch's summed loss over its `seen` images: a mean loss past the
    * bound (or a loss without images) is no run's */
   if (ts->loss_sum > (double)ts->seen * MAX_MEAN_LOSS)

@@ -390,6 +390,21 @@ TEST(recording_errors) {
   CHECK_OK(record_and_compile(-1));
 }
 
+/* a window larger than the padded input but by less than the stride: C's
+ * division gave one output position (torch refuses these) */
+TEST(window_past_padded_input) {
+  for (int i = 0; i < 3; i++) {
+    ampc_graph *g;
+    CHECK_OK(ampc_graph_create(&g));
+    ampc_value x = ampc_graph_input(g, "x", ampc_shape4(1, 1, 2, 2));
+    if (i == 0) ampc_graph_maxpool2d(g, x, 3, 2, 0);
+    if (i == 1) ampc_graph_conv2d(g, x, ampc_graph_param(g, "w", ampc_shape4(1, 1, 3, 3), 0, NULL), AMPC_VALUE_NONE, 2, 0);
+    if (i == 2) ampc_graph_conv2d(g, x, ampc_graph_param(g, "w", ampc_shape4(1, 1, 5, 5), 0, NULL), AMPC_VALUE_NONE, 3, 1);
+    CHECK_ERR(ampc_graph_compile(g), AMPC_EINVAL, "larger than");
+    ampc_graph_free(g);
+  }
+}
+
 /* A graph recorded with an error on one thread */
 static void *record_bad(void *arg) {
   ampc_graph *g = arg;
@@ -578,7 +593,7 @@ TEST(op_names_and_policies) {
   CHECK(ampc_amp_cast_policy(AMPC_OP_RELU) == AMPC_CAST_POLICY_KEEP);
 }
 
-TEST_MAIN(TEST_ENTRY(set_batch_matches_smaller_graph), TEST_ENTRY(set_batch_range), TEST_ENTRY(set_batch_before_compile), TEST_ENTRY(value_used_twice),
+TEST_MAIN(TEST_ENTRY(set_batch_matches_smaller_graph), TEST_ENTRY(set_batch_range), TEST_ENTRY(set_batch_before_compile), TEST_ENTRY(window_past_padded_input), TEST_ENTRY(value_used_twice),
           TEST_ENTRY(shared_weight_and_accumulate), TEST_ENTRY(backward_seed_scales_gradients),
           TEST_ENTRY(batchnorm_running_stats), TEST_ENTRY(batchnorm_needs_two_values),
           TEST_ENTRY(cross_entropy_label_out_of_range), TEST_ENTRY(cross_entropy_values), TEST_ENTRY(recording_errors), TEST_ENTRY(recording_error_message_kept),

@@ -931,6 +931,14 @@ int cmd_train(int argc, char **argv) {
        * later ones of the run this one branched from), ./checkpoints.N */
       int locked = !root || a.checkpoint_dir || cli_ckptdir_default(resume_path, dir_buf, sizeof dir_buf) >= 0;
       if (root && !a.checkpoint_dir) dir = dir_buf;
+      /* a stop on the run's last step: that step's record now, as the run
+       * ending there writes it (a resumed run takes no step to carry the
+       * steps since the last record into) */
+      if (epoch == a.epochs - 1 && b >= nb && mf && a.log_every > 0 && rec_steps > 0 && last_fields.step == ts.step) {
+        write_step_record(mf, &last_fields, rec_loss, rec_steps, W);
+        rec_loss = 0.0;
+        rec_steps = 0;
+      }
 
       if (state_to_save(&s, &ts, rec_loss, rec_steps, a.c.amp_report, &kept, stats_whole) < 0) {
         rank_failed();
@@ -944,8 +952,9 @@ int cmd_train(int argc, char **argv) {
       interrupted = 1;
       break;
     }
-    /* the run's last step has its record, whatever its number */
-    if (epoch == a.epochs - 1 && mf && a.log_every > 0 && rec_steps > 0) {
+    /* the run's last step has its record, whatever its number (where this
+     * run took it: one resumed at its last epoch's end has no step's fields) */
+    if (epoch == a.epochs - 1 && mf && a.log_every > 0 && rec_steps > 0 && last_fields.step == ts.step) {
       write_step_record(mf, &last_fields, rec_loss, rec_steps, W);
       rec_loss = 0.0;
       rec_steps = 0;
