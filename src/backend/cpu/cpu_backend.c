@@ -174,8 +174,9 @@ static ampc_status cpu_create(ampc__device *d) {
   ampc__cpu_dev *cd = calloc(1, sizeof *cd);
   if (!cd) return ampc__error(AMPC_ENOMEM, "out of memory");
   if (d->opts.threads <= 0) d->opts.threads = omp_get_max_threads();
-  int most = omp_get_max_threads() > d->opts.threads ? omp_get_max_threads() : d->opts.threads;
-  ampc_status bs = cpu_blas_buffers(most);
+  /* (the products run on the device's threads, one buffer each; OpenBLAS's
+   * own threads have theirs from its start or openblas_set_num_threads) */
+  ampc_status bs = cpu_blas_buffers(d->opts.threads);
   if (bs < 0) {
     free(cd);
     return bs;
