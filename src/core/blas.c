@@ -76,11 +76,24 @@ const char *ampc_blas_name(void) {
   return blas_name;
 }
 
+/* the address-space and data limits, each flagged where set */
+static void mem_limits(struct rlimit *as, int *has_as, struct rlimit *ds, int *has_ds) {
+  *has_as = getrlimit(RLIMIT_AS, as) == 0 && as->rlim_cur != RLIM_INFINITY;
+  *has_ds = getrlimit(RLIMIT_DATA, ds) == 0 && ds->rlim_cur != RLIM_INFINITY;
+}
+
+int ampc__mem_limited(void) {
+  struct rlimit as, ds;
+  int has_as, has_ds;
+  mem_limits(&as, &has_as, &ds, &has_ds);
+  return has_as || has_ds;
+}
+
 ampc_status ampc__blas_room(int buffers, const char *what) {
   if (buffers <= 0) return AMPC_OK;
   struct rlimit as, ds;
-  int has_as = getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY;
-  int has_ds = getrlimit(RLIMIT_DATA, &ds) == 0 && ds.rlim_cur != RLIM_INFINITY;
+  int has_as, has_ds;
+  mem_limits(&as, &has_as, &ds, &has_ds);
   if (!has_as && !has_ds) return AMPC_OK;
   size_t need = (size_t)buffers * AMPC__BLAS_BUFFER;
   void *p = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

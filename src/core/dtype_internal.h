@@ -138,6 +138,9 @@ const char *ampc__blas_better_core(const char *core, int avx2_fma, int avx512);
  * set, naming the limit, `what` the buffers are for, where they do not. */
 #define AMPC__BLAS_BUFFER ((size_t)(128 << 20) + (64 << 10))
 ampc_status ampc__blas_room(int buffers, const char *what);
+/* 1 where the process's address space or data segment is limited (the
+ * limits ampc__blas_room checks against), 0 where neither is. */
+int ampc__mem_limited(void);
 
 #if AMPC__DTYPE_X86
 /* F16C/AVX2 bulk conversions (dtype_avx2.c, compiled for those features by

@@ -88,13 +88,13 @@ static ampc_value fail(ampc_graph *g, ampc_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static ampc_value fail(ampc_graph *g, ampc_status code, const char *fmt, ...) {
   if (g->err == 0) {
-    char msg[400];
+    char msg[400], full[408];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    snprintf(g->err_msg, sizeof g->err_msg, "graph: %s", msg);
-    g->err = ampc__error(code, "%s", g->err_msg);
+    snprintf(full, sizeof full, "graph: %s", msg);
+    ampc__graph_fail(g, code, full);
   }
   return AMPC_VALUE_NONE;
 }

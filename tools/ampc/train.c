@@ -602,14 +602,15 @@ int cmd_train(int argc, char **argv) {
        * epoch's last image: this one goes on at the end of that epoch too,
        * not at a batch that is past it or trains its last images again */
       int at_end = image >= (int64_t)ampc_dataset_count(s.train);
-      if (!quiet && at_end)
-        fprintf(stderr, "ampc: %s counted batches of %lld images (%lld rank%s), this run %lld (%d): it had finished epoch %lld's batches; resuming at its end\n",
-                cli_shown(resume_path), (long long)ts.global_batch, (long long)ts.world_size, ts.world_size == 1 ? "" : "s", (long long)G, W,
-                (long long)ts.epoch + 1);
-      else if (!quiet)
-        fprintf(stderr, "ampc: %s counted batches of %lld images (%lld rank%s), this run %lld (%d): resuming at image %lld of the epoch, batch %lld%s\n",
-                cli_shown(resume_path), (long long)ts.global_batch, (long long)ts.world_size, ts.world_size == 1 ? "" : "s", (long long)G, W,
-                (long long)image, (long long)(image / G), image % G ? " (the images before it in that batch are seen again)" : "");
+      char where[160];
+      if (at_end)
+        snprintf(where, sizeof where, "it had finished epoch %lld's batches; resuming at its end", (long long)ts.epoch + 1);
+      else
+        snprintf(where, sizeof where, "resuming at image %lld of the epoch, batch %lld%s", (long long)image, (long long)(image / G),
+                 image % G ? " (the images before it in that batch are seen again)" : "");
+      if (!quiet)
+        fprintf(stderr, "ampc: %s counted batches of %lld images (%lld rank%s), this run %lld (%d): %s\n", cli_shown(resume_path),
+                (long long)ts.global_batch, (long long)ts.world_size, ts.world_size == 1 ? "" : "s", (long long)G, W, where);
       ts.batch = at_end ? nb_here : image / G;
     }
     if (cli_check_resume(resume_path, &ts, ampc_loader_batches_per_epoch(ld)) < 0) {

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "backend/cpu/cpu_internal.h"
@@ -146,11 +145,8 @@ enum { CPU_BLAS_WARM = 128 };
 static int cpu_blas_warmed;
 
 static ampc_status cpu_blas_buffers(int threads) {
-  struct rlimit as, ds;
-  int limited = (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) ||
-                (getrlimit(RLIMIT_DATA, &ds) == 0 && ds.rlim_cur != RLIM_INFINITY);
   int warmed = __atomic_load_n(&cpu_blas_warmed, __ATOMIC_ACQUIRE);
-  if (!limited || threads <= warmed) return AMPC_OK;
+  if (!ampc__mem_limited() || threads <= warmed) return AMPC_OK;
   char what[64];
   snprintf(what, sizeof what, "the products on %d thread%s", threads, threads == 1 ? "" : "s");
   ampc_status s = ampc__blas_room(threads - warmed, what);
